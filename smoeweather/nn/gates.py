@@ -1,0 +1,195 @@
+"""Gating layers for the Spatial Mixture-of-Experts (paper §2.1, Table 2).
+
+Every gate maps an input ``x`` of shape (B, C, H, W) to routing scores of shape (G, |E|, H, W), where
+G = 1 for input-independent gates (tensor routing: one routing decision shared by the whole batch) and
+G = B for input-dependent gates (the ablation gates).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def tensor_gate_bound(num_experts: int, num_selected: int, out_per_expert: int = 1) -> float:
+    """Half-width b of the U(-b, b) init of the routing tensor: sqrt(3|E| / (E·F)) (paper §2.1)."""
+    return math.sqrt(3.0 * num_experts / (num_selected * out_per_expert))
+
+
+class TensorRoutingGate(nn.Module):
+    """Learnable routing tensor D ∈ R^{|E|×H×W}; input-independent (paper §2.1).
+
+    Share one instance between several :class:`SpatialMoE2d` layers of equal (|E|, H, W) to share the
+    routing. ``frozen=True`` keeps D fixed (the "random fixed gate" ablation).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        height: int,
+        width: int,
+        num_selected: int = 1,
+        out_per_expert: int = 1,
+        prior: torch.Tensor | None = None,
+        prior_strength: float = 1.0,
+        frozen: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_experts, self.height, self.width = num_experts, height, width
+        self.bound = tensor_gate_bound(num_experts, num_selected, out_per_expert)
+        self.weight = nn.Parameter(torch.empty(num_experts, height, width), requires_grad=not frozen)
+        self.reset_parameters()
+        if prior is not None:
+            self.init_from_prior(prior, prior_strength)
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.uniform_(-self.bound, self.bound)
+
+    @torch.no_grad()
+    def init_from_prior(self, prior: torch.Tensor, strength: float = 1.0) -> None:
+        """Assign disjoint expert groups to the categories of a prior map.
+
+        ``prior``: integer map (H, W) with categories 0..K-1 (e.g. 0 = sea, 1 = land). The experts are
+        split into K contiguous groups of (nearly) equal size; at a location of category k every expert of
+        group k gets ``strength · 2b`` added to its U(-b, b) initial score. With ``strength >= 1`` the
+        group's experts outrank all others at initialisation; smaller values make the prior a soft bias.
+        """
+        prior = torch.as_tensor(prior)
+        if prior.shape != (self.height, self.width):
+            raise ValueError(
+                f"gate prior has shape {tuple(prior.shape)}, expected (H, W) = ({self.height}, {self.width})"
+            )
+        if prior.is_floating_point():
+            if not torch.equal(prior, prior.round()):
+                raise ValueError("gate prior must be a categorical (integer) map; threshold fractions first")
+            prior = prior.long()
+        num_groups = int(prior.max().item()) + 1
+        if prior.min() < 0 or num_groups > self.num_experts:
+            raise ValueError(
+                f"gate prior categories must be in 0..{self.num_experts - 1}, got {prior.min()}..{prior.max()}"
+            )
+        group_of_expert = torch.arange(self.num_experts) * num_groups // self.num_experts  # (|E|,)
+        in_group = group_of_expert[:, None, None] == prior[None].to(group_of_expert.device)
+        self.weight.add_(in_group.to(self.weight) * (2.0 * self.bound * strength))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the routing tensor as scores of shape (1, |E|, H, W); ``x`` only checks the grid."""
+        if x.shape[-2:] != (self.height, self.width):
+            raise ValueError(
+                f"TensorRoutingGate is for a {self.height}x{self.width} grid, got input {tuple(x.shape)}"
+            )
+        return self.weight.unsqueeze(0)
+
+
+def coord_channels(x: torch.Tensor) -> torch.Tensor:
+    """Append two channels with coordinates in [-1, 1] (rows, columns): (B, C, H, W) → (B, C+2, H, W)."""
+    b, _, h, w = x.shape
+    rows = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(b, 1, h, w)
+    cols = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(b, 1, h, w)
+    return torch.cat([x, rows, cols], dim=1)
+
+
+class CoordConv2d(nn.Module):
+    """Convolution over the input plus two coordinate channels (Liu et al., 2018)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, bias: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels + 2, out_channels, kernel_size, padding=kernel_size // 2, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(coord_channels(x))
+
+
+class LocallyConnected2d(nn.Module):
+    """Locally connected layer: an independent k×k filter bank at every location (no weight sharing).
+
+    Weight shape (H, W, out, in·k·k); zero padding keeps the grid size. Output (B, out, H, W).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, height: int, width: int, kernel_size: int = 3,
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.kernel_size, self.height, self.width = kernel_size, height, width
+        fan_in = in_channels * kernel_size * kernel_size
+        bound = 1.0 / math.sqrt(fan_in)
+        self.weight = nn.Parameter(torch.empty(height * width, out_channels, fan_in).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.zeros(out_channels, height, width)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        patches = F.unfold(x, self.kernel_size, padding=self.kernel_size // 2)  # (B, C·k·k, H·W)
+        out = torch.einsum("bkl,lok->bol", patches, self.weight).reshape(b, -1, h, w)
+        return out if self.bias is None else out + self.bias
+
+
+class ConvGate(nn.Module):
+    """3×3 convolution gate (input-dependent): (B, C, H, W) → (B, |E|, H, W)."""
+
+    def __init__(self, in_channels: int, num_experts: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, num_experts, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class CoordConvGate(nn.Module):
+    """3×3 CoordConv gate, or ``depth`` CoordConv layers with BatchNorm and ReLU between them."""
+
+    def __init__(self, in_channels: int, num_experts: int, depth: int = 1, hidden: int = 3) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for _ in range(depth - 1):
+            layers += [CoordConv2d(channels, hidden), nn.BatchNorm2d(hidden), nn.ReLU()]
+            channels = hidden
+        layers.append(CoordConv2d(channels, num_experts))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class LCNGate(nn.Module):
+    """3×3 locally connected gate: (B, C, H, W) → (B, |E|, H, W)."""
+
+    def __init__(self, in_channels: int, num_experts: int, height: int, width: int) -> None:
+        super().__init__()
+        self.lcn = LocallyConnected2d(in_channels, num_experts, height, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lcn(x)
+
+
+class FCGate(nn.Module):
+    """Fully connected gate over the whole grid: (B, C·H·W) → (B, |E|·H·W). Very many parameters."""
+
+    def __init__(self, in_channels: int, num_experts: int, height: int, width: int) -> None:
+        super().__init__()
+        self.shape = (num_experts, height, width)
+        self.fc = nn.Linear(in_channels * height * width, num_experts * height * width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1)).view(x.shape[0], *self.shape)
+
+
+def build_gate(kind: str, in_channels: int, num_experts: int, height: int, width: int,
+               num_selected: int = 1, out_per_expert: int = 1) -> nn.Module:
+    """Gate by name: ``tensor``, ``fc``, ``conv``, ``coordconv``, ``lcn``, ``coordconv3``."""
+    if kind == "tensor":
+        return TensorRoutingGate(num_experts, height, width, num_selected, out_per_expert)
+    if kind == "fc":
+        return FCGate(in_channels, num_experts, height, width)
+    if kind == "conv":
+        return ConvGate(in_channels, num_experts)
+    if kind == "coordconv":
+        return CoordConvGate(in_channels, num_experts, depth=1)
+    if kind == "coordconv3":
+        return CoordConvGate(in_channels, num_experts, depth=3)
+    if kind == "lcn":
+        return LCNGate(in_channels, num_experts, height, width)
+    raise ValueError(f"unknown gate kind {kind!r}; expected one of tensor, fc, conv, coordconv, coordconv3, lcn")

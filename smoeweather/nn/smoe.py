@@ -1,0 +1,301 @@
+"""The Spatial Mixture-of-Experts layer (paper §2): convolutional experts, top-E routing per location,
+and the routing-classification (RC) loss and expert error damping computed inside the layer's backward.
+
+Design decisions (differences from the reference code, each tested in ``tests/test_smoe_layer.py``):
+
+* RC loss and damping happen in the backward of one autograd Function, from the error signal dL/dy
+  arriving at the layer. Any number of SMoE layers at any depth therefore train with ONE ordinary
+  ``loss.backward()``; the reference needs a second backward and supports a single layer only.
+* The RC loss gradient d BCE(g, labels)/dg = (sigmoid(g) − labels)/N is injected directly as the gate's
+  gradient, so user code adds nothing for it. Its value is kept for logging in ``layer.last_rc_loss``.
+* Gate gradient from the task loss: with RC on, the gate gets NONE (as in the reference: the task
+  gradient is uninformative for a classification decision, paper App. B). With RC off it gets the
+  straight-through gradient (unweighted) or the exact gradient of the weighting (weighted).
+  ``gate_task_grad=True`` adds the task gradient on top of RC.
+* The tensor-routing gate is input-independent, so the top-E is taken ONCE over (|E|, H, W), not per
+  sample, and the batch-averaged RC labels give the exact mean BCE gradient without any B×|E|×H×W
+  label tensor (BCE is linear in the label).
+* The per-sample q-quantile uses ``kthvalue`` (lower quantile), cheaper than ``torch.quantile``.
+* Mixed precision: labels come from quantiles and are scale-free; the injected gate gradient is
+  multiplied by ``loss_scale`` so that a GradScaler's unscale leaves it correct. Lightning modules in
+  this project set it automatically (:func:`set_loss_scale`); bf16 autocast needs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from smoeweather.nn.gates import TensorRoutingGate
+from smoeweather.nn.padding import pad_periodic_lon
+
+GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
+Padding = Literal["zeros", "periodic_lon"]
+
+
+def misrouted_mask(error: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Flag selections whose error exceeds the per-sample ``quantile`` of the errors.
+
+    ``error``: (B, E, H, W) non-negative error-signal magnitudes of the selected slots.
+    Returns a bool tensor of the same shape; True = incorrect routing. The threshold is the lower
+    q-quantile (the ceil(q·n)-th smallest value, n = E·H·W), so ties at the threshold count as correct.
+    """
+    b = error.shape[0]
+    flat = error.reshape(b, -1)
+    k = min(max(math.ceil(quantile * flat.shape[1]), 1), flat.shape[1])
+    threshold = flat.kthvalue(k, dim=1).values
+    return error > threshold.view(b, 1, 1, 1)
+
+
+def routing_labels(wrong: torch.Tensor, idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """RC labels (paper §2.2) from the misrouting flags of the selected slots.
+
+    ``wrong``: (G, E, H, W) in [0, 1] (a fraction when averaged over a batch), ``idx``: (G, E, H, W)
+    selected expert indices. Unselected experts get num_wrong/(|E|−E); selected ones 1 − wrong.
+    Returns (G, |E|, H, W).
+    """
+    g, e, h, w = wrong.shape
+    unselected = num_experts - e
+    base = wrong.sum(1, keepdim=True) / unselected if unselected > 0 else torch.zeros_like(wrong[:, :1])
+    labels = base.expand(g, num_experts, h, w).clone()
+    return labels.scatter_(1, idx, 1.0 - wrong)
+
+
+class _RouteExperts(torch.autograd.Function):
+    """Gather the selected experts; in backward: damping, RC-loss gradient for the gate."""
+
+    @staticmethod
+    def forward(ctx, expert_out: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor,
+                layer: SpatialMoE2d) -> torch.Tensor:
+        # expert_out (B, |E|, F, H, W); scores (G, |E|, H, W); idx (G, E, H, W) -> y (B, E, F, H, W)
+        b, _, f, h, w = expert_out.shape
+        index = idx.unsqueeze(2).expand(b, idx.shape[1], f, h, w)
+        ctx.save_for_backward(scores, idx)
+        ctx.layer = layer
+        ctx.expert_shape = expert_out.shape
+        return expert_out.gather(1, index)
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        scores, idx = ctx.saved_tensors
+        layer: SpatialMoE2d = ctx.layer
+        b, num_experts, f, h, w = ctx.expert_shape
+        g, e = idx.shape[:2]
+        index = idx.unsqueeze(2).expand(b, e, f, h, w)
+        need_flags = layer.rc or (layer.damping is not None and num_experts > e)
+        wrong = None
+        if need_flags:
+            error = grad_y.detach().float().abs().sum(2)  # (B, E, H, W)
+            wrong = misrouted_mask(error, layer.quantile)
+            layer.last_misrouted_fraction = wrong.float().mean().detach()
+
+        grad_expert = None
+        if ctx.needs_input_grad[0]:
+            grad_slots = grad_y
+            if wrong is not None and layer.damping is not None and num_experts > e:
+                factor = torch.where(wrong, layer.damping, 1.0).to(grad_y.dtype).unsqueeze(2)
+                grad_slots = grad_y * factor
+            grad_expert = grad_y.new_zeros(ctx.expert_shape).scatter_(1, index, grad_slots)
+
+        grad_scores = None
+        if ctx.needs_input_grad[1]:
+            grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
+            if layer.rc:
+                wrong_g = wrong.float()
+                if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
+                    wrong_g = wrong_g.mean(0, keepdim=True)
+                labels = routing_labels(wrong_g, idx, num_experts)
+                z = scores.detach().float()
+                n = labels.numel()
+                grad_scores += (torch.sigmoid(z) - labels) * (layer.rc_weight * layer.loss_scale / n)
+                layer.last_rc_loss = (F.softplus(z) - labels * z).mean().detach()
+            if layer.gate_gets_task_grad and not layer.weighted:
+                straight = grad_y.detach().float().sum(2)  # (B, E, H, W)
+                if g == 1:
+                    straight = straight.sum(0, keepdim=True)
+                grad_scores.scatter_add_(1, idx, straight)
+            grad_scores = grad_scores.to(scores.dtype)
+        return grad_expert, grad_scores, None, None
+
+
+class SpatialMoE2d(nn.Module):
+    """Spatial Mixture-of-Experts convolution (paper §2).
+
+    Input (B, C, H, W) → output (B, E·F, H, W): at each location the E experts with the highest routing
+    scores (out of |E|) are applied; their F output channels are concatenated in sorted routing-score
+    order (slot 0 = highest score). Every expert is a k×k convolution; all experts are computed
+    everywhere and then gathered (the paper's "naïve" implementation, §2.4), which keeps every expert in
+    the autograd graph — DDP never sees an unused parameter.
+
+    Args:
+        in_channels: C.
+        num_experts: |E|.
+        num_selected: E, experts applied per location.
+        gate: a gate module returning (G, |E|, H, W) scores; share one :class:`TensorRoutingGate`
+            between layers to share routing. ``None`` builds a tensor-routing gate for ``grid``.
+        grid: (H, W), needed when ``gate`` is None.
+        out_per_expert: F, output channels of each expert.
+        kernel_size: k of the expert convolutions.
+        padding: ``zeros`` or ``periodic_lon`` (circular in W = longitude, zero in H = latitude).
+        weighted: scale each selected expert by its (normalised) gate value.
+        gate_norm: ``none`` (paper default), ``softmax``, ``abs`` or ``softmax_abs``.
+        rc: train the gate with the routing-classification loss.
+        damping: expert error damping factor for misrouted locations (paper 0.1); ``None`` disables.
+        quantile: q; a selection is misrouted if its error is above the q-quantile (paper 0.7).
+        rc_weight: multiplier of the RC loss.
+        gate_task_grad: whether the gate also gets the task-loss gradient; default: only without RC.
+        noise: routing noise in training, std = noise/sqrt(|E|) (0 = off; 1.0 is the N(0, 1/|E|) of
+            the reference).
+        aux_losses: subset of {"importance", "load", "spatial_agreement"} (paper App. C.1).
+        bias: expert convolutions with bias.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_experts: int,
+        num_selected: int = 1,
+        gate: nn.Module | None = None,
+        grid: tuple[int, int] | None = None,
+        out_per_expert: int = 1,
+        kernel_size: int = 3,
+        padding: Padding = "zeros",
+        weighted: bool = False,
+        gate_norm: GateNorm = "none",
+        rc: bool = True,
+        damping: float | None = 0.1,
+        quantile: float = 0.7,
+        rc_weight: float = 1.0,
+        gate_task_grad: bool | None = None,
+        noise: float = 0.0,
+        aux_losses: tuple[str, ...] = (),
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        if not 1 <= num_selected <= num_experts:
+            raise ValueError(f"num_selected must be in 1..num_experts={num_experts}, got {num_selected}")
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if gate_norm not in ("none", "softmax", "abs", "softmax_abs"):
+            raise ValueError(f"gate_norm must be none, softmax, abs or softmax_abs, got {gate_norm!r}")
+        if padding not in ("zeros", "periodic_lon"):
+            raise ValueError(f"padding must be 'zeros' or 'periodic_lon', got {padding!r}")
+        unknown = set(aux_losses) - {"importance", "load", "spatial_agreement"}
+        if unknown:
+            raise ValueError(f"unknown aux_losses {sorted(unknown)}; expected importance, load, spatial_agreement")
+        if gate is None:
+            if grid is None:
+                raise ValueError("give either a gate module or grid=(H, W) for a tensor-routing gate")
+            gate = TensorRoutingGate(num_experts, *grid, num_selected=num_selected, out_per_expert=out_per_expert)
+        self.in_channels, self.num_experts, self.num_selected = in_channels, num_experts, num_selected
+        self.out_per_expert, self.kernel_size, self.padding = out_per_expert, kernel_size, padding
+        self.out_channels = num_selected * out_per_expert
+        self.gate = gate
+        self.experts = nn.Conv2d(in_channels, num_experts * out_per_expert, kernel_size, bias=bias)
+        self.weighted, self.gate_norm = weighted, gate_norm
+        self.rc, self.damping, self.quantile, self.rc_weight = rc, damping, quantile, rc_weight
+        self.gate_task_grad, self.noise, self.aux_losses = gate_task_grad, noise, tuple(aux_losses)
+        self.loss_scale = 1.0
+        self.last_rc_loss: torch.Tensor | None = None
+        self.last_misrouted_fraction: torch.Tensor | None = None
+        self.aux_loss: torch.Tensor | None = None
+        self.last_routing: torch.Tensor | None = None
+
+    @property
+    def gate_gets_task_grad(self) -> bool:
+        return (not self.rc) if self.gate_task_grad is None else self.gate_task_grad
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_channels}, experts={self.num_experts}, selected={self.num_selected}, "
+                f"F={self.out_per_expert}, k={self.kernel_size}, padding={self.padding}, weighted={self.weighted}, "
+                f"rc={self.rc}, damping={self.damping}, q={self.quantile}")
+
+    def normalised_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """Gate scores after the configured normalisation: (G, |E|, H, W)."""
+        scores = self.gate(x)
+        if self.gate_norm in ("abs", "softmax_abs"):
+            scores = scores.abs()
+        if self.gate_norm in ("softmax", "softmax_abs"):
+            scores = scores.softmax(dim=1)
+        return scores
+
+    def apply_experts(self, x: torch.Tensor) -> torch.Tensor:
+        """All experts at all locations: (B, C, H, W) → (B, |E|, F, H, W)."""
+        pad = self.kernel_size // 2
+        if self.padding == "periodic_lon":
+            x = pad_periodic_lon(x, pad)
+        else:
+            x = F.pad(x, (pad, pad, pad, pad))
+        out = self.experts(x)
+        b, _, h, w = out.shape
+        return out.view(b, self.num_experts, self.out_per_expert, h, w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.normalised_scores(x)
+        routing_scores = scores
+        if self.training and self.noise > 0:
+            routing_scores = scores + torch.randn_like(scores) * (self.noise / math.sqrt(self.num_experts))
+        top_vals, idx = routing_scores.detach().topk(self.num_selected, dim=1, sorted=True)
+        self.last_routing = idx[:1, 0].detach()  # (1, H, W) top-1 expert, for maps and monitoring
+        expert_out = self.apply_experts(x)
+        y = _RouteExperts.apply(expert_out, scores, idx, self)  # (B, E, F, H, W)
+        if self.weighted:
+            weight_source = scores if self.gate_gets_task_grad else scores.detach()
+            weights = weight_source.gather(1, idx).unsqueeze(2)  # (G, E, 1, H, W)
+            y = y * weights.to(y.dtype)
+        self.aux_loss = self._aux_losses(scores, routing_scores, idx) if self.aux_losses and self.training else None
+        b, _, _, h, w = y.shape
+        return y.reshape(b, self.out_channels, h, w)
+
+    def _aux_losses(self, scores: torch.Tensor, routing_scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Paper App. C.1: importance / load / spatial agreement, equally weighted (scaled by the caller)."""
+        sparse = torch.zeros_like(scores).scatter(1, idx, scores.gather(1, idx))  # top-E gate G(x)
+        terms = []
+        if "importance" in self.aux_losses:
+            importance = sparse.sum(dim=(0, 2, 3))
+            terms.append((importance.std() / importance.mean().clamp_min(1e-9)) ** 2)
+        if "load" in self.aux_losses and self.noise > 0:
+            std = self.noise / math.sqrt(self.num_experts)
+            threshold = routing_scores.detach().topk(self.num_selected, dim=1).values[:, -1:]
+            p = 1.0 - torch.distributions.Normal(0.0, std).cdf(threshold - scores)
+            load = p.sum(dim=(0, 2, 3))
+            terms.append((load.std() / load.mean().clamp_min(1e-9)) ** 2)
+        if "spatial_agreement" in self.aux_losses and sparse.shape[0] > 1:
+            terms.append(sparse.std(dim=0).mean(dim=(1, 2)).sum())
+        if not terms:
+            return scores.new_zeros(())
+        return torch.stack(terms).sum()
+
+
+def smoe_layers(model: nn.Module) -> list[SpatialMoE2d]:
+    """All SMoE layers of a model."""
+    return [m for m in model.modules() if isinstance(m, SpatialMoE2d)]
+
+
+def routing_loss(model: nn.Module, aux_weight: float = 0.01) -> torch.Tensor:
+    """The loss term a training loop adds for the SMoE layers of ``model`` (after its forward).
+
+    The RC loss itself is applied inside backward (see module docstring); this returns the auxiliary
+    routing losses of App. C.1 × ``aux_weight`` (0 when none are configured).
+    """
+    terms = [m.aux_loss for m in smoe_layers(model) if m.aux_loss is not None]
+    if not terms:
+        p = next(model.parameters(), None)
+        return torch.zeros((), device=p.device if p is not None else None)
+    return aux_weight * torch.stack(terms).sum()
+
+
+def rc_loss_value(model: nn.Module) -> torch.Tensor | None:
+    """Sum of the RC losses of the last backward over all SMoE layers (for logging), or None."""
+    values = [m.last_rc_loss for m in smoe_layers(model) if m.last_rc_loss is not None]
+    return torch.stack(values).sum() if values else None
+
+
+def set_loss_scale(model: nn.Module, scale: float) -> None:
+    """Tell every SMoE layer the current loss scale (fp16 GradScaler), so RC gate gradients are scaled too."""
+    for m in smoe_layers(model):
+        m.loss_scale = float(scale)
