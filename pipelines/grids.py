@@ -1,0 +1,49 @@
+"""Target grids: the WeatherBench equiangular grid and its cell-area weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from pipelines.canonical import LATITUDE_ATTRS, LONGITUDE_ATTRS
+
+
+def weatherbench_grid(resolution_deg: float = 5.625) -> xr.Dataset:
+    """WeatherBench (v1/v2 equiangular, no poles) grid as a coords-only Dataset.
+
+    Cell centres: latitude ``-90 + d/2 … 90 - d/2`` ascending (degrees north), longitude
+    ``0 … 360 - d`` (degrees east). At 5.625° that is 32 latitudes (−87.1875…87.1875) × 64 longitudes
+    (0…354.375). Usable directly as the target of ``ds.regrid.conservative(grid)``.
+    """
+    n_lat = round(180 / resolution_deg)
+    n_lon = round(360 / resolution_deg)
+    if not np.isclose(n_lat * resolution_deg, 180) or not np.isclose(n_lon * resolution_deg, 360):
+        from pipelines.errors import DataError
+
+        raise DataError(f"resolution_deg={resolution_deg} does not divide 180° and 360° evenly")
+    lat = -90 + resolution_deg / 2 + resolution_deg * np.arange(n_lat)
+    lon = resolution_deg * np.arange(n_lon)
+    return xr.Dataset(
+        coords={
+            "latitude": ("latitude", lat, dict(LATITUDE_ATTRS)),
+            "longitude": ("longitude", lon, dict(LONGITUDE_ATTRS)),
+        },
+        attrs={"grid": f"equiangular {resolution_deg}deg without poles ({n_lat}x{n_lon})"},
+    )
+
+
+def cell_area_weights(latitude: xr.DataArray | np.ndarray) -> xr.DataArray:
+    """Relative cell areas per latitude, normalised to mean 1 (dims: ``latitude``).
+
+    Cell edges lie half-way between centres and at ±90° for the outermost cells, so the weights are
+    exact for equiangular and reasonable for Gaussian grids: w ∝ sin(φ_north) − sin(φ_south).
+    """
+    lat = np.asarray(latitude, dtype=float)
+    order = np.argsort(lat)
+    s = lat[order]
+    edges = np.concatenate([[-90.0], (s[1:] + s[:-1]) / 2, [90.0]])
+    area = np.diff(np.sin(np.deg2rad(edges)))
+    weights = np.empty_like(area)
+    weights[order] = area
+    weights = weights / weights.mean()
+    return xr.DataArray(weights, dims=["latitude"], coords={"latitude": lat}, name="area_weights")

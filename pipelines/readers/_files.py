@@ -1,0 +1,80 @@
+"""File helpers shared by the readers: format sniffing, integrity checks, guarded opening."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import xarray as xr
+
+from pipelines.errors import DataError
+
+PathLike = str | os.PathLike
+
+
+def as_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    """One path or a sequence of paths → list of existing ``Path``; missing files raise ``DataError``."""
+    items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if not items:
+        raise DataError("no input files given; expected at least one path")
+    out = [Path(p) for p in items]
+    for p in out:
+        if not p.is_file():
+            raise DataError(f"{p}: file not found")
+    return out
+
+
+def sniff_format(path: Path) -> str:
+    """'grib' or 'netcdf' from the file's magic bytes; anything else raises ``DataError``."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:4] == b"GRIB":
+        return "grib"
+    if head[:3] == b"CDF" or head[:8] == b"\x89HDF\r\n\x1a\n":
+        return "netcdf"
+    raise DataError(f"{path}: neither GRIB nor netCDF (first bytes {head!r}); expected a GRIB "
+                    "message ('GRIB') or a netCDF-3/4 header")
+
+
+def check_grib(path: Path) -> int:
+    """Read every GRIB message with eccodes; return their number.
+
+    cfgrib skips a truncated or corrupt message with a log line and fills its place with NaN, so a
+    damaged download would otherwise pass unnoticed: here it raises ``DataError``.
+    """
+    import eccodes
+
+    count = 0
+    with open(path, "rb") as f:
+        while True:
+            try:
+                handle = eccodes.codes_grib_new_from_file(f)
+            except Exception as err:  # eccodes raises its own error classes (PrematureEndOfFile, …)
+                raise DataError(f"{path}: truncated or corrupt GRIB file (message {count + 1} "
+                                f"unreadable: {err}); expected complete GRIB messages") from err
+            if handle is None:
+                break
+            eccodes.codes_release(handle)
+            count += 1
+    if count == 0:
+        raise DataError(f"{path}: no GRIB message found; expected a GRIB file")
+    return count
+
+
+def open_netcdf(path: Path, **kwargs: object) -> xr.Dataset:
+    """``xr.open_dataset`` with a ``DataError`` naming the file when it is truncated or corrupt."""
+    try:
+        ds = xr.open_dataset(path, **kwargs)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise DataError(f"{path}: cannot read netCDF (truncated or corrupt? {err}); expected a "
+                        "readable netCDF-3/4 file") from err
+    return ds
+
+
+def load_checked(ds: xr.Dataset, path: Path) -> xr.Dataset:
+    """Load values now so that a file truncated after its header fails here, naming the file."""
+    try:
+        return ds.load()
+    except (OSError, ValueError, RuntimeError, IndexError) as err:
+        raise DataError(f"{path}: data unreadable (truncated or corrupt? {err})") from err
