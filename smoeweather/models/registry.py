@@ -1,0 +1,97 @@
+"""Build weather networks from config dicts; tiny registered variants for tests.
+
+Example configs::
+
+    {"name": "resnet", "in_channels": 117, "out_channels": 2, "width": 128, "blocks": 19,
+     "smoe": {"placement": "all", "gate_prior": "land_sea", "prior_strength": 1.0}}
+    {"name": "unet", "in_channels": 14, "smoe": True, "experts_factor": 4, "grid": [361, 720]}
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
+from smoeweather.models.unet import Ens10UNet
+
+_RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "smoe", "grid", "conv",
+                "lrlcn_rank"}
+_UNET_KEYS = {"in_channels", "levels", "widths", "smoe", "experts_factor", "grid", "rc", "damping",
+              "quantile", "out_channels", "head_kernel", "smoe_kwargs"}
+
+
+def _check_keys(cfg: dict[str, Any], allowed: set[str], name: str) -> None:
+    unknown = set(cfg) - allowed - {"name"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)} for model {name!r}; allowed: {sorted(allowed)}")
+
+
+def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """Network from a config dict with ``name`` in {``resnet``, ``unet``}.
+
+    ``land_sea_prior`` (H, W) is used (and then required) only by a ResNet whose
+    ``smoe.gate_prior == "land_sea"``; it is ignored otherwise. Unknown keys are an error.
+    """
+    cfg = copy.deepcopy(dict(cfg))
+    name = cfg.get("name")
+    if name == "resnet":
+        _check_keys(cfg, _RESNET_KEYS, name)
+        kwargs = {k: v for k, v in cfg.items() if k != "name"}
+        smoe = SMoEPlacement.from_config(kwargs.pop("smoe", None))
+        if "grid" in kwargs:
+            kwargs["grid"] = tuple(kwargs["grid"])
+        use_prior = smoe.gate_prior == "land_sea" and smoe.placement != "none"
+        return WeatherBenchResNet(smoe=smoe, land_sea_prior=land_sea_prior if use_prior else None, **kwargs)
+    if name == "unet":
+        _check_keys(cfg, _UNET_KEYS, name)
+        kwargs = {k: v for k, v in cfg.items() if k != "name"}
+        if "grid" in kwargs and kwargs["grid"] is not None:
+            kwargs["grid"] = tuple(kwargs["grid"])
+        if "widths" in kwargs:
+            kwargs["widths"] = tuple(kwargs["widths"])
+        return Ens10UNet(**kwargs)
+    raise ValueError(f"unknown weather model {name!r}; expected 'resnet' or 'unet'")
+
+
+TINY_GRID = (16, 32)
+_TINY_RESNET = {"name": "resnet", "in_channels": 5, "out_channels": 2, "width": 8, "blocks": 2,
+                "grid": list(TINY_GRID)}
+
+TINY_VARIANTS: dict[str, dict[str, Any]] = {
+    "resnet-dense": dict(_TINY_RESNET),
+    "resnet-smoe-first": {**_TINY_RESNET, "smoe": {"placement": "first"}},
+    "resnet-smoe-last": {**_TINY_RESNET, "smoe": {"placement": "last"}},
+    "resnet-smoe-all": {**_TINY_RESNET, "smoe": {"placement": "all"}},
+    "resnet-smoe-all-prior": {**_TINY_RESNET,
+                              "smoe": {"placement": "all", "gate_prior": "land_sea", "prior_strength": 1.0}},
+    "resnet-smoe-all-random-fixed": {**_TINY_RESNET, "smoe": {"placement": "all", "random_fixed_gate": True}},
+    "resnet-lrlcn": {**_TINY_RESNET, "conv": "lrlcn", "lrlcn_rank": 3},
+    "unet": {"name": "unet", "in_channels": 4, "levels": 3, "widths": [4, 8, 16], "grid": list(TINY_GRID)},
+    "unet-smoe": {"name": "unet", "in_channels": 4, "levels": 3, "widths": [4, 8, 16], "smoe": True,
+                  "experts_factor": 4, "grid": list(TINY_GRID)},
+}
+"""Tiny test variants (16×32 grid), name → config for :func:`build_weather_model`."""
+
+
+def synthetic_land_sea_mask(height: int, width: int) -> torch.Tensor:
+    """Deterministic toy land-sea map (H, W), 1 = land: two smooth 'continents', ~1/3 land."""
+    lat = torch.linspace(-math.pi / 2, math.pi / 2, height).view(-1, 1)
+    lon = torch.linspace(0, 2 * math.pi, width + 1)[:-1].view(1, -1)
+    field = torch.sin(2 * lon) * torch.cos(lat) + 0.5 * torch.sin(3 * lat)
+    return (field > 0.3).long()
+
+
+def build_tiny(name: str, land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """A tiny registered variant; a prior-using variant gets :func:`synthetic_land_sea_mask` by default."""
+    if name not in TINY_VARIANTS:
+        raise ValueError(f"unknown tiny variant {name!r}; known: {sorted(TINY_VARIANTS)}")
+    cfg = TINY_VARIANTS[name]
+    smoe = cfg.get("smoe")
+    if land_sea_prior is None and isinstance(smoe, dict) and smoe.get("gate_prior") == "land_sea":
+        land_sea_prior = synthetic_land_sea_mask(*cfg["grid"])
+    return build_weather_model(cfg, land_sea_prior=land_sea_prior)

@@ -1,0 +1,154 @@
+"""The ENS-10 post-processing U-Net (Ashkboos et al. 2022) and its SMoE version (paper §3.3).
+
+Input (B, C, H, W): ensemble mean and std of the predictors (normalised); output (B, 2, H, W), turned
+into a Gaussian (μ, σ) by :func:`gaussian_head` with the ensemble mean and spread of the target.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from smoeweather.nn import SpatialMoE2d, TensorRoutingGate
+
+
+class ConvBNReLU(nn.Module):
+    """``layer`` (3×3 conv or SMoE) → BatchNorm → ReLU: (B, C_in, H, W) → (B, C_out, H, W)."""
+
+    def __init__(self, layer: nn.Module, out_channels: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.norm = nn.BatchNorm2d(out_channels)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(self.layer(x)))
+
+
+class Ens10UNet(nn.Module):
+    """U-Net of the ENS-10 baselines, optionally with every 3×3 conv replaced by an SMoE.
+
+    Encoder level l (l = 0..levels−1): two [3×3 conv → BN → ReLU] to ``widths[l]``, 2×2 max-pool between
+    levels. Decoder: two convs at the bottom (widths[-1] → widths[-1] → widths[-2]); at each higher level
+    bilinear upsampling to the skip's size, concatenation with the skip, two convs (2·w_l → w_l →
+    w_{l−1}, the last level stays at w_0); final 1×1 conv to 2 channels. Zero padding (as the reference).
+
+    SMoE (``smoe=True``): every 3×3 conv → :class:`SpatialMoE2d` with |E| = experts_factor × filters and
+    E = filters; tensor-routing gates are shared between the layers of equal (|E|, H, W), separately for
+    the encoder and the decoder (``self.gates`` keys ``{enc|dec}_E{|E|}_H{H}_W{W}``).
+
+    Args:
+        in_channels: C.
+        levels, widths: number of resolution levels and their filters (reference: 3, (32, 64, 128)).
+        smoe, experts_factor: SMoE version and its |E|/E (paper: 4).
+        grid: (H, W) of the input; needed for the gates (level l has (H // 2^l, W // 2^l)).
+        rc, damping, quantile: passed to every SMoE layer (paper defaults).
+        out_channels: 2 for the Gaussian head.
+        head_kernel: kernel of the final conv (1; the spcl/ens10 code uses 3).
+        smoe_kwargs: further keyword arguments for :class:`SpatialMoE2d`.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        levels: int = 3,
+        widths: tuple[int, ...] = (32, 64, 128),
+        smoe: bool = False,
+        experts_factor: int = 4,
+        grid: tuple[int, int] | None = None,
+        rc: bool = True,
+        damping: float | None = 0.1,
+        quantile: float = 0.7,
+        out_channels: int = 2,
+        head_kernel: int = 1,
+        smoe_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        widths = tuple(int(w) for w in widths)
+        if len(widths) != levels or levels < 1:
+            raise ValueError(f"need one width per level: levels={levels}, widths={widths}")
+        if smoe and grid is None:
+            raise ValueError("the SMoE U-Net needs grid=(H, W) for its tensor-routing gates")
+        self.levels, self.widths, self.smoe, self.experts_factor = levels, widths, smoe, experts_factor
+        self.grid = None if grid is None else (int(grid[0]), int(grid[1]))
+        self._smoe_args = dict(rc=rc, damping=damping, quantile=quantile, **(smoe_kwargs or {}))
+        self.gates = nn.ModuleDict()
+
+        self.encoder = nn.ModuleList()
+        c = in_channels
+        for lev, w in enumerate(widths):
+            self.encoder.append(nn.Sequential(self._block("enc", lev, c, w), self._block("enc", lev, w, w)))
+            c = w
+        self.decoder = nn.ModuleList()
+        for lev in reversed(range(levels)):
+            w = widths[lev]
+            c_in = w if lev == levels - 1 else 2 * w
+            w_out = widths[lev - 1] if lev > 0 else w
+            blocks = (self._block("dec", lev, c_in, w), self._block("dec", lev, w, w_out))
+            self.decoder.append(nn.Sequential(*blocks))
+        self.head = nn.Conv2d(widths[0], out_channels, head_kernel, padding=head_kernel // 2)
+
+    def level_grid(self, level: int) -> tuple[int, int]:
+        assert self.grid is not None
+        return self.grid[0] // 2**level, self.grid[1] // 2**level
+
+    def _block(self, part: Literal["enc", "dec"], level: int, c_in: int, c_out: int) -> ConvBNReLU:
+        if not self.smoe:
+            return ConvBNReLU(nn.Conv2d(c_in, c_out, 3, padding=1), c_out)
+        num_experts = self.experts_factor * c_out
+        h, w = self.level_grid(level)
+        key = f"{part}_E{num_experts}_H{h}_W{w}"
+        if key not in self.gates:
+            self.gates[key] = TensorRoutingGate(num_experts, h, w, num_selected=c_out)
+        layer = SpatialMoE2d(c_in, num_experts, c_out, gate=self.gates[key], kernel_size=3, padding="zeros",
+                             **self._smoe_args)
+        return ConvBNReLU(layer, c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) → (B, out_channels, H, W) raw outputs (see :func:`gaussian_head`)."""
+        skips = []
+        for lev, enc in enumerate(self.encoder):
+            if lev > 0:
+                x = F.max_pool2d(x, 2)
+            x = enc(x)
+            skips.append(x)
+        for i, dec in enumerate(self.decoder):
+            if i > 0:
+                skip = skips[self.levels - 1 - i]
+                x = F.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=False)
+                x = torch.cat([skip, x], dim=1)
+            x = dec(x)
+        return self.head(x)
+
+
+def gaussian_head(o: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor,
+                  positive: Literal["softplus", "exp"] = "softplus",
+                  eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian forecast from the network output and the raw ensemble statistics of the target.
+
+    ``o``: (B, 2, H, W); ``ens_mean``, ``ens_std``: (B, H, W) or (B, 1, H, W) in physical units.
+    Returns μ = o₀·s_ens + m_ens and σ = f(o₁)·s_ens + eps, f = softplus (default) or exp (the ENS-10
+    reference), each (B, H, W) in physical units.
+    """
+    if o.dim() != 4 or o.shape[1] != 2:
+        raise ValueError(f"o must be (B, 2, H, W), got {tuple(o.shape)}")
+    target_shape = o.shape[:1] + o.shape[2:]
+
+    def squeeze(t: torch.Tensor, name: str) -> torch.Tensor:
+        if t.dim() == 4 and t.shape[1] == 1:
+            t = t[:, 0]
+        if t.shape != target_shape:
+            raise ValueError(f"{name} must be (B, H, W) = {tuple(target_shape)}, got {tuple(t.shape)}")
+        return t
+
+    m, s = squeeze(ens_mean, "ens_mean"), squeeze(ens_std, "ens_std")
+    if positive == "softplus":
+        scale = F.softplus(o[:, 1])
+    elif positive == "exp":
+        scale = torch.exp(o[:, 1])
+    else:
+        raise ValueError(f"positive must be 'softplus' or 'exp', got {positive!r}")
+    return o[:, 0] * s + m, scale * s + eps
