@@ -1,0 +1,122 @@
+"""Training-step time of the all-SMoE WeatherBench ResNet vs the dense ResNet, in the same run.
+
+One step = forward + MSE loss + backward (RC loss and damping inside it) + Adam step, batch 16 on the
+32×64 grid, paper size (117 → 2 channels, 128 filters, |E| = 256, E = 128, 19 blocks). When one SMoE step
+would take longer than ``--max-step-s`` on this machine, the number of residual blocks is reduced (the
+ratio is nearly independent of depth: both networks share stem and head, the blocks dominate).
+
+Writes benchmarks/results/resnet_step.json and prints one JSON line {"time_ratio": ...}.
+Usage: python benchmarks/resnet_step.py [--steps 5] [--max-step-s 10] [--blocks N] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from smoeweather.models.resnet import WeatherBenchResNet
+
+RESULTS = Path(__file__).resolve().parent / "results" / "resnet_step.json"
+IN_CHANNELS, OUT_CHANNELS, WIDTH, PAPER_BLOCKS, GRID = 117, 2, 128, 19, (32, 64)
+
+
+def build(blocks: int, smoe: bool, device: torch.device) -> nn.Module:
+    placement = {"placement": "all", "experts_factor": 2} if smoe else None
+    return WeatherBenchResNet(IN_CHANNELS, OUT_CHANNELS, width=WIDTH, blocks=blocks, smoe=placement,
+                              grid=GRID).to(device).train()
+
+
+class Stepper:
+    """One model, its Adam optimiser and a fixed random batch; ``step()`` returns seconds."""
+
+    def __init__(self, model: nn.Module, batch: int, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        self.x = torch.randn(batch, IN_CHANNELS, *GRID, device=device)
+        self.y = torch.randn(batch, OUT_CHANNELS, *GRID, device=device)
+
+    def step(self) -> float:
+        self._sync()
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(self.model(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per model (after 1 warm-up)")
+    parser.add_argument("--max-step-s", type=float, default=10.0,
+                        help="reduce blocks above this SMoE step time")
+    parser.add_argument("--blocks", type=int, default=None, help="force the number of residual blocks")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+
+    blocks, note = args.blocks or PAPER_BLOCKS, "paper size"
+    if args.blocks is None:
+        probe = Stepper(build(PAPER_BLOCKS, True, device), args.batch, device)
+        probe_s = min(probe.step(), probe.step())  # first step includes allocation warm-up
+        del probe
+        if probe_s > args.max_step_s:
+            blocks = max(1, math.floor(PAPER_BLOCKS * args.max_step_s / probe_s))
+            note = (f"blocks reduced 19 -> {blocks}: one paper-size SMoE step took {probe_s:.1f} s "
+                    f"> {args.max_step_s:.0f} s on this machine")
+    elif blocks != PAPER_BLOCKS:
+        note = f"blocks set to {blocks} by --blocks"
+
+    dense = Stepper(build(blocks, False, device), args.batch, device)
+    smoe = Stepper(build(blocks, True, device), args.batch, device)
+    dense.step(), smoe.step()  # warm-up
+    times: dict[str, list[float]] = {"dense": [], "smoe": []}
+    for _ in range(args.steps):  # interleaved, so load changes hit both alike
+        times["dense"].append(dense.step())
+        times["smoe"].append(smoe.step())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result = {
+        "time_ratio": med["smoe"] / med["dense"],
+        "dense_step_s": med["dense"],
+        "smoe_step_s": med["smoe"],
+        "steps_s": times,
+        "blocks": blocks,
+        "note": note,
+        "batch": args.batch,
+        "grid": list(GRID),
+        "width": WIDTH,
+        "num_experts": 2 * WIDTH,
+        "num_selected": WIDTH,
+        "params": {k: sum(p.numel() for p in s.model.parameters())
+                   for k, s in (("dense", dense), ("smoe", smoe))},
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "target_ratio_max": 2.3,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"time_ratio": round(result["time_ratio"], 3), "dense_step_s": round(med["dense"], 3),
+                      "smoe_step_s": round(med["smoe"], 3), "blocks": blocks, "note": note}))
+
+
+if __name__ == "__main__":
+    main()
