@@ -390,7 +390,7 @@ def fill_nans(ds: xr.Dataset, policy: FillPolicy) -> xr.Dataset:
 
 
 def _check_levels(ds: xr.Dataset, levels: Iterable[int] | Mapping[str, Iterable[int]],
-                  where: str) -> xr.Dataset:
+                  where: str, need_data: bool = True) -> xr.Dataset:
     """Check each variable with a level dim has the wanted levels with data; keep only those."""
     out = {}
     for name, da in ds.data_vars.items():
@@ -400,7 +400,10 @@ def _check_levels(ds: xr.Dataset, levels: Iterable[int] | Mapping[str, Iterable[
             continue
         wanted = [int(x) for x in wanted]
         # a level "exists" for a variable when it holds data (merged sources leave all-NaN levels)
-        has_data = da.notnull().any([d for d in da.dims if d != "level"]).values
+        if need_data:
+            has_data = da.notnull().any([d for d in da.dims if d != "level"]).values
+        else:
+            has_data = np.ones(da.sizes["level"], dtype=bool)
         have = [int(lv) for lv, ok in zip(da["level"].values, has_data) if ok]
         lacking = [x for x in wanted if x not in have]
         if lacking:
@@ -416,16 +419,19 @@ def validate(
     variables: Sequence[str] | None = None,
     levels: Iterable[int] | Mapping[str, Iterable[int]] | None = None,
     fill_policy: FillPolicy = "error",
+    check_nans: bool = True,
 ) -> xr.Dataset:
     """Check a canonical Dataset; return it (NaNs filled if ``fill_policy`` allows) or raise.
 
     ``variables`` and ``levels`` (hPa; one list for all variables or a dict per variable) also select:
     the returned Dataset holds only those. A level counts as present for a variable only when it holds
     data (merging sources leaves all-NaN levels). Raises ``DataError`` naming ``path`` and what was
-    expected when: latitude/longitude are missing or not canonical, a variable or level is missing, ``time`` has duplicated or
-    non-increasing stamps, or NaNs are present and ``fill_policy`` is "error" (the default; the
-    message reports NaN counts per variable). Other policies: "zero", "mean", "nearest" (see
-    ``fill_nans``); the counts filled are recorded in ``attrs["nan_filled"]``.
+    expected when: latitude/longitude are missing or not canonical, a variable or level is missing,
+    ``time`` has duplicated or non-increasing stamps, or NaNs are present and ``fill_policy`` is
+    "error" (the default; the message reports NaN counts per variable). Other policies: "zero",
+    "mean", "nearest" (see ``fill_nans``); the counts filled are recorded in
+    ``attrs["nan_filled"]``. With ``check_nans=False`` nothing is read (lazy stores): only
+    coordinates are checked.
     """
     where = _where(path)
     if fill_policy not in FILL_POLICIES:
@@ -448,7 +454,7 @@ def validate(
                             f"{sorted(map(str, ds.data_vars))}")
         ds = ds[list(variables)]
     if levels is not None:
-        ds = _check_levels(ds, levels, where)
+        ds = _check_levels(ds, levels, where, need_data=check_nans)
 
     if "time" in ds.dims:
         index = ds.indexes["time"]
@@ -463,7 +469,7 @@ def validate(
             raise DataError(f"{where}: 'time' is not monotonically increasing (at position {bad + 1}:"
                             f" {index[bad]} then {index[bad + 1]}); expected increasing timestamps")
 
-    counts = {k: v for k, v in nan_counts(ds).items() if v}
+    counts = {k: v for k, v in nan_counts(ds).items() if v} if check_nans else {}
     if counts:
         sizes = {k: int(ds[k].size) for k in counts}
         report = ", ".join(f"'{k}': {v} of {sizes[k]}" for k, v in counts.items())
