@@ -48,15 +48,24 @@ VARIABLES: dict[str, tuple[str, str, str | None]] = {
     "mean_sea_level_pressure": ("Pa", "Mean sea level pressure", "air_pressure_at_mean_sea_level"),
     "surface_pressure": ("Pa", "Surface pressure", "surface_air_pressure"),
     "toa_incident_solar_radiation": ("J m**-2", "TOA incident solar radiation", None),
-    "total_precipitation": ("m", "Total precipitation (accumulated over the source's step)",
-                            "lwe_thickness_of_precipitation_amount"),
-    "total_precipitation_6hr": ("m", "Total precipitation over 6 hours",
-                                "lwe_thickness_of_precipitation_amount"),
+    "total_precipitation": (
+        "m",
+        "Total precipitation (accumulated over the source's step)",
+        "lwe_thickness_of_precipitation_amount",
+    ),
+    "total_precipitation_6hr": (
+        "m",
+        "Total precipitation over 6 hours",
+        "lwe_thickness_of_precipitation_amount",
+    ),
     "convective_precipitation": ("m", "Convective precipitation", None),
     "total_cloud_cover": ("1", "Total cloud cover", "cloud_area_fraction"),
     "total_column_water": ("kg m**-2", "Total column water", None),
-    "total_column_water_vapour": ("kg m**-2", "Total column water vapour",
-                                  "lwe_thickness_of_atmosphere_mass_content_of_water_vapor"),
+    "total_column_water_vapour": (
+        "kg m**-2",
+        "Total column water vapour",
+        "lwe_thickness_of_atmosphere_mass_content_of_water_vapor",
+    ),
     "sea_surface_temperature": ("K", "Sea surface temperature", "sea_surface_temperature"),
     "skin_temperature": ("K", "Skin temperature", None),
     "land_sea_mask": ("1", "Land-sea mask (land fraction)", "land_binary_mask"),
@@ -66,27 +75,56 @@ VARIABLES: dict[str, tuple[str, str, str | None]] = {
 
 # ERA5 / CDS / cfgrib short names (also ENS-10, whose GRIB files carry the same parameter ids).
 CDS_NAMES = {
-    "z": "geopotential", "gh": "geopotential", "t": "temperature", "u": "u_component_of_wind",
-    "v": "v_component_of_wind", "q": "specific_humidity", "r": "relative_humidity",
-    "w": "vertical_velocity", "vo": "vorticity", "pv": "potential_vorticity",
-    "t2m": "2m_temperature", "2t": "2m_temperature", "u10": "10m_u_component_of_wind",
-    "v10": "10m_v_component_of_wind", "10u": "10m_u_component_of_wind",
-    "10v": "10m_v_component_of_wind", "msl": "mean_sea_level_pressure", "sp": "surface_pressure",
-    "tisr": "toa_incident_solar_radiation", "tp": "total_precipitation",
-    "cp": "convective_precipitation", "tcc": "total_cloud_cover", "tcw": "total_column_water",
-    "tcwv": "total_column_water_vapour", "sst": "sea_surface_temperature", "skt": "skin_temperature",
-    "lsm": "land_sea_mask", "slt": "soil_type",
+    "z": "geopotential",
+    "gh": "geopotential",
+    "t": "temperature",
+    "u": "u_component_of_wind",
+    "v": "v_component_of_wind",
+    "q": "specific_humidity",
+    "r": "relative_humidity",
+    "w": "vertical_velocity",
+    "vo": "vorticity",
+    "pv": "potential_vorticity",
+    "t2m": "2m_temperature",
+    "2t": "2m_temperature",
+    "u10": "10m_u_component_of_wind",
+    "v10": "10m_v_component_of_wind",
+    "10u": "10m_u_component_of_wind",
+    "10v": "10m_v_component_of_wind",
+    "msl": "mean_sea_level_pressure",
+    "sp": "surface_pressure",
+    "tisr": "toa_incident_solar_radiation",
+    "tp": "total_precipitation",
+    "cp": "convective_precipitation",
+    "tcc": "total_cloud_cover",
+    "tcw": "total_column_water",
+    "tcwv": "total_column_water_vapour",
+    "sst": "sea_surface_temperature",
+    "skt": "skin_temperature",
+    "lsm": "land_sea_mask",
+    "slt": "soil_type",
 }
 # WeatherBench v1 netCDF: ERA5 short names plus the constants file's own names.
 WEATHERBENCH_NAMES = {**CDS_NAMES, "orography": "geopotential_at_surface"}
 # CMIP6 CMOR variable ids. zg is geopotential HEIGHT (m): converted to geopotential with ×G.
 CMIP6_NAMES = {
-    "zg": "geopotential", "ta": "temperature", "ua": "u_component_of_wind",
-    "va": "v_component_of_wind", "hus": "specific_humidity", "hur": "relative_humidity",
-    "wap": "vertical_velocity", "tas": "2m_temperature", "uas": "10m_u_component_of_wind",
-    "vas": "10m_v_component_of_wind", "psl": "mean_sea_level_pressure", "ps": "surface_pressure",
-    "tos": "sea_surface_temperature", "ts": "skin_temperature", "clt": "total_cloud_cover",
-    "sftlf": "land_sea_mask", "orog": "geopotential_at_surface",
+    "zg": "geopotential",
+    "ta": "temperature",
+    "ua": "u_component_of_wind",
+    "va": "v_component_of_wind",
+    "hus": "specific_humidity",
+    "hur": "relative_humidity",
+    "wap": "vertical_velocity",
+    "tas": "2m_temperature",
+    "uas": "10m_u_component_of_wind",
+    "vas": "10m_v_component_of_wind",
+    "psl": "mean_sea_level_pressure",
+    "ps": "surface_pressure",
+    "tos": "sea_surface_temperature",
+    "ts": "skin_temperature",
+    "clt": "total_cloud_cover",
+    "sftlf": "land_sea_mask",
+    "orog": "geopotential_at_surface",
 }
 VARIABLE_RENAMES: dict[str, dict[str, str]] = {
     "weatherbench": WEATHERBENCH_NAMES,
@@ -96,28 +134,70 @@ VARIABLE_RENAMES: dict[str, dict[str, str]] = {
     "cmip6": CMIP6_NAMES,
 }
 COORD_RENAMES = {
-    "lat": "latitude", "lon": "longitude", "nav_lat": "latitude", "nav_lon": "longitude",
-    "isobaricInhPa": "level", "pressure_level": "level", "plev": "level",
-    "number": "member", "realization": "member", "member_id": "member",
-    "step": "prediction_timedelta", "lead_time": "prediction_timedelta",
+    "lat": "latitude",
+    "lon": "longitude",
+    "nav_lat": "latitude",
+    "nav_lon": "longitude",
+    "isobaricInhPa": "level",
+    "pressure_level": "level",
+    "plev": "level",
+    "number": "member",
+    "realization": "member",
+    "member_id": "member",
+    "step": "prediction_timedelta",
+    "lead_time": "prediction_timedelta",
 }
 # Coordinates and helper variables with no place in the canonical Dataset.
 DROP_NAMES = (
-    "time_bnds", "time_bounds", "lat_bnds", "lon_bnds", "plev_bnds", "lat_bounds", "lon_bounds",
-    "height", "surface", "heightAboveGround", "meanSea", "expver", "lat2d", "lon2d",
+    "time_bnds",
+    "time_bounds",
+    "lat_bnds",
+    "lon_bnds",
+    "plev_bnds",
+    "lat_bounds",
+    "lon_bounds",
+    "height",
+    "surface",
+    "heightAboveGround",
+    "meanSea",
+    "expver",
+    "lat2d",
+    "lon2d",
 )
 
 # units spellings, normalised (lower case, no spaces, no '**' or '^') -> canonical spelling
 _UNIT_ALIASES = {
-    "m2s-2": "m**2 s**-2", "m2/s2": "m**2 s**-2",
-    "k": "K", "kelvin": "K", "degk": "K",
-    "ms-1": "m s**-1", "m/s": "m s**-1",
-    "kgkg-1": "kg kg**-1", "kg/kg": "kg kg**-1",
-    "pa": "Pa", "pas-1": "Pa s**-1", "pa/s": "Pa s**-1", "s-1": "s**-1",
-    "jm-2": "J m**-2", "j/m2": "J m**-2", "kgm-2": "kg m**-2", "kg/m2": "kg m**-2",
-    "m": "m", "metres": "m", "meters": "m", "gpm": "gpm",
-    "1": "1", "(0-1)": "1", "0-1": "1", "~": "1", "fraction": "1", "dimensionless": "1",
-    "%": "%", "percent": "%", "degc": "degC", "celsius": "degC",
+    "m2s-2": "m**2 s**-2",
+    "m2/s2": "m**2 s**-2",
+    "k": "K",
+    "kelvin": "K",
+    "degk": "K",
+    "ms-1": "m s**-1",
+    "m/s": "m s**-1",
+    "kgkg-1": "kg kg**-1",
+    "kg/kg": "kg kg**-1",
+    "pa": "Pa",
+    "pas-1": "Pa s**-1",
+    "pa/s": "Pa s**-1",
+    "s-1": "s**-1",
+    "jm-2": "J m**-2",
+    "j/m2": "J m**-2",
+    "kgm-2": "kg m**-2",
+    "kg/m2": "kg m**-2",
+    "m": "m",
+    "metres": "m",
+    "meters": "m",
+    "gpm": "gpm",
+    "1": "1",
+    "(0-1)": "1",
+    "0-1": "1",
+    "~": "1",
+    "fraction": "1",
+    "dimensionless": "1",
+    "%": "%",
+    "percent": "%",
+    "degc": "degC",
+    "celsius": "degC",
     "km2kg-1s-1": "K m**2 kg**-1 s**-1",
 }
 # (canonical variable, canonical source unit) -> (scale, offset): value_out = value_in * scale + offset
@@ -136,12 +216,20 @@ _CONVERSIONS: dict[tuple[str, str], tuple[float, float]] = {
 _LEVEL_PA_UNITS = {"pa", "pascal", "pascals"}
 _LEVEL_HPA_UNITS = {"hpa", "millibars", "millibar", "mbar", "mb", "hectopascal", "hectopascals"}
 
-LATITUDE_ATTRS = {"units": "degrees_north", "standard_name": "latitude", "long_name": "latitude",
-                  "axis": "Y"}
-LONGITUDE_ATTRS = {"units": "degrees_east", "standard_name": "longitude", "long_name": "longitude",
-                   "axis": "X"}
-LEVEL_ATTRS = {"units": "hPa", "standard_name": "air_pressure", "long_name": "pressure level",
-               "positive": "down", "axis": "Z"}
+LATITUDE_ATTRS = {"units": "degrees_north", "standard_name": "latitude", "long_name": "latitude", "axis": "Y"}
+LONGITUDE_ATTRS = {
+    "units": "degrees_east",
+    "standard_name": "longitude",
+    "long_name": "longitude",
+    "axis": "X",
+}
+LEVEL_ATTRS = {
+    "units": "hPa",
+    "standard_name": "air_pressure",
+    "long_name": "pressure level",
+    "positive": "down",
+    "axis": "Z",
+}
 MEMBER_ATTRS = {"standard_name": "realization", "long_name": "ensemble member"}
 TIME_ATTRS = {"standard_name": "time", "long_name": "time", "axis": "T"}
 LEAD_ATTRS = {"standard_name": "forecast_period", "long_name": "lead time"}
@@ -191,7 +279,8 @@ def _rename_variables(ds: xr.Dataset, source: str) -> xr.Dataset:
             if new in renames.values() or (new in ds.data_vars and new != name):
                 raise DataError(
                     f"variables {[k for k, v in renames.items() if v == new] + [name]} both map to "
-                    f"'{new}'; expected one source variable per canonical variable")
+                    f"'{new}'; expected one source variable per canonical variable"
+                )
             renames[str(name)] = new
     ds = ds.rename(renames)
     # a single-level ERA5 `z` (GRIB typeOfLevel surface) is the surface geopotential, not Z at a level
@@ -221,8 +310,9 @@ def _expand_level_suffixes(ds: xr.Dataset) -> xr.Dataset:
     for n in marked:
         name, level = str(n).split("@")
         pieces.append(ds[n].expand_dims(level=[int(level)]).rename(name).to_dataset())
-    return xr.merge([ds.drop_vars(marked), *pieces], compat="no_conflicts", join="outer",
-                    combine_attrs="override")
+    return xr.merge(
+        [ds.drop_vars(marked), *pieces], compat="no_conflicts", join="outer", combine_attrs="override"
+    )
 
 
 def _normalise_level(ds: xr.Dataset) -> xr.Dataset:
@@ -257,8 +347,10 @@ def _normalise_lat_lon(ds: xr.Dataset) -> xr.Dataset:
         lon = np.mod(ds["longitude"].values.astype("float64"), 360.0)
         lon[np.isclose(lon, 360.0)] = 0.0
         if len(np.unique(lon)) != lon.size:
-            raise DataError("longitude has duplicated points after wrapping to [0, 360) "
-                            "(e.g. both -180 and 180); expected each meridian once")
+            raise DataError(
+                "longitude has duplicated points after wrapping to [0, 360) "
+                "(e.g. both -180 and 180); expected each meridian once"
+            )
         ds = ds.assign_coords(longitude=("longitude", lon, dict(LONGITUDE_ATTRS))).sortby("longitude")
     return ds
 
@@ -276,8 +368,10 @@ def _convert_units(ds: xr.Dataset) -> xr.Dataset:
             continue
         factor = _CONVERSIONS.get((str(name), src or ""))
         if factor is None:
-            raise DataError(f"variable '{name}' has units '{raw}'; expected '{canonical_units}'"
-                            + (" (or a unit convertible to it)"))
+            raise DataError(
+                f"variable '{name}' has units '{raw}'; expected '{canonical_units}'"
+                + (" (or a unit convertible to it)")
+            )
         scale, offset = factor
         attrs = dict(ds[name].attrs)
         converted = ds[name] * scale + offset if offset else ds[name] * scale
@@ -297,8 +391,11 @@ def _set_attrs(ds: xr.Dataset) -> xr.Dataset:
             else:
                 attrs.pop("standard_name", None)
             ds[name].attrs = attrs
-    for coord, attrs in (("member", MEMBER_ATTRS), ("time", TIME_ATTRS),
-                         ("prediction_timedelta", LEAD_ATTRS)):
+    for coord, attrs in (
+        ("member", MEMBER_ATTRS),
+        ("time", TIME_ATTRS),
+        ("prediction_timedelta", LEAD_ATTRS),
+    ):
         if coord in ds.coords:
             ds[coord].attrs = dict(attrs)
     return ds
@@ -327,8 +424,8 @@ def canonicalize(
     ds = _normalise_lat_lon(ds)
     ds = _convert_units(ds)
     ds = _set_attrs(ds)
-    order = [d for d in CANONICAL_DIMS if d in ds.dims]
-    ds = ds.transpose(*order, ...)
+    extra = [d for d in ds.dims if d not in CANONICAL_DIMS]  # e.g. `month`: kept, in front
+    ds = ds.transpose(*extra, *[d for d in CANONICAL_DIMS if d in ds.dims])
     attrs = {k: v for k, v in ds.attrs.items() if not k.startswith("GRIB_")}
     attrs["source_format"] = source
     attrs["latitude_order"] = "ascending"
@@ -343,12 +440,20 @@ def canonicalize(
 # --------------------------------------------------------------------------------------- validation
 
 
+def present_levels(da: xr.DataArray) -> xr.DataArray:
+    """Boolean per ``level``: True where the variable holds any data (all-NaN levels are absent,
+    as after merging sources with different level sets). All True for variables without levels."""
+    if "level" not in da.dims:
+        return xr.DataArray(True)
+    return da.notnull().any([d for d in da.dims if d != "level"])
+
+
 def nan_counts(ds: xr.Dataset) -> dict[str, int]:
-    """Number of NaNs per floating-point data variable (computes lazily loaded data)."""
+    """NaNs per floating data variable, not counting absent (all-NaN) levels. Computes the data."""
     out = {}
     for name, da in ds.data_vars.items():
         if np.issubdtype(da.dtype, np.floating):
-            out[str(name)] = int(da.isnull().sum())
+            out[str(name)] = int(da.isnull().where(present_levels(da), False).sum())
     return out
 
 
@@ -374,23 +479,31 @@ def fill_nans(ds: xr.Dataset, policy: FillPolicy) -> xr.Dataset:
     for name, da in ds.data_vars.items():
         if not np.issubdtype(da.dtype, np.floating):
             continue
+        present = present_levels(da)
         if policy == "zero":
             out[name] = da.fillna(0.0)
         elif policy == "mean":
             out[name] = da.fillna(da.mean(("latitude", "longitude"), skipna=True))
         elif policy == "nearest":
             out[name] = xr.apply_ufunc(
-                _fill_nearest_2d, da, input_core_dims=[["latitude", "longitude"]],
-                output_core_dims=[["latitude", "longitude"]], vectorize=True, dask="parallelized",
-                output_dtypes=[da.dtype], keep_attrs=True,
+                _fill_nearest_2d,
+                da,
+                input_core_dims=[["latitude", "longitude"]],
+                output_core_dims=[["latitude", "longitude"]],
+                vectorize=True,
+                dask="parallelized",
+                output_dtypes=[da.dtype],
+                keep_attrs=True,
             ).transpose(*da.dims)
         else:
             raise DataError(f"fill_policy '{policy}' is not known; expected one of {FILL_POLICIES}")
+        out[name] = out[name].where(present)  # absent levels stay absent
     return out
 
 
-def _check_levels(ds: xr.Dataset, levels: Iterable[int] | Mapping[str, Iterable[int]],
-                  where: str, need_data: bool = True) -> xr.Dataset:
+def _check_levels(
+    ds: xr.Dataset, levels: Iterable[int] | Mapping[str, Iterable[int]], where: str, need_data: bool = True
+) -> xr.Dataset:
     """Check each variable with a level dim has the wanted levels with data; keep only those."""
     out = {}
     for name, da in ds.data_vars.items():
@@ -401,14 +514,15 @@ def _check_levels(ds: xr.Dataset, levels: Iterable[int] | Mapping[str, Iterable[
         wanted = [int(x) for x in wanted]
         # a level "exists" for a variable when it holds data (merged sources leave all-NaN levels)
         if need_data:
-            has_data = da.notnull().any([d for d in da.dims if d != "level"]).values
+            has_data = present_levels(da).values
         else:
             has_data = np.ones(da.sizes["level"], dtype=bool)
         have = [int(lv) for lv, ok in zip(da["level"].values, has_data) if ok]
         lacking = [x for x in wanted if x not in have]
         if lacking:
-            raise DataError(f"{where}: variable '{name}' lacks level(s) {lacking} hPa; "
-                            f"available levels: {have}")
+            raise DataError(
+                f"{where}: variable '{name}' lacks level(s) {lacking} hPa; available levels: {have}"
+            )
         out[name] = da.sel(level=wanted)
     return xr.Dataset(out, attrs=ds.attrs)
 
@@ -435,12 +549,13 @@ def validate(
     """
     where = _where(path)
     if fill_policy not in FILL_POLICIES:
-        raise DataError(f"{where}: fill_policy '{fill_policy}' is not known; expected one of "
-                        f"{FILL_POLICIES}")
+        raise DataError(f"{where}: fill_policy '{fill_policy}' is not known; expected one of {FILL_POLICIES}")
     for dim in ("latitude", "longitude"):
         if dim not in ds.dims:
-            raise DataError(f"{where}: no '{dim}' dimension (dims: {list(ds.dims)}); expected a "
-                            "canonical Dataset on a latitude/longitude grid (call canonicalize first)")
+            raise DataError(
+                f"{where}: no '{dim}' dimension (dims: {list(ds.dims)}); expected a "
+                "canonical Dataset on a latitude/longitude grid (call canonicalize first)"
+            )
     lat, lon = ds["latitude"].values, ds["longitude"].values
     if lat.size > 1 and not np.all(np.diff(lat) > 0):
         raise DataError(f"{where}: latitude is not strictly ascending; expected canonical order")
@@ -450,8 +565,9 @@ def validate(
     if variables is not None:
         missing = [v for v in variables if v not in ds.data_vars]
         if missing:
-            raise DataError(f"{where}: missing variable(s) {missing}; available: "
-                            f"{sorted(map(str, ds.data_vars))}")
+            raise DataError(
+                f"{where}: missing variable(s) {missing}; available: {sorted(map(str, ds.data_vars))}"
+            )
         ds = ds[list(variables)]
     if levels is not None:
         ds = _check_levels(ds, levels, where, need_data=check_nans)
@@ -460,22 +576,32 @@ def validate(
         index = ds.indexes["time"]
         duplicated = index[index.duplicated()]
         if len(duplicated):
-            raise DataError(f"{where}: {len(duplicated)} duplicated timestamp(s) in 'time', first "
-                            f"{[str(t) for t in duplicated[:3]]}; expected unique timestamps")
+            raise DataError(
+                f"{where}: {len(duplicated)} duplicated timestamp(s) in 'time', first "
+                f"{[str(t) for t in duplicated[:3]]}; expected unique timestamps"
+            )
         if not index.is_monotonic_increasing:
-            bad = int(np.argmax(np.diff(np.asarray(index.values)) <= np.timedelta64(0)
-                                if isinstance(index, pd.DatetimeIndex)
-                                else [b <= a for a, b in zip(index[:-1], index[1:])]))
-            raise DataError(f"{where}: 'time' is not monotonically increasing (at position {bad + 1}:"
-                            f" {index[bad]} then {index[bad + 1]}); expected increasing timestamps")
+            bad = int(
+                np.argmax(
+                    np.diff(np.asarray(index.values)) <= np.timedelta64(0)
+                    if isinstance(index, pd.DatetimeIndex)
+                    else [b <= a for a, b in zip(index[:-1], index[1:])]
+                )
+            )
+            raise DataError(
+                f"{where}: 'time' is not monotonically increasing (at position {bad + 1}:"
+                f" {index[bad]} then {index[bad + 1]}); expected increasing timestamps"
+            )
 
     counts = {k: v for k, v in nan_counts(ds).items() if v} if check_nans else {}
     if counts:
         sizes = {k: int(ds[k].size) for k in counts}
-        report = ", ".join(f"'{k}': {v} of {sizes[k]}" for k, v in counts.items())
+        report = ", ".join(f"'{k}': {v} of {sizes[k]} values" for k, v in counts.items())
         if fill_policy == "error":
-            raise DataError(f"{where}: NaN values found ({report}); expected none, or pass "
-                            "fill_policy='nearest' (SST-style land gaps), 'mean' or 'zero'")
+            raise DataError(
+                f"{where}: NaN values found ({report}); expected none, or pass "
+                "fill_policy='nearest' (SST-style land gaps), 'mean' or 'zero'"
+            )
         ds = fill_nans(ds, fill_policy)
         ds.attrs["nan_filled"] = f"{fill_policy}: {report}"
     return ds
@@ -489,9 +615,11 @@ def select_time(ds: xr.Dataset, start: object, stop: object, path: object = None
     lo = pd.Timestamp(start) if start is not None else None
     hi = pd.Timestamp(stop) if stop is not None else None
     if (lo is not None and lo < pd.Timestamp(first).floor("D")) or (
-            hi is not None and hi > pd.Timestamp(last)):
-        raise DataError(f"{where}: requested time {start}..{stop} is outside the data, which covers "
-                        f"{first}..{last}")
+        hi is not None and hi > pd.Timestamp(last)
+    ):
+        raise DataError(
+            f"{where}: requested time {start}..{stop} is outside the data, which covers {first}..{last}"
+        )
     out = ds.sel(time=slice(start, stop))
     if out.sizes["time"] == 0:
         raise DataError(f"{where}: no timestamps in {start}..{stop}; data covers {first}..{last}")
@@ -504,6 +632,9 @@ def select_years(ds: xr.Dataset, years: Iterable[int], path: object = None) -> x
     have = sorted(set(int(y) for y in ds["time"].dt.year.values))
     absent = [y for y in years if y not in have]
     if absent:
-        raise DataError(f"{_where(path)}: year(s) {absent} not in the data; available years: "
-                        f"{have[0]}..{have[-1]}" if have else f"{_where(path)}: no timestamps")
+        raise DataError(
+            f"{_where(path)}: year(s) {absent} not in the data; available years: {have[0]}..{have[-1]}"
+            if have
+            else f"{_where(path)}: no timestamps"
+        )
     return ds.sel(time=ds["time"].dt.year.isin(years))

@@ -43,5 +43,12 @@ def open_source(kind: str, source: object, **kwargs: object) -> xr.Dataset:
     return reader(source, **kwargs)
 
 
-__all__ = ["READERS", "open_cds", "open_cmip6", "open_ens10", "open_source", "open_wb2_zarr",
-           "open_weatherbench"]
+__all__ = [
+    "READERS",
+    "open_cds",
+    "open_cmip6",
+    "open_ens10",
+    "open_source",
+    "open_wb2_zarr",
+    "open_weatherbench",
+]

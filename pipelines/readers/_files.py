@@ -33,8 +33,10 @@ def sniff_format(path: Path) -> str:
         return "grib"
     if head[:3] == b"CDF" or head[:8] == b"\x89HDF\r\n\x1a\n":
         return "netcdf"
-    raise DataError(f"{path}: neither GRIB nor netCDF (first bytes {head!r}); expected a GRIB "
-                    "message ('GRIB') or a netCDF-3/4 header")
+    raise DataError(
+        f"{path}: neither GRIB nor netCDF (first bytes {head!r}); expected a GRIB "
+        "message ('GRIB') or a netCDF-3/4 header"
+    )
 
 
 def check_grib(path: Path) -> int:
@@ -51,8 +53,10 @@ def check_grib(path: Path) -> int:
             try:
                 handle = eccodes.codes_grib_new_from_file(f)
             except Exception as err:  # eccodes raises its own error classes (PrematureEndOfFile, …)
-                raise DataError(f"{path}: truncated or corrupt GRIB file (message {count + 1} "
-                                f"unreadable: {err}); expected complete GRIB messages") from err
+                raise DataError(
+                    f"{path}: truncated or corrupt GRIB file (message {count + 1} "
+                    f"unreadable: {err}); expected complete GRIB messages"
+                ) from err
             if handle is None:
                 break
             eccodes.codes_release(handle)
@@ -67,8 +71,9 @@ def open_netcdf(path: Path, **kwargs: object) -> xr.Dataset:
     try:
         ds = xr.open_dataset(path, **kwargs)
     except (OSError, ValueError, RuntimeError) as err:
-        raise DataError(f"{path}: cannot read netCDF (truncated or corrupt? {err}); expected a "
-                        "readable netCDF-3/4 file") from err
+        raise DataError(
+            f"{path}: cannot read netCDF (truncated or corrupt? {err}); expected a readable netCDF-3/4 file"
+        ) from err
     return ds
 
 

@@ -67,8 +67,10 @@ def open_cds(
         try:
             ds = xr.concat(parts, dim="time", join="exact", combine_attrs="drop_conflicts")
         except ValueError as err:
-            raise DataError(f"files {[str(p) for p in files]} do not share one grid, level set or "
-                            f"variable set ({err}); expected the same layout in every file") from err
+            raise DataError(
+                f"files {[str(p) for p in files]} do not share one grid, level set or "
+                f"variable set ({err}); expected the same layout in every file"
+            ) from err
         ds = ds.sortby("time") if ds.indexes["time"].is_unique else ds
     ds.attrs["source_files"] = ", ".join(str(p) for p in files)
     where = files[0] if len(files) == 1 else f"{files[0].parent}/{{{', '.join(p.name for p in files)}}}"

@@ -54,17 +54,22 @@ def _check_same_grid(parts: list[xr.Dataset], files: list) -> None:
         for dim in ("latitude", "longitude", "level"):
             a, b = ref.get(dim), ds.get(dim)
             if (a is None) != (b is None) or (
-                    a is not None and (a.size != b.size or not np.allclose(a.values, b.values))):
+                a is not None and (a.size != b.size or not np.allclose(a.values, b.values))
+            ):
                 raise DataError(
                     f"{path}: {dim} differs from {files[0]} ({0 if b is None else b.size} vs "
-                    f"{0 if a is None else a.size} values); expected one grid in all files")
+                    f"{0 if a is None else a.size} values); expected one grid in all files"
+                )
         if set(ds.data_vars) != set(ref.data_vars):
-            raise DataError(f"{path}: variables {sorted(ds.data_vars)} differ from {files[0]}'s "
-                            f"{sorted(ref.data_vars)}; expected the same variable in every file")
+            raise DataError(
+                f"{path}: variables {sorted(ds.data_vars)} differ from {files[0]}'s "
+                f"{sorted(ref.data_vars)}; expected the same variable in every file"
+            )
 
 
-def regrid(ds: xr.Dataset, target_grid: xr.Dataset,
-           method: Literal["conservative", "bilinear"] = "conservative") -> xr.Dataset:
+def regrid(
+    ds: xr.Dataset, target_grid: xr.Dataset, method: Literal["conservative", "bilinear"] = "conservative"
+) -> xr.Dataset:
     """Regrid a canonical Dataset onto ``target_grid``'s latitude/longitude (xarray-regrid)."""
     target = target_grid[["latitude", "longitude"]] if isinstance(target_grid, xr.Dataset) else target_grid
     if method == "conservative":
@@ -76,8 +81,10 @@ def regrid(ds: xr.Dataset, target_grid: xr.Dataset,
     for name in ds.data_vars:
         out[name].attrs = ds[name].attrs
     out["latitude"].attrs, out["longitude"].attrs = ds["latitude"].attrs, ds["longitude"].attrs
-    out.attrs = {**ds.attrs, "regridding": f"xarray-regrid {method} to "
-                 f"{target.sizes['latitude']}x{target.sizes['longitude']}"}
+    out.attrs = {
+        **ds.attrs,
+        "regridding": f"xarray-regrid {method} to {target.sizes['latitude']}x{target.sizes['longitude']}",
+    }
     return out
 
 
@@ -103,11 +110,19 @@ def open_cmip6(
         raise DataError(f"files {[str(f) for f in files]} mix calendars {sorted(calendars)}; expected one")
     (calendar,) = calendars
     order = np.argsort([p["time"].values[0] for p in parts])
-    ds = xr.concat([parts[i] for i in order], dim="time", join="override",
-                   combine_attrs="drop_conflicts", data_vars="all")
+    ds = xr.concat(
+        [parts[i] for i in order],
+        dim="time",
+        join="override",
+        combine_attrs="drop_conflicts",
+        data_vars="all",
+    )
     ds = _to_datetime64(ds, calendar)
-    ds.attrs.update(calendar_original=calendar, source_format="cmip6",
-                    source_files=", ".join(str(files[i]) for i in order))
+    ds.attrs.update(
+        calendar_original=calendar,
+        source_format="cmip6",
+        source_files=", ".join(str(files[i]) for i in order),
+    )
     where = files[0] if len(files) == 1 else f"{files[0].parent}/{{{', '.join(f.name for f in files)}}}"
     ds = validate(ds, path=where, variables=variables, levels=levels, fill_policy=fill_policy)
     if target_grid is not None:

@@ -38,15 +38,20 @@ def _open_forecast(files: list, lead: np.timedelta64) -> xr.Dataset:
             raise DataError(f"{path}: no forecast steps ('step'); expected ENS-10 steps 0/24/48 h")
         steps = ds.indexes["prediction_timedelta"]
         if lead not in steps:
-            raise DataError(f"{path}: lead time {pd.Timedelta(lead)} not in file; available: "
-                            f"{[str(pd.Timedelta(s)) for s in steps]}")
+            raise DataError(
+                f"{path}: lead time {pd.Timedelta(lead)} not in file; available: "
+                f"{[str(pd.Timedelta(s)) for s in steps]}"
+            )
         parts.append(ds.sel(prediction_timedelta=lead))
     try:  # pressure-level and surface files of the same dates side by side; further dates along time
-        ds = xr.combine_by_coords(parts, compat="no_conflicts", join="outer",
-                                  combine_attrs="drop_conflicts", data_vars="all")
+        ds = xr.combine_by_coords(
+            parts, compat="no_conflicts", join="outer", combine_attrs="drop_conflicts", data_vars="all"
+        )
     except ValueError as err:
-        raise DataError(f"ENS-10 files {[str(f) for f in files]} cannot be combined ({err}); expected "
-                        "the same grid and members in all files") from err
+        raise DataError(
+            f"ENS-10 files {[str(f) for f in files]} cannot be combined ({err}); expected "
+            "the same grid and members in all files"
+        ) from err
     return ds
 
 
@@ -64,17 +69,23 @@ def _add_truth(ds: xr.Dataset, truth: xr.Dataset, where: str) -> xr.Dataset:
     for dim in ("latitude", "longitude"):
         a, b = ds[dim].values, truth[dim].values if dim in truth.dims else np.array([])
         if a.shape != b.shape or not np.allclose(a, b):
-            raise DataError(f"truth grid does not match the ENS-10 forecast grid in {dim} "
-                            f"({b.size} vs {a.size} points); expected truth on the forecast grid")
+            raise DataError(
+                f"truth grid does not match the ENS-10 forecast grid in {dim} "
+                f"({b.size} vs {a.size} points); expected truth on the forecast grid"
+            )
     valid = ds["valid_time"].values
     missing_times = pd.DatetimeIndex(valid).difference(truth.indexes["time"])
     if len(missing_times):
-        raise DataError(f"truth lacks {len(missing_times)} valid time(s) of {where}, first "
-                        f"{[str(t) for t in missing_times[:3]]}; expected truth at init + lead")
+        raise DataError(
+            f"truth lacks {len(missing_times)} valid time(s) of {where}, first "
+            f"{[str(t) for t in missing_times[:3]]}; expected truth at init + lead"
+        )
     for name in ds.data_vars:
         if name not in truth.data_vars:
-            raise DataError(f"truth has no variable '{name}' to verify {where}; "
-                            f"available: {sorted(map(str, truth.data_vars))}")
+            raise DataError(
+                f"truth has no variable '{name}' to verify {where}; "
+                f"available: {sorted(map(str, truth.data_vars))}"
+            )
         verifying = truth[name].sel(time=valid)
         if "level" in ds[name].dims:
             verifying = verifying.sel(level=ds["level"].values)
@@ -103,6 +114,10 @@ def open_ens10(
     ds = ds.assign_coords(valid_time=("time", ds["time"].values + lead))
     if truth is not None:
         ds = _add_truth(ds, truth, where)
-    ds.attrs.update(source_format="ens10", source_files=", ".join(map(str, files)),
-                    lead_time=f"{lead_hours} h", ensemble_size=str(members))
+    ds.attrs.update(
+        source_format="ens10",
+        source_files=", ".join(map(str, files)),
+        lead_time=f"{lead_hours} h",
+        ensemble_size=str(members),
+    )
     return ds

@@ -1,7 +1,8 @@
 """WeatherBench 2 / ARCO-ERA5 analysis-ready zarr stores, through any fsspec URL.
 
 ``gs://weatherbench2/datasets/era5/…zarr``, ``memory://…``, ``file://…`` or a local path; extra
-arguments for the filesystem go in ``storage_options`` (e.g. ``{"token": "anon"}``). Data stay lazy
+arguments for the filesystem go in ``storage_options`` (e.g. ``{"token": "anon"}``; ignored for
+plain local paths). Data stay lazy
 (dask): only the selection is read later. Returns the canonical Dataset
 (time, level, latitude, longitude); ARCO's descending latitude is flipped to ascending.
 """
@@ -29,6 +30,8 @@ def open_wb2_zarr(
     range outside the store raises ``DataError``, as do missing variables or levels. NaN checks are
     left to the caller (``validate``) because they would read the whole selection.
     """
+    if "://" not in str(url):
+        storage_options = None  # a plain local path: zarr refuses storage_options there
     try:
         ds = xr.open_zarr(url, storage_options=storage_options, chunks={})
     except Exception as err:  # FileNotFoundError, KeyError, zarr/fsspec errors
@@ -36,8 +39,9 @@ def open_wb2_zarr(
     if variables is not None:  # select first: ARCO stores hold hundreds of variables
         missing = [v for v in variables if v not in ds.data_vars]
         if missing:
-            raise DataError(f"{url}: missing variable(s) {missing}; available: "
-                            f"{sorted(map(str, ds.data_vars))}")
+            raise DataError(
+                f"{url}: missing variable(s) {missing}; available: {sorted(map(str, ds.data_vars))}"
+            )
         ds = ds[list(variables)]
     ds = canonicalize(ds, source="wb2", provenance={"source_files": url})
     ds = validate(ds, path=url, variables=variables, levels=levels, check_nans=False)

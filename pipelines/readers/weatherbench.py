@@ -31,8 +31,10 @@ def _year_file(folder: Path, year: int, grid: str) -> Path:
     matches = sorted(folder.glob(f"*_{year}_{grid}.nc"))
     if not matches:
         available = sorted({p.name.rsplit("_", 2)[-2] for p in folder.glob(f"*_{grid}.nc")})
-        raise DataError(f"{folder}: no file for year {year} at {grid} (expected '<name>_{year}_{grid}.nc'"
-                        f"); available years: {', '.join(available) or 'none'}")
+        raise DataError(
+            f"{folder}: no file for year {year} at {grid} (expected '<name>_{year}_{grid}.nc'"
+            f"); available years: {', '.join(available) or 'none'}"
+        )
     if len(matches) > 1:
         raise DataError(f"{folder}: several files for year {year}: {[m.name for m in matches]}")
     return matches[0]
@@ -42,8 +44,9 @@ def _open_folder(root: Path, folder_name: str, years: Sequence[int], grid: str) 
     folder = root / folder_name
     if not folder.is_dir():
         present = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-        raise DataError(f"{folder}: variable folder '{folder_name}' not found under {root}; "
-                        f"available: {present}")
+        raise DataError(
+            f"{folder}: variable folder '{folder_name}' not found under {root}; available: {present}"
+        )
     if folder_name == CONSTANTS:
         path = folder / f"constants_{grid}.nc"
         if not path.is_file():
@@ -52,13 +55,14 @@ def _open_folder(root: Path, folder_name: str, years: Sequence[int], grid: str) 
     parts = []
     for year in years:
         path = _year_file(folder, year, grid)
-        parts.append(canonicalize(open_netcdf(path, chunks={}), source="weatherbench"))
+        part = canonicalize(open_netcdf(path, chunks={}), source="weatherbench")
+        parts.append(validate(part, path=path, check_nans=False))  # time axis of each file
     try:
         ds = xr.concat(parts, dim="time", join="exact", combine_attrs="drop_conflicts")
     except ValueError as err:
         raise DataError(f"{folder}: yearly files do not share one grid/levels ({err})") from err
     ds.attrs["source_files"] = f"{folder}/*_{{{','.join(map(str, years))}}}_{grid}.nc"
-    return ds
+    return validate(ds, path=ds.attrs["source_files"], check_nans=False)  # and across years
 
 
 def open_weatherbench(
@@ -84,6 +88,9 @@ def open_weatherbench(
         ds = xr.merge(parts, compat="no_conflicts", join="outer", combine_attrs="drop_conflicts")
     except (ValueError, xr.MergeError) as err:
         raise DataError(f"{root}: folders {folders} disagree on grid or values ({err})") from err
-    ds.attrs.update(source_format="weatherbench", grid=grid,
-                    source_files="; ".join(str(p.attrs.get("source_files", "")) for p in parts))
+    ds.attrs.update(
+        source_format="weatherbench",
+        grid=grid,
+        source_files="; ".join(str(p.attrs.get("source_files", "")) for p in parts),
+    )
     return validate(ds, path=root, levels=levels, fill_policy=fill_policy)
