@@ -10,7 +10,7 @@ longitude), WB2 names and units.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import xarray as xr
 
@@ -49,12 +49,13 @@ def open_cds_file(path: PathLike, source: str = "cds") -> xr.Dataset:
 def open_cds(
     paths: PathLike | Sequence[PathLike],
     variables: Sequence[str] | None = None,
-    levels: Sequence[int] | None = None,
+    levels: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
     fill_policy: str = "error",
 ) -> xr.Dataset:
     """Open CDS GRIB/netCDF file(s) and combine them along ``time``.
 
-    ``variables`` are canonical names (e.g. "geopotential"), ``levels`` in hPa; both are checked and
+    ``variables`` are canonical names (e.g. "geopotential"), ``levels`` in hPa (one list, or a dict
+    per variable as for ``z500``/``t850`` files); both are checked and
     selected by ``validate``, which also rejects duplicated/non-monotonic times and NaNs
     (``fill_policy``). Files are loaded into memory: CDS downloads are meant to be modest; big
     archives belong in the WB2/ARCO zarr reader.

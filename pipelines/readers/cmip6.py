@@ -95,12 +95,14 @@ def open_cmip6(
     variables: Sequence[str] | None = None,
     levels: Sequence[int] | None = None,
     fill_policy: str = "error",
+    check_nans: bool = True,
 ) -> xr.Dataset:
     """Open CMOR file(s), concatenate along time, canonicalize and (optionally) regrid.
 
     Files must share grid and variable; their times must not overlap (checked by ``validate``).
     ``target_grid``: a Dataset with ``latitude``/``longitude`` (e.g. ``weatherbench_grid()``);
-    ``None`` keeps the model grid. Result dims: (time, [level], latitude, longitude).
+    ``None`` keeps the model grid. Result dims: (time, [level], latitude, longitude). Lazy (dask)
+    except for the NaN check on the model grid; ``check_nans=False`` defers it.
     """
     files = as_paths(paths)
     parts = [_open_one(p) for p in files]
@@ -124,7 +126,9 @@ def open_cmip6(
         source_files=", ".join(str(files[i]) for i in order),
     )
     where = files[0] if len(files) == 1 else f"{files[0].parent}/{{{', '.join(f.name for f in files)}}}"
-    ds = validate(ds, path=where, variables=variables, levels=levels, fill_policy=fill_policy)
+    ds = validate(
+        ds, path=where, variables=variables, levels=levels, fill_policy=fill_policy, check_nans=check_nans
+    )
     if target_grid is not None:
         ds = regrid(ds, target_grid, method)
     return ds

@@ -56,8 +56,6 @@ def _open_forecast(files: list, lead: np.timedelta64) -> xr.Dataset:
 
 
 def _select_members(ds: xr.Dataset, members: int, where: str) -> xr.Dataset:
-    if members not in (5, 10):
-        raise DataError(f"members={members} is not supported; expected 5 or 10 (ENS-10 setups)")
     if "member" not in ds.dims:
         raise DataError(f"{where}: no ensemble dimension ('number'); expected {ENS10_MEMBERS} members")
     if ds.sizes["member"] < members:
@@ -105,6 +103,8 @@ def open_ens10(
 
     ``variables`` (canonical names) and ``levels`` (hPa) are checked and selected.
     """
+    if members not in (5, 10):
+        raise DataError(f"members={members} is not supported; expected 5 or 10 (ENS-10 setups)")
     files = as_paths(paths)
     where = str(files[0]) if len(files) == 1 else f"{files[0].parent}/{{{', '.join(f.name for f in files)}}}"
     lead = np.timedelta64(int(lead_hours), "h").astype("timedelta64[ns]")

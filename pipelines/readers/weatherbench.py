@@ -72,12 +72,15 @@ def open_weatherbench(
     grid: str = "5.625deg",
     levels: Sequence[int] | None = None,
     fill_policy: str = "error",
+    check_nans: bool = True,
 ) -> xr.Dataset:
     """Read WeatherBench v1 folders for ``years`` and merge them into one canonical Dataset.
 
     ``variables`` are folder names as published ("geopotential_500", "temperature_850",
     "temperature", "2m_temperature", "toa_incident_solar_radiation", "constants", …); ``levels``
     (hPa) selects from multi-level folders. Missing folders, years or levels raise ``DataError``.
+    Data stay lazy (dask) except for the NaN check, which reads everything once: pass
+    ``check_nans=False`` to defer it (e.g. to a chunked ``validate`` while writing the store).
     """
     root = Path(root)
     folders, years = list(variables), sorted(int(y) for y in years)
@@ -93,4 +96,4 @@ def open_weatherbench(
         grid=grid,
         source_files="; ".join(str(p.attrs.get("source_files", "")) for p in parts),
     )
-    return validate(ds, path=root, levels=levels, fill_policy=fill_policy)
+    return validate(ds, path=root, levels=levels, fill_policy=fill_policy, check_nans=check_nans)
