@@ -70,6 +70,7 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
         metavar=("START", "END"),
         help="statistics years (default: all but the last two)",
     )
+    world.add_argument("--time-chunk", type=int, default=4, help="time steps per zarr chunk (default 4)")
     world.add_argument("--overwrite", action="store_true", help="replace an existing store")
     world.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -108,6 +109,7 @@ def run_data_command(args: argparse.Namespace) -> int:
             levels=args.levels or DEFAULT_LEVELS,
             train_years=tuple(args.train_years) if args.train_years else None,
             overwrite=args.overwrite,
+            time_chunk=args.time_chunk,
             progress=not args.quiet,
         )
         return 0

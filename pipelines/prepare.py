@@ -147,6 +147,8 @@ def write_store(
             "pass --overwrite to replace it"
         )
     ds = make_dataset()
+    if train_years is not None:  # fail before writing anything
+        select_years(ds, train_years, "training years")
     steps = dask_time_chunk(ds, time_chunk)
     ds = ds.chunk({d: (steps if d == "time" else -1) for d in ds.dims})
     for name, var in ds.data_vars.items():  # analysis-ready: plain float32, no CF packing

@@ -122,7 +122,7 @@ def orography(lat: np.ndarray, lon: np.ndarray, land: np.ndarray) -> np.ndarray:
 
 def _season(times: pd.DatetimeIndex) -> np.ndarray:
     """+1 in mid-January, −1 in mid-July (dims: time)."""
-    doy = times.dayofyear.values + times.hour.values / 24
+    doy = times.day_of_year.values + times.hour.values / 24
     return np.cos(2 * np.pi * (doy - 15) / 365.25)
 
 
@@ -206,8 +206,10 @@ def simulate_world(
     seed: int = 0,
     levels: Sequence[int] = DEFAULT_LEVELS,
     time_chunk: int = 4,
+    n_steps: int | None = None,
 ) -> xr.Dataset:
-    """The default world as a lazy canonical Dataset (6-hourly, years inclusive).
+    """The default world as a lazy canonical Dataset (6-hourly, years inclusive; ``n_steps``: only the
+    first n time steps, for quick tests).
 
     Dims ``time, level, latitude, longitude`` (latitude ascending, longitude [0, 360), level in hPa);
     ``geopotential`` (m² s⁻²), ``temperature`` (K), ``land_sea_mask`` (1), ``geopotential_at_surface``
@@ -223,7 +225,7 @@ def simulate_world(
     levels = sorted(int(p) for p in levels)
     lat, lon = grid()
     land = land_fraction()
-    times = pd.date_range(f"{y0}-01-01", f"{y1}-12-31 18:00", freq=f"{STEP_H}h")
+    times = pd.date_range(f"{y0}-01-01", f"{y1}-12-31 18:00", freq=f"{STEP_H}h")[:n_steps]
     psi, theta = _simulate(times, lat, land, seed)
 
     dims = ("time", "latitude", "longitude")

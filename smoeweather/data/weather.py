@@ -1,0 +1,360 @@
+"""Stream WeatherBench-style samples (Rasp & Thuerey 2021) from a prepared zarr store.
+
+A sample at initialisation time t: inputs are the chosen (variable, level) fields at t + each input offset
+(default t−12 h, t−6 h, t), stacked time-major ([all fields at t−12 h], [at t−6 h], [at t]), then the
+constants (land-sea mask, orography, latitude) and, for the continuous-lead variant, a lead-time channel
+τ/100 (τ in hours). The target is the chosen fields at t + lead. Everything is normalised with the store's
+statistics (per variable and level mean/std over the training years).
+
+The store is opened lazily inside each process (DataLoader worker) on first use, never in ``__init__``'s
+caller process for data reads; each read is a contiguous time slice of whole zarr chunks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import xarray as xr
+import zarr
+from torch.utils.data import DataLoader, Dataset
+
+Field = tuple[str, int | None]  # (canonical variable name, level in hPa or None)
+DEFAULT_CONSTANTS = ("land_sea_mask", "geopotential_at_surface", "latitude")
+DEFAULT_LEAD_CHOICES_H = tuple(range(6, 121, 6))
+HOUR = np.timedelta64(1, "h")
+
+
+def parse_fields(fields: Sequence[Any]) -> list[Field]:
+    """Fields from ``("geopotential", 500)``, ``"geopotential_500"`` or ``"2m_temperature"`` (no level)."""
+    out: list[Field] = []
+    for f in fields:
+        if isinstance(f, str):
+            name, _, level = f.rpartition("_")
+            out.append((name, int(level)) if name and level.isdigit() else (f, None))
+        else:
+            name, level = f
+            out.append((str(name), None if level is None else int(level)))
+    return out
+
+
+def field_name(field: Field) -> str:
+    """``geopotential_500`` or ``2m_temperature``."""
+    return field[0] if field[1] is None else f"{field[0]}_{field[1]}"
+
+
+def years_mask(times: np.ndarray, years: tuple[int, int] | None) -> np.ndarray:
+    """Boolean mask of ``times`` within the inclusive year range (all True when ``years`` is None)."""
+    if years is None:
+        return np.ones(len(times), bool)
+    y = times.astype("datetime64[Y]").astype(int) + 1970
+    return (y >= int(years[0])) & (y <= int(years[1]))
+
+
+class StoreReader:
+    """Per-process lazy access to a prepared store's zarr arrays (reopened after a fork)."""
+
+    def __init__(self, store: str) -> None:
+        self.store = store
+        self._group: zarr.Group | None = None
+        self._pid: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store": self.store, "_group": None, "_pid": None}
+
+    def array(self, name: str) -> zarr.Array:
+        if self._group is None or self._pid != os.getpid():
+            self._group = zarr.open_group(self.store, mode="r")
+            self._pid = os.getpid()
+        return self._group[name]
+
+
+def _stat(stats: xr.Dataset, field: Field, which: str, store: str) -> float:
+    name, level = field
+    if name not in stats.data_vars:
+        raise ValueError(
+            f"statistics of {store} have no variable {name!r}; available: {sorted(stats.data_vars)}"
+        )
+    v = stats[name].sel(statistic=which)
+    if level is not None:
+        v = v.sel(level=level)
+    return float(v)
+
+
+class WeatherBenchDataset(Dataset):
+    """WeatherBench-style (x, y) samples from a prepared store.
+
+    Args:
+        store: prepared zarr store (``smoe data prepare`` / ``smoe data world``).
+        variables: input fields, ``(name, level | None)`` or ``"name_level"`` strings.
+        target_variables: target fields (default: ``variables``).
+        input_offsets_h: input times relative to the initialisation time t, hours (≤ 0).
+        lead_h: lead time in hours; None for the continuous-lead variant (leads ``lead_choices_h``, one
+            sample per (init, lead) pair, lead channel τ/100 appended to the inputs).
+        constants: time-invariant input channels: store variables and/or ``"latitude"``.
+        years: inclusive (start, end) of the initialisation, input and target times (a split); None = all.
+        stats: a statistics Dataset (dim ``statistic``); default: the store's ``statistics`` group.
+
+    ``x``: float32 (C_in, H, W) normalised; ``y``: float32 (C_out, H, W) normalised.
+    """
+
+    def __init__(
+        self,
+        store: str | Path,
+        variables: Sequence[Any],
+        target_variables: Sequence[Any] | None = None,
+        input_offsets_h: Sequence[int] = (-12, -6, 0),
+        lead_h: int | None = 72,
+        lead_choices_h: Sequence[int] = DEFAULT_LEAD_CHOICES_H,
+        constants: Sequence[str] = DEFAULT_CONSTANTS,
+        years: tuple[int, int] | None = None,
+        stats: xr.Dataset | None = None,
+    ) -> None:
+        self.store = str(store)
+        if not Path(self.store).exists() and "://" not in self.store:
+            raise FileNotFoundError(
+                f"store {self.store} does not exist (run `smoe data prepare` or `smoe data world`)"
+            )
+        self.variables = parse_fields(variables)
+        self.target_variables = parse_fields(target_variables) if target_variables else list(self.variables)
+        self.constants = list(constants)
+        self.input_offsets_h = [int(o) for o in input_offsets_h]
+        self.leads_h = [int(lead_h)] if lead_h is not None else [int(v) for v in lead_choices_h]
+        self.continuous = lead_h is None
+        if max(self.input_offsets_h) > 0 or min(self.leads_h) <= 0:
+            raise ValueError("input offsets must be ≤ 0 h and lead times > 0 h")
+
+        # Metadata only (coordinates and attrs): no data arrays are read here.
+        with xr.open_zarr(self.store) as ds:
+            self.times = ds["time"].values
+            self.latitude = ds["latitude"].values.astype(np.float64)
+            self.longitude = ds["longitude"].values.astype(np.float64)
+            levels = [int(p) for p in ds["level"].values] if "level" in ds.dims else []
+            self._check_fields(ds, levels)
+            self._level_index = {p: i for i, p in enumerate(levels)}
+            self._has_level = {name: "level" in ds[name].dims for name in ds.data_vars}
+            self.units = {name: ds[name].attrs.get("units", "") for name in ds.data_vars}
+        if stats is None:
+            stats = xr.open_zarr(self.store, group="statistics").load()
+        self.years = tuple(years) if years is not None else None
+        self._init_samples()
+
+        f32 = np.float32
+        self.input_mean = np.array([_stat(stats, f, "mean", self.store) for f in self.variables], f32)
+        self.input_std = np.array([_stat(stats, f, "std", self.store) for f in self.variables], f32)
+        self.target_mean = np.array([_stat(stats, f, "mean", self.store) for f in self.target_variables], f32)
+        self.target_std = np.array([_stat(stats, f, "std", self.store) for f in self.target_variables], f32)
+        self._const_stats = {
+            c: (_stat(stats, (c, None), "mean", self.store), _stat(stats, (c, None), "std", self.store))
+            for c in self.constants
+            if c != "latitude"
+        }
+        self._reader = StoreReader(self.store)
+        self._constants_cache: np.ndarray | None = None
+
+    # ---- setup -------------------------------------------------------------------------------------
+    def _check_fields(self, ds: xr.Dataset, levels: list[int]) -> None:
+        for name, level in self.variables + self.target_variables:
+            if name not in ds.data_vars:
+                raise ValueError(
+                    f"{self.store}: variable {name!r} not found; available: {sorted(ds.data_vars)}"
+                )
+            if "time" not in ds[name].dims:
+                raise ValueError(f"{self.store}: {name!r} is time-invariant; list it under constants")
+            if ("level" in ds[name].dims) != (level is not None):
+                raise ValueError(
+                    f"{self.store}: {name!r} needs {'a' if 'level' in ds[name].dims else 'no'} level"
+                )
+            if level is not None and level not in levels:
+                raise ValueError(f"{self.store}: {name} has no level {level} hPa; available: {levels}")
+        for c in self.constants:
+            if c != "latitude" and c not in ds.data_vars:
+                raise ValueError(f"{self.store}: constant {c!r} not found; available: {sorted(ds.data_vars)}")
+
+    def _init_samples(self) -> None:
+        """Initialisation indices whose input and target times all exist and lie within ``years``."""
+        times = self.times
+        if len(times) == 0:
+            raise ValueError(f"{self.store} holds no times")
+        in_years = years_mask(times, self.years)
+        if not in_years.any():
+            have = times.astype("datetime64[Y]").astype(int) + 1970
+            raise ValueError(
+                f"years {self.years} are outside the data of {self.store} ({have.min()}–{have.max()})"
+            )
+        offsets = np.array(self.input_offsets_h + self.leads_h) * HOUR
+        ok = in_years.copy()
+        self._index_of: dict[int, np.ndarray] = {}
+        for off in offsets:
+            want = times + off
+            pos = np.clip(np.searchsorted(times, want), 0, len(times) - 1)
+            ok &= (times[pos] == want) & in_years[pos]
+            self._index_of[int(off / HOUR)] = pos
+        self.init_indices = np.flatnonzero(ok)
+        if len(self.init_indices) == 0:
+            raise ValueError(
+                f"no samples in years {self.years} of {self.store}: offsets {self.input_offsets_h} h and "
+                f"leads {self.leads_h} h do not fit (the data has {len(times)} times)"
+            )
+        self._step = [self._index_of[o] for o in self.input_offsets_h]
+
+    # ---- names -------------------------------------------------------------------------------------
+    @property
+    def channel_names(self) -> list[str]:
+        names = [f"{field_name(f)}@{o:+d}h" for o in self.input_offsets_h for f in self.variables]
+        names += list(self.constants)
+        return names + (["lead_time/100h"] if self.continuous else [])
+
+    @property
+    def target_names(self) -> list[str]:
+        return [field_name(f) for f in self.target_variables]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return len(self.latitude), len(self.longitude)
+
+    def __len__(self) -> int:
+        return len(self.init_indices) * len(self.leads_h)
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        """(store index of the initialisation time, lead in hours) of sample ``i``."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i = i % len(self)
+        return int(self.init_indices[i // len(self.leads_h)]), self.leads_h[i % len(self.leads_h)]
+
+    def init_time(self, i: int) -> np.datetime64:
+        return self.times[self._locate(i)[0]]
+
+    def lead_time(self, i: int) -> np.timedelta64:
+        return np.timedelta64(self._locate(i)[1], "h")
+
+    def valid_time(self, i: int) -> np.datetime64:
+        t, lead = self._locate(i)
+        return self.times[self._index_of[lead][t]]
+
+    # ---- reads -------------------------------------------------------------------------------------
+    def _read(self, fields: list[Field], idx: np.ndarray) -> np.ndarray:
+        """Raw fields (len(idx), len(fields), H, W) at store time indices ``idx`` (one slice per variable)."""
+        lo, hi = int(idx.min()), int(idx.max()) + 1
+        out = np.empty((len(idx), len(fields), *self.grid), np.float32)
+        by_name: dict[str, list[int]] = {}
+        for c, (name, _) in enumerate(fields):
+            by_name.setdefault(name, []).append(c)
+        for name, channels in by_name.items():
+            block = np.asarray(self._reader.array(name)[lo:hi])[idx - lo]
+            for c in channels:
+                level = fields[c][1]
+                out[:, c] = block[:, self._level_index[level]] if self._has_level[name] else block
+        return out
+
+    def _constant_fields(self) -> np.ndarray:
+        if self._constants_cache is None:
+            planes = []
+            for c in self.constants:
+                if c == "latitude":
+                    lat = np.broadcast_to(self.latitude[:, None], self.grid)
+                    planes.append((lat - lat.mean()) / lat.std())
+                else:
+                    mean, std = self._const_stats[c]
+                    planes.append((np.asarray(self._reader.array(c)[...], np.float64) - mean) / std)
+            self._constants_cache = (
+                np.stack(planes).astype(np.float32) if planes else np.empty((0, *self.grid))
+            )
+        return self._constants_cache
+
+    def raw_inputs(self, i: int) -> np.ndarray:
+        """Unnormalised input fields (n_offsets, n_variables, H, W), physical units."""
+        t, _ = self._locate(i)
+        return self._read(self.variables, np.array([s[t] for s in self._step]))
+
+    def raw_target(self, i: int) -> np.ndarray:
+        """Unnormalised target fields (C_out, H, W), physical units."""
+        t, lead = self._locate(i)
+        return self._read(self.target_variables, np.array([self._index_of[lead][t]]))[0]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _, lead = self._locate(i)
+        x = (self.raw_inputs(i) - self.input_mean[:, None, None]) / self.input_std[:, None, None]
+        parts = [x.reshape(-1, *self.grid), self._constant_fields()]
+        if self.continuous:
+            parts.append(np.full((1, *self.grid), lead / 100.0, np.float32))
+        y = (self.raw_target(i) - self.target_mean[:, None, None]) / self.target_std[:, None, None]
+        return torch.from_numpy(np.concatenate(parts).astype(np.float32)), torch.from_numpy(
+            y.astype(np.float32)
+        )
+
+    def denormalize_target(self, y: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+        """Normalised (..., C_out, H, W) → physical units (same type)."""
+        mean, std = self.target_mean[:, None, None], self.target_std[:, None, None]
+        if isinstance(y, torch.Tensor):
+            mean, std = torch.as_tensor(mean, device=y.device), torch.as_tensor(std, device=y.device)
+        return y * std + mean
+
+
+class WeatherDataModule(L.LightningDataModule):
+    """Year-based train/valid/test splits of one store around :class:`WeatherBenchDataset`.
+
+    Defaults follow WeatherBench: train 1979–2015, valid 2016, test 2017–2018 (inclusive ranges; a config
+    sets them for other stores, e.g. the default world). ``dataset_kwargs`` go to every split's dataset.
+    """
+
+    def __init__(
+        self,
+        store: str | Path,
+        variables: Sequence[Any],
+        target_variables: Sequence[Any] | None = None,
+        train_years: tuple[int, int] = (1979, 2015),
+        valid_years: tuple[int, int] = (2016, 2016),
+        test_years: tuple[int, int] = (2017, 2018),
+        batch_size: int = 32,
+        num_workers: int = 2,
+        **dataset_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.store, self.variables, self.target_variables = str(store), variables, target_variables
+        self.years = {"train": train_years, "valid": valid_years, "test": test_years}
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.dataset_kwargs = dataset_kwargs
+        self.datasets: dict[str, WeatherBenchDataset] = {}
+
+    def dataset(self, split: str) -> WeatherBenchDataset:
+        if split not in self.datasets:
+            self.datasets[split] = WeatherBenchDataset(
+                self.store,
+                self.variables,
+                self.target_variables,
+                years=self.years[split],
+                **self.dataset_kwargs,
+            )
+        return self.datasets[split]
+
+    def setup(self, stage: str | None = None) -> None:
+        splits = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], "predict": ["test"]}
+        for split in splits.get(stage, ["train", "valid", "test"]) if stage else ["train", "valid", "test"]:
+            self.dataset(split)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.dataset(split),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("valid", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
