@@ -2,8 +2,10 @@
 
 One step = forward + MSE loss + backward (RC loss and damping inside it) + Adam step, batch 16 on the
 32×64 grid, paper size (117 → 2 channels, 128 filters, |E| = 256, E = 128, 19 blocks). When one SMoE step
-would take longer than ``--max-step-s`` on this machine, the number of residual blocks is reduced (the
-ratio is nearly independent of depth: both networks share stem and head, the blocks dominate).
+would take longer than ``--max-step-s`` on this machine, the number of residual blocks is reduced. The
+stem (7×7 conv on 117 channels ≈ 5 dense 3×3 convs) and head are shared, so the ratio grows with depth:
+a stem+head-only network is timed too, and the ratio at 19 blocks is extrapolated as
+t_stem + 19·(t − t_stem)/blocks for both networks (``time_ratio_19_blocks_extrapolated``).
 
 Writes benchmarks/results/resnet_step.json and prints one JSON line {"time_ratio": ...}.
 Usage: python benchmarks/resnet_step.py [--steps 5] [--max-step-s 10] [--blocks N] [--device cpu]
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import time
@@ -72,14 +73,19 @@ def main() -> None:
     torch.manual_seed(0)
     device = torch.device(args.device)
 
+    stem = Stepper(build(0, False, device), args.batch, device)  # stem + head only, shared by both nets
+    stem.step()
     blocks, note = args.blocks or PAPER_BLOCKS, "paper size"
     if args.blocks is None:
-        probe = Stepper(build(PAPER_BLOCKS, True, device), args.batch, device)
-        probe_s = min(probe.step(), probe.step())  # first step includes allocation warm-up
+        probe = Stepper(build(2, True, device), args.batch, device)
+        probe.step()
+        t_stem, t_probe = stem.step(), probe.step()
         del probe
-        if probe_s > args.max_step_s:
-            blocks = max(1, math.floor(PAPER_BLOCKS * args.max_step_s / probe_s))
-            note = (f"blocks reduced 19 -> {blocks}: one paper-size SMoE step took {probe_s:.1f} s "
+        per_block = max(t_probe - t_stem, 1e-6) / 2
+        estimate = t_stem + PAPER_BLOCKS * per_block
+        if estimate > args.max_step_s:
+            blocks = int(min(PAPER_BLOCKS, max(1, (args.max_step_s - t_stem) // per_block)))
+            note = (f"blocks reduced 19 -> {blocks}: a paper-size SMoE step would take ~{estimate:.0f} s "
                     f"> {args.max_step_s:.0f} s on this machine")
     elif blocks != PAPER_BLOCKS:
         note = f"blocks set to {blocks} by --blocks"
@@ -87,15 +93,23 @@ def main() -> None:
     dense = Stepper(build(blocks, False, device), args.batch, device)
     smoe = Stepper(build(blocks, True, device), args.batch, device)
     dense.step(), smoe.step()  # warm-up
-    times: dict[str, list[float]] = {"dense": [], "smoe": []}
-    for _ in range(args.steps):  # interleaved, so load changes hit both alike
+    times: dict[str, list[float]] = {"dense": [], "smoe": [], "stem_only": []}
+    for _ in range(args.steps):  # interleaved, so load changes hit all alike
         times["dense"].append(dense.step())
         times["smoe"].append(smoe.step())
+        times["stem_only"].append(stem.step())
     med = {k: statistics.median(v) for k, v in times.items()}
+
+    def at_paper_depth(t: float) -> float:  # stem/head time + 19 × the measured per-block time
+        return med["stem_only"] + PAPER_BLOCKS * (t - med["stem_only"]) / blocks
+
+    extrapolated = at_paper_depth(med["smoe"]) / at_paper_depth(med["dense"])
     result = {
         "time_ratio": med["smoe"] / med["dense"],
+        "time_ratio_19_blocks_extrapolated": extrapolated,
         "dense_step_s": med["dense"],
         "smoe_step_s": med["smoe"],
+        "stem_only_step_s": med["stem_only"],
         "steps_s": times,
         "blocks": blocks,
         "note": note,
@@ -114,8 +128,10 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"time_ratio": round(result["time_ratio"], 3), "dense_step_s": round(med["dense"], 3),
-                      "smoe_step_s": round(med["smoe"], 3), "blocks": blocks, "note": note}))
+    print(json.dumps({"time_ratio": round(result["time_ratio"], 3),
+                      "time_ratio_19_blocks_extrapolated": round(extrapolated, 3),
+                      "dense_step_s": round(med["dense"], 3), "smoe_step_s": round(med["smoe"], 3),
+                      "blocks": blocks, "note": note}))
 
 
 if __name__ == "__main__":
