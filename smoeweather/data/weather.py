@@ -182,11 +182,14 @@ class WeatherBenchDataset(Dataset):
         if len(times) == 0:
             raise ValueError(f"{self.store} holds no times")
         in_years = years_mask(times, self.years)
-        if not in_years.any():
-            have = times.astype("datetime64[Y]").astype(int) + 1970
-            raise ValueError(
-                f"years {self.years} are outside the data of {self.store} ({have.min()}–{have.max()})"
-            )
+        have = np.unique(times.astype("datetime64[Y]").astype(int) + 1970)
+        if self.years is not None:
+            missing = sorted(set(range(int(self.years[0]), int(self.years[1]) + 1)) - set(have.tolist()))
+            if missing or not in_years.any():
+                raise ValueError(
+                    f"years {self.years} are outside the data of {self.store} ({have.min()}–{have.max()}); "
+                    f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+                )
         offsets = np.array(self.input_offsets_h + self.leads_h) * HOUR
         ok = in_years.copy()
         self._index_of: dict[int, np.ndarray] = {}
