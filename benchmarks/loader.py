@@ -1,0 +1,167 @@
+"""Loader throughput vs model consumption on a WeatherBench-sized store (32×64, 117 input channels).
+
+Inputs as Rasp & Thuerey (2021): z, t, u, v, q at 7 levels + 2m_temperature, toa solar radiation,
+6-hourly precipitation (38 fields) at t−12 h, t−6 h, t (114 channels) + land-sea mask, orography, latitude
+= 117 channels; targets Z500 and T850 at 72 h. Measures the samples/s the DataLoader delivers with 2
+workers (shuffled, batch 32, after a warm-up batch) against the samples/s one forward+backward+Adam step of
+the WeatherBench ResNet (128 filters, 19 blocks) consumes on the same machine. Writes
+``benchmarks/results/loader.json`` and prints one JSON line. A measurement, never an assert.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/loader.py [--days 60] [--batches 20] [--model-batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dask.array as da
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.prepare import write_store  # noqa: E402
+from smoeweather.data.weather import WeatherBenchDataset  # noqa: E402
+from smoeweather.io import write_json  # noqa: E402
+
+LEVELS = [50, 250, 500, 600, 700, 850, 925]
+LEVEL_VARS = [
+    "geopotential",
+    "temperature",
+    "u_component_of_wind",
+    "v_component_of_wind",
+    "specific_humidity",
+]
+SURFACE_VARS = ["2m_temperature", "toa_incident_solar_radiation", "total_precipitation_6hr"]
+RESULTS = Path(__file__).resolve().parent / "results" / "loader.json"
+
+
+def build_store(path: Path, days: int) -> str:
+    """Random float32 fields on the 32×64 grid, 6-hourly, ``days`` days, canonical layout."""
+    time_ = pd.date_range("2016-01-01", periods=days * 4, freq="6h")
+    lat = -87.1875 + 5.625 * np.arange(32)
+    lon = 5.625 * np.arange(64)
+    rs = da.random.RandomState(0)
+    nt = len(time_)
+    data = {
+        v: (
+            ("time", "level", "latitude", "longitude"),
+            rs.standard_normal((nt, len(LEVELS), 32, 64), chunks=(64, -1, -1, -1)).astype("f4"),
+        )
+        for v in LEVEL_VARS
+    }
+    data |= {
+        v: (
+            ("time", "latitude", "longitude"),
+            rs.standard_normal((nt, 32, 64), chunks=(64, -1, -1)).astype("f4"),
+        )
+        for v in SURFACE_VARS
+    }
+    data["land_sea_mask"] = (
+        ("latitude", "longitude"),
+        np.random.default_rng(0).uniform(size=(32, 64)).astype("f4"),
+    )
+    data["geopotential_at_surface"] = (
+        ("latitude", "longitude"),
+        np.random.default_rng(1).uniform(size=(32, 64)).astype("f4"),
+    )
+    ds = xr.Dataset(data, coords={"time": time_, "level": LEVELS, "latitude": lat, "longitude": lon})
+    write_store(
+        lambda: ds,
+        path,
+        args={"benchmark": "loader", "days": days},
+        train_years=None,
+        source="benchmarks/loader.py (random)",
+        scheduler="threads",
+        progress=False,
+    )
+    return str(path)
+
+
+def loader_samples_per_s(
+    store: str, batches: int, batch_size: int = 32, workers: int = 2
+) -> tuple[float, int]:
+    fields = [(v, p) for v in LEVEL_VARS for p in LEVELS] + [(v, None) for v in SURFACE_VARS]
+    ds = WeatherBenchDataset(store, fields, target_variables=[("geopotential", 500), ("temperature", 850)])
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
+    x, _ = next(iter(loader))  # warm-up: worker start and first reads
+    t0 = time.perf_counter()
+    n = 0
+    while n < batches * batch_size:  # epochs of the small store; persistent workers keep running
+        for xb, _ in loader:
+            n += xb.shape[0]
+            if n >= batches * batch_size:
+                break
+    return n / (time.perf_counter() - t0), int(x.shape[1])
+
+
+def model_samples_per_s(channels: int, batch: int, steps: int) -> tuple[float, str]:
+    try:
+        from smoeweather.models.resnet import WeatherBenchResNet
+
+        model = WeatherBenchResNet(channels, 2)
+        name = "smoeweather.models.resnet.WeatherBenchResNet(117→2, 128 filters, 19 blocks)"
+    except ImportError:  # pragma: no cover - fallback while the models package is absent
+        raise SystemExit("smoeweather.models.resnet.WeatherBenchResNet is needed") from None
+    opt = torch.optim.Adam(model.parameters(), lr=5e-5)
+    x = torch.randn(batch, channels, 32, 64)
+    y = torch.randn(batch, 2, 32, 64)
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+    step()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch * steps / (time.perf_counter() - t0), name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=60, help="days in the synthetic store (default 60)")
+    parser.add_argument("--batches", type=int, default=20, help="timed loader batches of 32 (default 20)")
+    parser.add_argument("--model-batch", type=int, default=8, help="model batch size (default 8)")
+    parser.add_argument("--model-steps", type=int, default=3, help="timed model steps (default 3)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = build_store(Path(tmp) / "wb.zarr", args.days)
+        loader, channels = loader_samples_per_s(store, args.batches)
+    model, name = model_samples_per_s(channels, args.model_batch, args.model_steps)
+    result = {
+        "loader_samples_per_s": round(loader, 2),
+        "model_samples_per_s": round(model, 2),
+        "ratio": round(loader / model, 2),
+        "input_channels": channels,
+        "loader": "WeatherBenchDataset, DataLoader batch 32, 2 workers, shuffled",
+        "model": f"{name}, forward+backward+Adam, batch {args.model_batch}, {torch.device('cpu')}",
+        "torch_threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
+        "note": "store on local disk (page cache warm after writing); model on CPU",
+    }
+    write_json(RESULTS, result)
+    print(json.dumps({k: result[k] for k in ("loader_samples_per_s", "model_samples_per_s", "ratio")}))
+
+
+if __name__ == "__main__":
+    main()
