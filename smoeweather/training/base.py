@@ -1,0 +1,112 @@
+"""Shared pieces of the Lightning modules: SMoE routing losses, Adam + ReduceLROnPlateau, frozen BatchNorm
+and versioned checkpoint metadata (resolved config, normalisation statistics, channel names)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from smoeweather.nn.smoe import rc_loss_value, set_loss_scale
+from smoeweather.training.regression import auxiliary_loss
+
+FORMAT_VERSION = 1
+"""Version of the ``checkpoint["smoeweather"]`` payload; bump it when the layout changes."""
+METADATA_KEY = "smoeweather"
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint was written by an incompatible version of smoeweather (or by something else)."""
+
+
+def check_checkpoint(checkpoint: dict[str, Any], source: str = "checkpoint") -> dict[str, Any]:
+    """The ``smoeweather`` metadata of a loaded checkpoint; CheckpointFormatError if absent or mismatched."""
+    meta = checkpoint.get(METADATA_KEY)
+    if not isinstance(meta, dict) or "format_version" not in meta:
+        raise CheckpointFormatError(
+            f"{source} has no smoeweather metadata (format_version); it was not written by `smoe train`"
+        )
+    if meta["format_version"] != FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"{source} has checkpoint format version {meta['format_version']}, this smoeweather reads "
+            f"version {FORMAT_VERSION}; retrain or convert it with the smoeweather version that wrote it"
+        )
+    return meta
+
+
+class MetadataCheckpointMixin:
+    """Adds ``self.metadata`` (a JSON-able dict) and the format version to every checkpoint; refuses to
+    load a checkpoint of another format version. Mix in before a LightningModule."""
+
+    metadata: dict[str, Any]
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[METADATA_KEY] = {"format_version": FORMAT_VERSION, **self.metadata}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        check_checkpoint(checkpoint)
+
+
+class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
+    """Base of the weather modules: ``self.model`` plus the training plumbing every task shares.
+
+    Adds the auxiliary routing losses (× ``aux_weight``) to the task loss (the RC loss and damping act
+    inside the SMoE layers' backward), keeps the SMoE loss scale in sync with an fp16 GradScaler, logs the
+    RC loss, uses Adam with ReduceLROnPlateau on ``val_loss``. ``freeze_batchnorm`` keeps every BatchNorm
+    in eval mode (running statistics, affine parameters still trained): per-rank batch statistics then no
+    longer differ between DDP and one process.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float = 1e-3,
+        plateau_factor: float = 0.2,
+        plateau_patience: int = 2,
+        aux_weight: float = 0.01,
+        freeze_batchnorm: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.lr, self.plateau_factor, self.plateau_patience = (
+            float(lr),
+            float(plateau_factor),
+            int(plateau_patience),
+        )
+        self.aux_weight, self.freeze_batchnorm = float(aux_weight), bool(freeze_batchnorm)
+        self.metadata = dict(metadata or {})
+
+    def train(self, mode: bool = True) -> SMoETrainingModule:
+        super().train(mode)
+        if mode and self.freeze_batchnorm:
+            for m in self.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+        return self
+
+    def with_aux(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` + aux_weight × the auxiliary routing losses of the last forward (if any)."""
+        aux = auxiliary_loss(self.model)
+        if aux is None:
+            return loss
+        self.log("train_aux", aux, on_step=False, on_epoch=True, sync_dist=True)
+        return loss + self.aux_weight * aux
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        set_loss_scale(self.model, scaler.get_scale() if scaler is not None else 1.0)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        rc = rc_loss_value(self.model)
+        if rc is not None:
+            self.log("train_rc", rc, on_step=False, on_epoch=True, sync_dist=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=self.lr)
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, factor=self.plateau_factor, patience=self.plateau_patience
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}

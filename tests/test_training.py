@@ -1,0 +1,370 @@
+"""Training: losses vs xarray/properscoring, every config trains (tiny) with a gradient for every parameter,
+2-process DDP == 1 process with the combined batch, resume == uninterrupted, CMIP6→ERA5 --init-from,
+versioned checkpoints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import properscoring
+import pytest
+import torch
+import xarray as xr
+
+from pipelines.prepare import write_store
+from pipelines.world import simulate_world
+from smoeweather.config import apply_overrides, load_config
+from smoeweather.training.base import CheckpointFormatError, check_checkpoint
+from smoeweather.training.losses import gaussian_crps, lat_weighted_mse, latitude_weights
+from smoeweather.training.run import build, init_weights, train
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(
+    p for p in (REPO / "configs").glob("*/*.yaml") if not p.name.startswith("_") and "task" in load_config(p)
+)
+SMOE = (
+    [str(REPO / ".venv" / "bin" / "smoe")]
+    if (REPO / ".venv" / "bin" / "smoe").exists()
+    else [sys.executable, "-m", "smoeweather.cli"]
+)
+PERIODS = {
+    "train_period": ["2000-01-01", "2000-02-29T18:00"],
+    "valid_period": ["2000-03-01", "2000-03-20"],
+    "test_period": ["2000-03-21", "2000-04-09"],
+}
+
+
+# ---- losses ----------------------------------------------------------------------------------------
+def test_latitude_weighted_mse_matches_xarray() -> None:
+    rng = np.random.default_rng(0)
+    lat = np.linspace(-87.1875, 87.1875, 32)
+    pred, truth = rng.normal(size=(2, 3, 2, 32, 64))
+    dims = ("time", "channel", "latitude", "longitude")
+    err = xr.DataArray((pred - truth) ** 2, dims=dims, coords={"latitude": lat})
+    w = np.cos(np.deg2rad(err.latitude))
+    expected = err.weighted(w / w.mean()).mean(("time", "latitude", "longitude"))
+    w_t = latitude_weights(lat)
+    assert float(w_t.mean()) == pytest.approx(1.0, abs=1e-6)
+    got = lat_weighted_mse(torch.tensor(pred), torch.tensor(truth), w_t, per_channel=True)
+    np.testing.assert_allclose(got.numpy(), expected.values, rtol=1e-6)
+    total = lat_weighted_mse(torch.tensor(pred), torch.tensor(truth), w_t)
+    assert float(total) == pytest.approx(float(expected.mean()), rel=1e-6)
+
+
+def test_gaussian_crps_matches_properscoring() -> None:
+    rng = np.random.default_rng(1)
+    mu, y = rng.normal(size=(2, 1000))
+    sigma = rng.uniform(0.1, 3.0, size=1000)
+    got = gaussian_crps(torch.tensor(mu), torch.tensor(sigma), torch.tensor(y)).numpy()
+    np.testing.assert_allclose(got, properscoring.crps_gaussian(y, mu, sigma), rtol=1e-6, atol=1e-9)
+
+
+# ---- tiny data -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def world_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """100 days of the default world (2000-01-01 …) as a canonical store, statistics over all of it."""
+    path = tmp_path_factory.mktemp("world") / "world.zarr"
+    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
+    write_store(
+        lambda: ds,
+        path,
+        args={"test": "world"},
+        train_years=None,
+        source="test",
+        time_chunk=8,
+        scheduler="synchronous",
+        progress=False,
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def era5_like_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Another world (seed 1) standing in for ERA5 after CMIP6-style pretraining on ``world_store``."""
+    path = tmp_path_factory.mktemp("era5") / "era5.zarr"
+    ds = simulate_world((2000, 2000), seed=1, n_steps=400)
+    write_store(
+        lambda: ds,
+        path,
+        args={"test": "era5"},
+        train_years=None,
+        source="test",
+        time_chunk=8,
+        scheduler="synchronous",
+        progress=False,
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ens_store(tmp_path_factory: pytest.TempPathFactory, world_store: str) -> str:
+    """ENS-10-like store from the world: 5 perturbed 'members' of the truth 48 h ahead, daily inits."""
+    world = xr.open_zarr(world_store).sel(level=[500]).isel(time=slice(0, None, 4)).load()
+    rng = np.random.default_rng(0)
+    data = {}
+    for name in ("geopotential", "temperature"):
+        truth = world[name].values  # (T, 1, H, W)
+        later = np.concatenate([truth[2:], truth[-2:]])  # "forecast" = truth 48 h later + noise
+        scale = truth.std()
+        members = (
+            truth[:, None]
+            + 0.5 * (later - truth)[:, None]
+            + 0.1 * scale * rng.normal(size=(truth.shape[0], 5, *truth.shape[1:]))
+        )
+        data[name] = (("time", "member", "level", "latitude", "longitude"), members.astype(np.float32))
+        data[name + "_truth"] = (("time", "level", "latitude", "longitude"), truth)
+    ds = xr.Dataset(
+        data,
+        coords={
+            "time": world.time.values,
+            "member": np.arange(5),
+            "level": [500],
+            "latitude": world.latitude.values,
+            "longitude": world.longitude.values,
+        },
+    )
+    path = tmp_path_factory.mktemp("ens") / "ens.zarr"
+    write_store(
+        lambda: ds,
+        path,
+        args={"test": "ens"},
+        train_years=None,
+        source="test",
+        time_chunk=8,
+        scheduler="synchronous",
+        progress=False,
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def heat_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from pipelines.heat_diffusion import generate
+
+    path = tmp_path_factory.mktemp("heat") / "heat.zarr"
+    generate(path, runs=4, val_runs=2, test_runs=2, steps=6, size=16, seed=0, progress=False)
+    return str(path)
+
+
+TRAINER = [
+    "trainer.accelerator=cpu",
+    "trainer.devices=1",
+    "trainer.strategy=auto",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=1",
+    "trainer.max_time=null",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.precision=32-true",
+    "trainer.num_nodes=1",
+    "trainer.deterministic=true",
+]
+
+
+def tiny_overrides(task: str, stores: dict[str, str], out: Path) -> list[str]:
+    """Overrides that make any config tiny and point it at the test stores."""
+    common = [f"output_dir={out}", "data.num_workers=0", *TRAINER]
+    if task == "heat":
+        return [*common, f"data.store={stores['heat']}", "data.batch_size=4"]
+    data = [f"data.{k}=[{v[0]}, {v[1]}]" for k, v in PERIODS.items()]
+    data += ["data.train_years=null", "data.valid_years=null", "data.test_years=null", "data.batch_size=4"]
+    if task == "ens10":
+        return [
+            *common,
+            *data,
+            f"data.store={stores['ens']}",
+            "data.variables=[geopotential_500, temperature_500]",
+            "data.target_variables=[geopotential_500]",
+            "model.widths=[4, 8, 16]",
+        ]
+    return [
+        *common,
+        *data,
+        f"data.store={stores['world']}",
+        "data.world=null",
+        "data.sources=null",
+        "data.variables=[geopotential_500, temperature_850, geopotential_250]",
+        "data.lead_h=null",
+        "data.lead_choices_h=[24, 48]",
+        "model.width=8",
+        "model.blocks=1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def stores(world_store: str, ens_store: str, heat_store: str) -> dict[str, str]:
+    return {"world": world_store, "ens": ens_store, "heat": heat_store}
+
+
+def tiny_config(path: Path, stores: dict[str, str], out: Path, extra: tuple[str, ...] = ()) -> dict:
+    cfg = load_config(path)
+    return apply_overrides(cfg, [*tiny_overrides(cfg["task"], stores, out), *extra])
+
+
+# ---- every config ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_config_tiny_gets_gradient_everywhere(
+    config: Path, stores: dict[str, str], tmp_path: Path
+) -> None:
+    cfg = tiny_config(config, stores, tmp_path)
+    data, module = build(cfg)
+    batch = next(iter(data.train_dataloader()))
+    module.train()
+    loss = module.training_step(batch, 0)
+    assert torch.isfinite(loss)
+    loss.backward()
+    trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    assert trainable
+    no_grad = [n for n, p in trainable if p.grad is None or not bool(p.grad.abs().sum() > 0)]
+    assert not no_grad, f"{config.name}: parameters without gradient: {no_grad}"
+    assert all(torch.isfinite(p.grad).all() for _, p in trainable)
+
+
+@pytest.mark.parametrize("name", ["weatherbench/world_smoe_all_prior", "ens10/smoe_unet_z500", "heat/smoe"])
+def test_tiny_configs_train_with_lightning(name: str, stores: dict[str, str], tmp_path: Path) -> None:
+    cfg = tiny_config(REPO / "configs" / f"{name}.yaml", stores, tmp_path)
+    result = train(cfg)
+    last = torch.load(result.last_checkpoint, weights_only=False)
+    meta = check_checkpoint(last)
+    assert meta["config"]["output_dir"] == str(tmp_path)
+    assert (tmp_path / "config.yaml").is_file() and Path(result.best_checkpoint).is_file()
+    assert "samples_per_s" in result.trainer.logged_metrics
+    if cfg["task"] == "weatherbench":  # physical units in and out, statistics inside the checkpoint
+        model = result.module.model
+        ds = result.datamodule.dataset("valid").dataset
+        x, y = ds[0]
+        x_phys = x * model.input_std + model.input_mean
+        with torch.no_grad():
+            model.eval()
+            pred = model(x_phys[None])[0]
+            ref = ds.denormalize_target(model.net(x[None])[0])
+        torch.testing.assert_close(pred, ref)
+        assert meta["normalisation"]["target_mean"] == pytest.approx(ds.target_mean.tolist())
+        assert meta["channel_names"] == ds.channel_names
+
+
+def test_checkpoint_version_mismatch_is_a_clear_error(stores: dict[str, str], tmp_path: Path) -> None:
+    cfg = tiny_config(REPO / "configs/heat/smoe.yaml", stores, tmp_path / "a")
+    last = Path(train(cfg).last_checkpoint)
+    ckpt = torch.load(last, weights_only=False)
+    ckpt["smoeweather"]["format_version"] = 0
+    bad = tmp_path / "old.ckpt"
+    torch.save(ckpt, bad)
+    with pytest.raises(CheckpointFormatError, match="format version 0"):
+        train(
+            tiny_config(REPO / "configs/heat/smoe.yaml", stores, tmp_path / "b", ("trainer.max_epochs=2",)),
+            resume=bad,
+        )
+    del ckpt["smoeweather"]
+    torch.save(ckpt, bad)
+    with pytest.raises(CheckpointFormatError, match="no smoeweather metadata"):
+        init_weights(build(cfg)[1].model, bad)
+
+
+def _params(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    return {k: v for k, v in state.items() if v.is_floating_point()}
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0 if atol == 0 else 1e-4, msg=k)
+
+
+def test_resume_equals_uninterrupted(stores: dict[str, str], tmp_path: Path) -> None:
+    name = REPO / "configs/weatherbench/world_smoe_all_prior.yaml"
+    extra = ("trainer.limit_train_batches=3", "model.dropout=0.1")
+    full = train(tiny_config(name, stores, tmp_path / "full", (*extra, "trainer.max_epochs=2")))
+    first = train(tiny_config(name, stores, tmp_path / "part", (*extra, "trainer.max_epochs=1")))
+    resumed = train(
+        tiny_config(name, stores, tmp_path / "part", (*extra, "trainer.max_epochs=2")),
+        resume=first.last_checkpoint,
+    )
+    assert resumed.trainer.current_epoch == 2
+    _assert_same(_params(full.last_checkpoint), _params(resumed.last_checkpoint))
+
+
+def test_init_from_pretraining_fine_tunes_on_other_data(
+    stores: dict[str, str], era5_like_store: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    name = REPO / "configs/weatherbench/world_smoe_all_prior.yaml"
+    pre = train(tiny_config(name, stores, tmp_path / "cmip6"))
+    pretrained = _params(pre.last_checkpoint)
+    # fine-tune on other data with one more input field: the stem's shape differs and is reported
+    extra = (
+        f"data.store={era5_like_store}",
+        "data.variables=[geopotential_500, temperature_850, geopotential_250, temperature_500]",
+    )
+    cfg = tiny_config(name, stores, tmp_path / "era5", extra)
+    _, module = build(cfg)
+    report = init_weights(module.model, pre.last_checkpoint)
+    assert any(s.startswith("net.stem.layer.weight") for s in report.shape_mismatch)
+    assert set(report.kept_normalisation) == {"input_mean", "input_std", "target_mean", "target_std"}
+    state = module.model.state_dict()
+    for k in report.loaded:
+        torch.testing.assert_close(state[k], pretrained["model." + k], msg=k)
+    assert not torch.equal(state["target_mean"], pretrained["model.target_mean"])  # new data's statistics
+    tuned = train(cfg, init_from=pre.last_checkpoint)
+    assert "initialised from" in capsys.readouterr().out
+    assert check_checkpoint(torch.load(tuned.last_checkpoint, weights_only=False))["init_from"]
+
+
+# ---- DDP -------------------------------------------------------------------------------------------
+def _smoe_train(config: Path, overrides: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [*SMOE, "train", "--config", str(config), *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.mark.parametrize(
+    "name", ["heat/smoe", pytest.param("weatherbench/world_smoe_all_prior", marks=pytest.mark.slow)]
+)
+def test_ddp_two_processes_equal_one_process_with_combined_batch(
+    name: str, stores: dict[str, str], tmp_path: Path
+) -> None:
+    config = REPO / "configs" / f"{name}.yaml"
+    task = load_config(config)["task"]
+    base = [
+        *tiny_overrides(task, stores, tmp_path),
+        "trainer.limit_train_batches=3",
+        "trainer.max_epochs=2",
+        "training.freeze_batchnorm=true",
+        "model.dropout=0.0" if task != "heat" else "seed=0",
+    ]
+    base = [
+        o
+        for o in base
+        if not o.startswith(("output_dir", "data.batch_size", "trainer.devices", "trainer.strategy"))
+    ]
+    _smoe_train(config, [*base, f"output_dir={tmp_path / 'one'}", "data.batch_size=4", "trainer.devices=1"])
+    _smoe_train(
+        config,
+        [
+            *base,
+            f"output_dir={tmp_path / 'ddp'}",
+            "data.batch_size=2",
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+        ],
+    )
+    one, ddp = (_params(tmp_path / d / "checkpoints" / "last.ckpt") for d in ("one", "ddp"))
+    _assert_same(one, ddp, atol=1e-5)
+    assert not (tmp_path / "ddp" / "logs" / "version_1").exists()  # one logger directory: rank 0 only
+
+
+def test_unknown_task_is_an_error() -> None:
+    with pytest.raises(ValueError, match="task must be one of"):
+        build({"task": "nowcasting"})
