@@ -30,15 +30,16 @@ DIFFUSIVITIES = (0.25, 0.025, 0.0025)
 SPLITS = ("train", "val", "test")
 
 
-def region_map(size: int, num_regions: int = 3, seed: int = 0, step: float = 0.1333,
-               penalty: float = 0.0667) -> np.ndarray:
+def region_map(
+    size: int, num_regions: int = 3, seed: int = 0, step: float = 0.1333, penalty: float = 0.0667
+) -> np.ndarray:
     """Region map (size, size) of int8 types 0..num_regions−1 by raster-order preferential attachment."""
     rng = np.random.default_rng(seed)
     regions = np.full((size, size), -1, dtype=np.int8)
     for i in range(size):
         for j in range(size):
             p = np.full(num_regions, 1.0 / num_regions)
-            window = regions[max(i - 1, 0): i + 2, max(j - 1, 0): j + 2]
+            window = regions[max(i - 1, 0) : i + 2, max(j - 1, 0) : j + 2]
             for t in window[window >= 0]:
                 p -= penalty
                 p[t] += step + penalty
@@ -75,8 +76,9 @@ def initial_states(num_runs: int, regions: np.ndarray, rng: np.random.Generator)
     return fields
 
 
-def simulate(initial: np.ndarray, regions: np.ndarray, steps: int,
-             diffusivities: tuple[float, ...] = DIFFUSIVITIES) -> np.ndarray:
+def simulate(
+    initial: np.ndarray, regions: np.ndarray, steps: int, diffusivities: tuple[float, ...] = DIFFUSIVITIES
+) -> np.ndarray:
     """Run ``steps`` steps from (N, S, S) initial fields; returns (N, steps + 1, S, S) float32."""
     kernels = torch.from_numpy(stencils(diffusivities))
     region_t = torch.from_numpy(regions.astype(np.int64))
@@ -89,7 +91,9 @@ def simulate(initial: np.ndarray, regions: np.ndarray, steps: int,
     return torch.cat(frames, dim=1).numpy()
 
 
-def _split_batches(runs: dict[str, int], seed: int, batch: int) -> Iterator[tuple[str, int, np.random.Generator]]:
+def _split_batches(
+    runs: dict[str, int], seed: int, batch: int
+) -> Iterator[tuple[str, int, np.random.Generator]]:
     for k, split in enumerate(SPLITS):
         rng = np.random.default_rng([seed, k + 1])  # separate seed per split
         left = runs[split]
@@ -99,9 +103,18 @@ def _split_batches(runs: dict[str, int], seed: int, batch: int) -> Iterator[tupl
             left -= n
 
 
-def generate(out: str | Path, runs: int = 1000, val_runs: int = 20, test_runs: int = 20, steps: int = 100,
-             size: int = 64, seed: int = 0, overwrite: bool = False, batch_runs: int = 50,
-             progress: bool = True) -> Path:
+def generate(
+    out: str | Path,
+    runs: int = 1000,
+    val_runs: int = 20,
+    test_runs: int = 20,
+    steps: int = 100,
+    size: int = 64,
+    seed: int = 0,
+    overwrite: bool = False,
+    batch_runs: int = 50,
+    progress: bool = True,
+) -> Path:
     """Generate the heat-diffusion dataset into a zarr store (atomically).
 
     Store layout (zarr v2, consolidated): ``heat`` (run, step, y, x) float32, one run per chunk, with
@@ -122,8 +135,10 @@ def generate(out: str | Path, runs: int = 1000, val_runs: int = 20, test_runs: i
         bar = tqdm(total=total, desc=f"heat diffusion → {out.name}", unit="run", disable=not progress)
         for split, n, rng in _split_batches(counts, seed, batch_runs):
             frames = simulate(initial_states(n, regions, rng), regions, steps)
-            ds = xr.Dataset({"heat": (("run", "step", "y", "x"), frames)},
-                            coords={"split": ("run", np.full(n, SPLITS.index(split), dtype=np.int8))})
+            ds = xr.Dataset(
+                {"heat": (("run", "step", "y", "x"), frames)},
+                coords={"split": ("run", np.full(n, SPLITS.index(split), dtype=np.int8))},
+            )
             ds["split"].attrs = {"flag_values": [0, 1, 2], "flag_meanings": " ".join(SPLITS)}
             ds["heat"].attrs = {"long_name": "temperature", "units": "1"}
             if first:
@@ -134,8 +149,12 @@ def generate(out: str | Path, runs: int = 1000, val_runs: int = 20, test_runs: i
                 )
                 ds.attrs = {
                     "title": "Location-dependent heat diffusion (Dryden & Hoefler 2022, §3.1)",
-                    "seed": seed, "steps": steps, "size": size,
-                    "runs_train": runs, "runs_val": val_runs, "runs_test": test_runs,
+                    "seed": seed,
+                    "steps": steps,
+                    "size": size,
+                    "runs_train": runs,
+                    "runs_val": val_runs,
+                    "runs_test": test_runs,
                     "boundary": "zero (Dirichlet)",
                     "Conventions": "CF-1.8",
                 }

@@ -37,18 +37,23 @@ GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
 
 
-def misrouted_mask(error: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Flag selections whose error exceeds the per-sample ``quantile`` of the errors.
-
-    ``error``: (B, E, H, W) non-negative error-signal magnitudes of the selected slots.
-    Returns a bool tensor of the same shape; True = incorrect routing. The threshold is the lower
-    q-quantile (the ceil(q·n)-th smallest value, n = E·H·W), so ties at the threshold count as correct.
-    """
+def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Per-sample lower q-quantile of (B, ...) errors: the ceil(q·n)-th smallest value, shape (B, 1, 1, 1)."""
     b = error.shape[0]
     flat = error.reshape(b, -1)
     k = min(max(math.ceil(quantile * flat.shape[1]), 1), flat.shape[1])
-    threshold = flat.kthvalue(k, dim=1).values
-    return error > threshold.view(b, 1, 1, 1)
+    return flat.kthvalue(k, dim=1).values.view(b, 1, 1, 1)
+
+
+def misrouted_mask(error: torch.Tensor, quantile: float, tolerance: float = 0.0) -> torch.Tensor:
+    """Flag selections whose error exceeds the per-sample ``quantile`` of the errors plus ``tolerance``.
+
+    ``error``: (B, E, H, W) non-negative error magnitudes of the selected slots.
+    Returns a bool tensor of the same shape; True = incorrect routing. The threshold is the lower
+    q-quantile (n = E·H·W), so ties at the threshold count as correct; ``tolerance`` keeps a sample
+    whose errors are all tiny from flagging anything (the reference code uses 1e-5 for the RC labels).
+    """
+    return error > quantile_threshold(error, quantile) + tolerance
 
 
 def routing_labels(wrong: torch.Tensor, idx: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -86,18 +91,22 @@ class _RouteExperts(torch.autograd.Function):
         b, num_experts, f, h, w = ctx.expert_shape
         g, e = idx.shape[:2]
         index = idx.unsqueeze(2).expand(b, e, f, h, w)
-        need_flags = layer.rc or (layer.damping is not None and num_experts > e)
-        wrong = None
-        if need_flags:
-            error = grad_y.detach().float().abs().sum(2)  # (B, E, H, W)
-            wrong = misrouted_mask(error, layer.quantile)
+        damp = layer.damping is not None and num_experts > e and ctx.needs_input_grad[0]
+        wrong = wrong_damp = None
+        if layer.rc or damp:
+            # |dL/dy| rescaled to output units for a mean-reduced MSE (undo 2/N and the loss scale), so
+            # the tolerances are absolute errors; the quantile itself is scale-free.
+            error = grad_y.detach().float().abs().sum(2) * (grad_y.numel() / 2.0 / layer.loss_scale)
+            threshold = quantile_threshold(error, layer.quantile)
+            wrong = error > threshold + layer.tolerance
+            wrong_damp = error > threshold + layer.damping_tolerance if damp else None
             layer.last_misrouted_fraction = wrong.float().mean().detach()
 
         grad_expert = None
         if ctx.needs_input_grad[0]:
             grad_slots = grad_y
-            if wrong is not None and layer.damping is not None and num_experts > e:
-                factor = torch.where(wrong, layer.damping, 1.0).to(grad_y.dtype).unsqueeze(2)
+            if wrong_damp is not None:
+                factor = torch.where(wrong_damp, layer.damping, 1.0).to(grad_y.dtype).unsqueeze(2)
                 grad_slots = grad_y * factor
             grad_expert = grad_y.new_zeros(ctx.expert_shape).scatter_(1, index, grad_slots)
 
@@ -146,6 +155,10 @@ class SpatialMoE2d(nn.Module):
         rc: train the gate with the routing-classification loss.
         damping: expert error damping factor for misrouted locations (paper 0.1); ``None`` disables.
         quantile: q; a selection is misrouted if its error is above the q-quantile (paper 0.7).
+        tolerance: absolute slack on that threshold for the RC labels, in output units of a
+            mean-squared-error loss (reference code: 1e-5): a sample whose errors are all within it
+            flags nothing, so a converged layer stops being pushed around.
+        damping_tolerance: the same slack for expert damping (reference code: 1e-3).
         rc_weight: multiplier of the RC loss.
         gate_task_grad: whether the gate also gets the task-loss gradient; default: only without RC.
         noise: routing noise in training, std = noise/sqrt(|E|) (0 = off; 1.0 is the N(0, 1/|E|) of
@@ -169,6 +182,8 @@ class SpatialMoE2d(nn.Module):
         rc: bool = True,
         damping: float | None = 0.1,
         quantile: float = 0.7,
+        tolerance: float = 1e-5,
+        damping_tolerance: float = 1e-3,
         rc_weight: float = 1.0,
         gate_task_grad: bool | None = None,
         noise: float = 0.0,
@@ -198,6 +213,7 @@ class SpatialMoE2d(nn.Module):
         self.experts = nn.Conv2d(in_channels, num_experts * out_per_expert, kernel_size, bias=bias)
         self.weighted, self.gate_norm = weighted, gate_norm
         self.rc, self.damping, self.quantile, self.rc_weight = rc, damping, quantile, rc_weight
+        self.tolerance, self.damping_tolerance = tolerance, damping_tolerance
         self.gate_task_grad, self.noise, self.aux_losses = gate_task_grad, noise, tuple(aux_losses)
         self.loss_scale = 1.0
         self.last_rc_loss: torch.Tensor | None = None
