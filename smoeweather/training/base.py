@@ -82,10 +82,17 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
     def train(self, mode: bool = True) -> SMoETrainingModule:
         super().train(mode)
         if mode and self.freeze_batchnorm:
-            for m in self.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.eval()
+            self._freeze_batchnorm()
         return self
+
+    def _freeze_batchnorm(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.freeze_batchnorm:  # Lightning restores per-module modes after validation: enforce eval
+            self._freeze_batchnorm()
 
     def with_aux(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` + aux_weight × the auxiliary routing losses of the last forward (if any)."""

@@ -1,4 +1,4 @@
-"""Small Lightning callbacks: per-epoch reseeding (exact resume), throughput, the resolved config file."""
+"""Small Lightning callbacks: per-batch reseeding (exact resume), throughput, the resolved config file."""
 
 from __future__ import annotations
 
@@ -15,19 +15,26 @@ import yaml
 from smoeweather.io import write_text
 
 
-class EpochSeed(L.Callback):
-    """Reseed torch / numpy / random at every training epoch start from (seed, epoch, global rank).
+class BatchSeed(L.Callback):
+    """Reseed torch / numpy / random before every training batch from (seed, epoch, batch, global rank).
 
-    Dropout masks, noisy gates and DataLoader worker seeds then depend only on these three numbers, not on
-    what ran before, so a run resumed from an epoch-end checkpoint continues bit for bit. (The data order
-    comes from the seeded sampler of :class:`~smoeweather.training.datamodule.SplitDataModule`.)
+    Dropout masks and gate noise then depend only on these numbers, not on what ran before (validation,
+    checkpointing, DataLoader iterators all draw from the global generators at moments that differ
+    between an uninterrupted and a resumed run), so a run resumed from a checkpoint continues bit for bit.
+    The data order comes from the seeded sampler of :class:`~smoeweather.training.datamodule.SplitDataModule`;
+    DataLoader worker seeds are not covered (the datasets here draw no random numbers).
     """
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        s = (self.seed * 1_000_003 + trainer.current_epoch * 1_009 + trainer.global_rank) % 2**31
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        key = (
+            (self.seed * 1_000_003 + trainer.current_epoch) * 100_003 + batch_idx
+        ) * 101 + trainer.global_rank
+        s = key % 2**31
         random.seed(s)
         np.random.seed(s)
         torch.manual_seed(s)

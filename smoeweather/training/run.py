@@ -14,6 +14,7 @@ the GCM world, merged along time) or ``data.generate`` (heat diffusion).
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from torch.utils.data import Dataset, Subset
 
 from smoeweather.config import load_config
 from smoeweather.training.base import MetadataCheckpointMixin, SMoETrainingModule, check_checkpoint
-from smoeweather.training.callbacks import EpochSeed, SamplesPerSecond, SaveResolvedConfig
+from smoeweather.training.callbacks import BatchSeed, SamplesPerSecond, SaveResolvedConfig
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.regression import FieldRegressionModule
 
@@ -352,7 +353,7 @@ def build_trainer(
     batch_size_fn: Callable[[Any], int] | None = None,
     extra_callbacks: list[L.Callback] | None = None,
 ) -> L.Trainer:
-    """A Lightning Trainer from ``cfg['trainer']`` with best/last checkpoints, early stopping, per-epoch
+    """A Lightning Trainer from ``cfg['trainer']`` with best/last checkpoints, early stopping, per-batch
     reseeding, throughput logging and the resolved config file."""
     t = cfg.get("training", {})
     checkpoint = ModelCheckpoint(
@@ -366,7 +367,7 @@ def build_trainer(
     callbacks: list[L.Callback] = [
         checkpoint,
         EarlyStopping(monitor="val_loss", mode="min", patience=int(t.get("early_stopping_patience", 5))),
-        EpochSeed(int(cfg.get("seed", 0))),
+        BatchSeed(int(cfg.get("seed", 0))),
         SamplesPerSecond(batch_size_fn),
         SaveResolvedConfig(cfg, output_dir),
         *(extra_callbacks or []),
@@ -392,6 +393,7 @@ def train(
     extra_callbacks: list[L.Callback] | None = None,
 ) -> TrainResult:
     """Seed, build, optionally initialise from ``init_from``, and fit (resuming from ``resume``)."""
+    cfg = json.loads(json.dumps(cfg, default=str))  # plain types only (YAML dates → strings): safe to pickle
     seed = int(cfg.get("seed", 0))
     L.seed_everything(seed, workers=True, verbose=False)
     output_dir = Path(cfg.get("output_dir") or f"runs/{cfg.get('task')}")
