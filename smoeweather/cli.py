@@ -23,7 +23,8 @@ def _add_heat(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--out", required=True, type=Path, help="output directory")
     bench.add_argument("--quick", action="store_true", help="small data, few epochs (< 10 min on 2 cores)")
     bench.add_argument("--config", type=Path, default=None, help="benchmark YAML (default configs/heat/benchmark.yaml)")
-    bench.add_argument("--only", nargs="*", default=None, help="run only these rows (e.g. smoe conv)")
+    bench.add_argument("--only", default=None, type=lambda s: [r for r in s.split(",") if r],
+                       help="comma-separated rows to run (e.g. smoe,conv)")
     bench.add_argument("--data", type=Path, default=None, help="existing heat store to use instead of generating")
     bench.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
 
