@@ -40,7 +40,7 @@ def test_shape_and_gradients(name: str) -> None:
 
 def test_smoe_gate_learns_only_from_rc_loss() -> None:
     model = build_heat_model("smoe", S)
-    assert isinstance(model, SpatialMoE2d) and model.rc and model.damping == 0.1 and model.quantile == 0.7
+    assert isinstance(model, SpatialMoE2d) and model.rc and model.damping == 0.1 and model.quantile == 0.3
     model(torch.rand(2, 1, S, S)).square().mean().backward()
     assert model.last_rc_loss is not None and model.gate.weight.grad.abs().sum() > 0
 
@@ -56,7 +56,8 @@ def test_smoe_rows(name: str, rc: bool, damping: float | None) -> None:
 
 
 def test_overrides() -> None:
-    assert build_heat_model("smoe", S, quantile=0.3, damping=0.0).quantile == 0.3
+    assert build_heat_model("smoe", S, quantile=0.5, damping=0.0).quantile == 0.5
+    assert build_heat_model("smoe_q07", S).quantile == 0.7
     assert build_heat_model("smoe_no_rc_no_damping", S, damping=0.0).damping == 0.0
     assert build_heat_model("gate_conv", S, rc=False).rc is False
     assert len(build_heat_model("conv", S, layers=1)) == 1

@@ -124,7 +124,7 @@ def test_batch_shared_routing_gives_mean_bce_gradient() -> None:
         idx = scores.topk(2, dim=1).indices
         y = layer(x)
         signal = (2.0 / y.numel()) * (y - target)
-        wrong = misrouted_mask(signal.abs(), 0.7).float()
+        wrong = misrouted_mask(signal.abs() * (signal.numel() / 2), layer.quantile, layer.tolerance).float()
         labels = torch.cat([routing_labels(wrong[i: i + 1], idx, 4) for i in range(6)])
     z = layer.gate.weight.detach().clone().requires_grad_()
     nn.functional.binary_cross_entropy_with_logits(z.unsqueeze(0).expand(6, -1, -1, -1), labels).backward()

@@ -251,7 +251,7 @@ def test_smoe_resnet_passes_routing_options_through() -> None:
     layers = smoe_layers(build_weather_model(cfg))
     assert all(not m.rc and m.damping is None and m.quantile == 0.5 and m.weighted for m in layers)
     defaults = smoe_layers(build_tiny("resnet-smoe-all"))[0]
-    assert defaults.rc and defaults.damping == 0.1 and defaults.quantile == 0.7
+    assert defaults.rc and defaults.damping == 0.1 and defaults.quantile == 0.3
     assert defaults.padding == "periodic_lon" and defaults.num_experts == 16 and defaults.out_channels == 8
 
 

@@ -44,13 +44,16 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
                           max_runs=training.get("max_runs"))
     checkpoint = ModelCheckpoint(dirpath=out_dir / "checkpoints" / name, monitor="val_loss", save_last=True)
     stopper = EarlyStopping(monitor="val_loss", patience=int(training["early_stopping_patience"]))
+    # a perfect model (every validation point within 1 %) has nothing left to learn
+    perfect = EarlyStopping(monitor="val_pct_within_1pct", mode="max", stopping_threshold=100.0,
+                            patience=10**9)
     trainer = L.Trainer(
         max_epochs=int(training["max_epochs"]),
         max_time=training.get("max_time"),
         limit_train_batches=training.get("limit_train_batches"),
         accelerator=training.get("accelerator", "cpu"),
         devices=1,
-        callbacks=[checkpoint, stopper],
+        callbacks=[checkpoint, stopper, perfect],
         logger=L.pytorch.loggers.CSVLogger(out_dir / "logs", name=name),
         enable_progress_bar=bool(training.get("progress", True)),
         enable_model_summary=False,

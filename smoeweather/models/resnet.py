@@ -45,7 +45,7 @@ class SMoEPlacement:
     random_fixed_gate: bool = False
     rc: bool = True
     damping: float | None = 0.1
-    quantile: float = 0.7
+    quantile: float = 0.3
     layer_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -61,7 +61,7 @@ class Ens10UNet(nn.Module):
         grid: tuple[int, int] | None = None,
         rc: bool = True,
         damping: float | None = 0.1,
-        quantile: float = 0.7,
+        quantile: float = 0.3,
         out_channels: int = 2,
         head_kernel: int = 1,
         smoe_kwargs: dict[str, Any] | None = None,
