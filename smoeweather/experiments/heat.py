@@ -18,11 +18,10 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from pipelines.heat_diffusion import generate, open_heat
-from smoeweather.config import load_config
+from smoeweather.config import apply_overrides, deep_merge, load_config
 from smoeweather.data.heat import HeatDataModule
 from smoeweather.io import write_json, write_text
 from smoeweather.models.heat import HEAT_MODELS, build_heat_model, count_parameters
@@ -103,13 +102,9 @@ def run_benchmark(out: Path, quick: bool = False, config: Path | None = None, on
                   data: Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the heat benchmark; returns the JSON document written to ``out/heat_benchmark.json``."""
     cfg = load_config(config or DEFAULT_CONFIG)
+    quick_cfg = cfg.pop("quick", {}) or {}
     if quick:
-        cfg = {**cfg, **{k: v for k, v in cfg.get("quick", {}).items() if k != "rows"},
-               "rows": cfg.get("quick", {}).get("rows", cfg["rows"])}
-        for key in ("data", "training"):
-            cfg[key] = {**load_config(config or DEFAULT_CONFIG)[key], **cfg.get("quick", {}).get(key, {})}
-    from smoeweather.config import apply_overrides
-
+        cfg = deep_merge(cfg, quick_cfg)
     cfg = apply_overrides(cfg, overrides)
     rows = only or cfg["rows"]
     unknown = [r for r in rows if r not in HEAT_MODELS]
