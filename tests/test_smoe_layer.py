@@ -244,3 +244,16 @@ def test_frozen_gate_is_fixed() -> None:
 def test_bad_options_are_named(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         SpatialMoE2d(1, 4, grid=(4, 4), **kwargs)
+
+
+def test_periodic_longitude_padding_of_experts() -> None:
+    from smoeweather.nn import pad_periodic_lon
+
+    layer = SpatialMoE2d(2, 3, 1, grid=(5, 7), padding="periodic_lon")
+    x = torch.randn(2, 2, 5, 7)
+    expected = nn.functional.conv2d(pad_periodic_lon(x, 1), layer.experts.weight)
+    torch.testing.assert_close(layer.apply_experts(x).flatten(1, 2), expected)
+    zeros = SpatialMoE2d(2, 3, 1, grid=(5, 7))
+    zeros.experts.weight.data.copy_(layer.experts.weight.data)
+    torch.testing.assert_close(zeros.apply_experts(x).flatten(1, 2),
+                               nn.functional.conv2d(x, layer.experts.weight, padding=1))

@@ -39,7 +39,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from smoeweather.nn.gates import TensorRoutingGate
-from smoeweather.nn.padding import pad_periodic_lon
 
 GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
@@ -102,24 +101,29 @@ class _RouteExperts(torch.autograd.Function):
         damp = layer.damping is not None and num_experts > e and ctx.needs_input_grad[0]
         wrong = wrong_damp = None
         if layer.rc or damp:
-            # |dL/dy| rescaled to output units for a mean-reduced MSE (undo 2/N and the loss scale), so
-            # the tolerances are absolute errors; the quantile itself is scale-free.
-            error = grad_y.detach().float().abs().sum(2) * (grad_y.numel() / 2.0 / layer.loss_scale)
+            # error = |dL/dy| per slot; the tolerances are absolute errors in output units of a mean-reduced
+            # MSE, so they are converted to error-signal units (× 2/N × loss scale) instead of rescaling
+            # the (large) error tensor. The quantile itself is scale-free.
+            error = grad_y.detach().abs()
+            error = error.squeeze(2) if f == 1 else error.sum(2)
+            if error.dtype != torch.float32:
+                error = error.float()
+            to_signal = 2.0 * layer.loss_scale / grad_y.numel()
             threshold = quantile_threshold(error, layer.quantile)
-            wrong = error > threshold + layer.tolerance
+            wrong = error > threshold + layer.tolerance * to_signal
             wrong_damp = None
             if damp:
                 if layer.damping_quantile != layer.quantile:
                     threshold = quantile_threshold(error, layer.damping_quantile)
-                wrong_damp = error > threshold + layer.damping_tolerance
+                wrong_damp = error > threshold + layer.damping_tolerance * to_signal
             layer.last_misrouted_fraction = wrong.float().mean().detach()
 
         grad_expert = None
         if ctx.needs_input_grad[0]:
             grad_slots = grad_y
             if wrong_damp is not None:
-                factor = torch.where(wrong_damp, layer.damping, 1.0).to(grad_y.dtype).unsqueeze(2)
-                grad_slots = grad_y * factor
+                factor = wrong_damp.to(grad_y.dtype).mul_(layer.damping - 1.0).add_(1.0)  # 1 or damping
+                grad_slots = grad_y * factor.unsqueeze(2)
             grad_expert = grad_y.new_zeros(ctx.expert_shape).scatter_(1, index, grad_slots)
 
         grad_scores = None
@@ -226,7 +230,9 @@ class SpatialMoE2d(nn.Module):
         self.out_per_expert, self.kernel_size, self.padding = out_per_expert, kernel_size, padding
         self.out_channels = num_selected * out_per_expert
         self.gate = gate
-        self.experts = nn.Conv2d(in_channels, num_experts * out_per_expert, kernel_size, bias=bias)
+        pad = kernel_size // 2
+        self.experts = nn.Conv2d(in_channels, num_experts * out_per_expert, kernel_size, bias=bias,
+                                 padding=(pad, 0) if padding == "periodic_lon" else pad)
         self.weighted, self.gate_norm = weighted, gate_norm
         self.rc, self.damping, self.quantile, self.rc_weight = rc, damping, quantile, rc_weight
         self.tolerance, self.damping_tolerance = tolerance, damping_tolerance
@@ -258,11 +264,9 @@ class SpatialMoE2d(nn.Module):
 
     def apply_experts(self, x: torch.Tensor) -> torch.Tensor:
         """All experts at all locations: (B, C, H, W) → (B, |E|, F, H, W)."""
-        pad = self.kernel_size // 2
-        if self.padding == "periodic_lon":
-            x = pad_periodic_lon(x, pad)
-        else:
-            x = F.pad(x, (pad, pad, pad, pad))
+        if self.padding == "periodic_lon":  # circular copy in longitude only; latitude zeros by the conv
+            pad = self.kernel_size // 2
+            x = F.pad(x, (pad, pad, 0, 0), mode="circular")
         out = self.experts(x)
         b, _, h, w = out.shape
         return out.view(b, self.num_experts, self.out_per_expert, h, w)
