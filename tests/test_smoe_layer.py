@@ -257,3 +257,40 @@ def test_periodic_longitude_padding_of_experts() -> None:
     zeros.experts.weight.data.copy_(layer.experts.weight.data)
     torch.testing.assert_close(zeros.apply_experts(x).flatten(1, 2),
                                nn.functional.conv2d(x, layer.experts.weight, padding=1))
+
+
+class _PerSampleGate(nn.Module):
+    """The same routing tensor, but returned per sample (G = B): exercises the general gather path."""
+
+    def __init__(self, gate: TensorRoutingGate) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(x).expand(x.shape[0], -1, -1, -1)
+
+
+@pytest.mark.parametrize("out_per_expert", [1, 2])
+def test_shared_routing_fast_path_equals_per_sample_gather(out_per_expert: int) -> None:
+    torch.manual_seed(6)
+    gate = TensorRoutingGate(5, 4, 6, num_selected=2, out_per_expert=out_per_expert)
+    fast = SpatialMoE2d(3, 5, 2, gate=gate, out_per_expert=out_per_expert, rc=False, damping=0.1)
+    slow = SpatialMoE2d(3, 5, 2, gate=_PerSampleGate(gate), out_per_expert=out_per_expert, rc=False, damping=0.1)
+    slow.experts.weight.data.copy_(fast.experts.weight.data)
+    x, target = torch.randn(3, 3, 4, 6), torch.randn(3, 2 * out_per_expert, 4, 6)
+    grads = []
+    for layer in (fast, slow):
+        y = layer(x)
+        nn.functional.mse_loss(y, target).backward()
+        grads.append((y.detach(), layer.experts.weight.grad.clone()))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+
+
+def test_quantile_of_large_samples_is_close_to_exact() -> None:
+    from smoeweather.nn.smoe import quantile_threshold
+
+    error = torch.rand(2, 4, 128, 256)  # 131,072 values per sample: strided subsample
+    approx = quantile_threshold(error, 0.3).flatten()
+    exact = error.reshape(2, -1).quantile(0.3, dim=1)
+    torch.testing.assert_close(approx, exact, atol=5e-3, rtol=0)

@@ -44,10 +44,20 @@ GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
 
 
+EXACT_QUANTILE_MAX = 1 << 16
+
+
 def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Per-sample lower q-quantile of (B, ...) errors: the ceil(q·n)-th smallest value, shape (B, 1, 1, 1)."""
+    """Per-sample lower q-quantile of (B, ...) errors: the ceil(q·n)-th smallest value, shape (B, 1, 1, 1).
+
+    Exact up to 65,536 values per sample; above that it is taken over an evenly strided subsample of
+    ≥ 32,768 values (rank error ≈ sqrt(q(1−q)/n) < 0.3 %), which makes ``kthvalue`` ~5× cheaper at
+    WeatherBench size (E·H·W = 262,144) — the quantile is a noisy label threshold, not a statistic.
+    """
     b = error.shape[0]
     flat = error.reshape(b, -1)
+    if flat.shape[1] > EXACT_QUANTILE_MAX:
+        flat = flat[:, :: math.ceil(flat.shape[1] / (EXACT_QUANTILE_MAX // 2))]
     k = min(max(math.ceil(quantile * flat.shape[1]), 1), flat.shape[1])
     return flat.kthvalue(k, dim=1).values.view(b, 1, 1, 1)
 
@@ -77,6 +87,14 @@ def routing_labels(wrong: torch.Tensor, idx: torch.Tensor, num_experts: int) -> 
     return labels.scatter_(1, idx, 1.0 - wrong)
 
 
+def _flat_index(idx: torch.Tensor, f: int) -> torch.Tensor:
+    """Flat positions in a (|E|, F, H, W) block of the slots (E, F, H, W) selected by ``idx`` (E, H, W)."""
+    e, h, w = idx.shape
+    pixels = torch.arange(h * w, device=idx.device)
+    channel = torch.arange(f, device=idx.device).view(1, f, 1) * (h * w)
+    return (idx.reshape(e, 1, h * w) * (f * h * w) + channel + pixels).reshape(-1)
+
+
 class _RouteExperts(torch.autograd.Function):
     """Gather the selected experts; in backward: damping, RC-loss gradient for the gate."""
 
@@ -85,11 +103,15 @@ class _RouteExperts(torch.autograd.Function):
                 layer: SpatialMoE2d) -> torch.Tensor:
         # expert_out (B, |E|, F, H, W); scores (G, |E|, H, W); idx (G, E, H, W) -> y (B, E, F, H, W)
         b, _, f, h, w = expert_out.shape
-        index = idx.unsqueeze(2).expand(b, idx.shape[1], f, h, w)
         ctx.save_for_backward(scores, idx)
         ctx.layer = layer
         ctx.expert_shape = expert_out.shape
-        return expert_out.gather(1, index)
+        if idx.shape[0] == 1:
+            # shared routing: one flat index for every sample; index_select is ~5× faster than a gather
+            # with a batch-expanded index on CPU (and no slower on GPU)
+            ctx.flat = _flat_index(idx[0], f)
+            return expert_out.reshape(b, -1).index_select(1, ctx.flat).view(b, idx.shape[1], f, h, w)
+        return expert_out.gather(1, idx.unsqueeze(2).expand(b, idx.shape[1], f, h, w))
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
@@ -97,7 +119,6 @@ class _RouteExperts(torch.autograd.Function):
         layer: SpatialMoE2d = ctx.layer
         b, num_experts, f, h, w = ctx.expert_shape
         g, e = idx.shape[:2]
-        index = idx.unsqueeze(2).expand(b, e, f, h, w)
         damp = layer.damping is not None and num_experts > e and ctx.needs_input_grad[0]
         wrong = wrong_damp = None
         if layer.rc or damp:
@@ -123,8 +144,14 @@ class _RouteExperts(torch.autograd.Function):
             grad_slots = grad_y
             if wrong_damp is not None:
                 factor = wrong_damp.to(grad_y.dtype).mul_(layer.damping - 1.0).add_(1.0)  # 1 or damping
-                grad_slots = grad_y * factor.unsqueeze(2)
-            grad_expert = grad_y.new_zeros(ctx.expert_shape).scatter_(1, index, grad_slots)
+                grad_slots = factor.unsqueeze(2).mul_(grad_y) if f == 1 else grad_y * factor.unsqueeze(2)
+            if g == 1:
+                grad_expert = grad_y.new_zeros(b, num_experts * f * h * w)
+                grad_expert.index_add_(1, ctx.flat, grad_slots.reshape(b, -1))  # indices unique: a copy
+                grad_expert = grad_expert.view(ctx.expert_shape)
+            else:
+                index = idx.unsqueeze(2).expand(b, e, f, h, w)
+                grad_expert = grad_y.new_zeros(ctx.expert_shape).scatter_(1, index, grad_slots)
 
         grad_scores = None
         if ctx.needs_input_grad[1]:
