@@ -137,13 +137,16 @@ class _RouteExperts(torch.autograd.Function):
                 if layer.damping_quantile != layer.quantile:
                     threshold = quantile_threshold(error, layer.damping_quantile)
                 wrong_damp = error > threshold + layer.damping_tolerance * to_signal
-            layer.last_misrouted_fraction = wrong.float().mean().detach()
+            layer.last_misrouted_fraction = wrong.sum(dtype=torch.float32) / wrong.numel()
 
         grad_expert = None
         if ctx.needs_input_grad[0]:
             grad_slots = grad_y
             if wrong_damp is not None:
-                factor = wrong_damp.to(grad_y.dtype).mul_(layer.damping - 1.0).add_(1.0)  # 1 or damping
+                # 1 or damping per slot, written into the no longer needed error buffer when possible
+                reuse = error.dtype == grad_y.dtype and f == 1
+                buffer = error if reuse else torch.empty_like(wrong_damp, dtype=grad_y.dtype)
+                factor = buffer.copy_(wrong_damp).mul_(layer.damping - 1.0).add_(1.0)
                 grad_slots = factor.unsqueeze(2).mul_(grad_y) if f == 1 else grad_y * factor.unsqueeze(2)
             if g == 1:
                 grad_expert = grad_y.new_zeros(b, num_experts * f * h * w)
@@ -157,9 +160,10 @@ class _RouteExperts(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
             if layer.rc:
-                wrong_g = wrong.float()
                 if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
-                    wrong_g = wrong_g.mean(0, keepdim=True)
+                    wrong_g = wrong.sum(0, keepdim=True, dtype=torch.float32).div_(b)
+                else:
+                    wrong_g = wrong.float()
                 labels = routing_labels(wrong_g, idx, num_experts)
                 z = scores.detach().float()
                 n = labels.numel()
