@@ -2,10 +2,12 @@
 
 SMoE: C = 128 in, |E| = 256 experts (3×3), E = 128 selected, 32×64 grid, batch 16, RC loss + damping.
 Baseline in the same run: a dense 3×3 convolution with 256 filters (the computation the SMoE's experts
-do before routing). Targets (issue #2): time ratio ≤ 1.25, memory ratio ≤ 1.5.
+do before routing), both periodic in longitude as in the WeatherBench ResNet.
+Targets (issue #2): time ratio ≤ 1.25, memory ratio ≤ 1.5.
 
 Each variant runs in its own subprocess so its peak memory is its own: on CPU the peak RSS growth
-during the timed steps (ru_maxrss − RSS before the first step); on CUDA torch.cuda.max_memory_allocated.
+during the timed steps (ru_maxrss − RSS before them, with glibc returning freed blocks to the OS);
+on CUDA torch.cuda.max_memory_allocated.
 Writes benchmarks/results/smoe_layer.json and ends by printing one JSON line
 {"time_ratio": ..., "memory_ratio": ...}.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -36,7 +39,7 @@ def measure(variant: str, device: str, batch: int, repeats: int) -> dict[str, fl
     import torch
     from torch import nn
 
-    from smoeweather.nn import SpatialMoE2d
+    from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d
 
     torch.manual_seed(0)
     c, experts, selected, h, w = 128, 256, 128, 32, 64
@@ -44,7 +47,7 @@ def measure(variant: str, device: str, batch: int, repeats: int) -> dict[str, fl
         layer = SpatialMoE2d(c, experts, selected, grid=(h, w), padding="periodic_lon", rc=True, damping=0.1)
         out_channels = selected
     else:
-        layer = nn.Conv2d(c, experts, 3, padding=1, bias=False)
+        layer = PeriodicLonConv2d(c, experts, 3, bias=False)
         out_channels = experts
     layer = layer.to(device)
     x = torch.randn(batch, c, h, w, device=device)
@@ -90,13 +93,17 @@ def main() -> None:
     for variant in ("dense", "smoe", "smoe", "dense"):
         cmd = [sys.executable, __file__, "--variant", variant, "--device", args.device,
                "--batch", str(args.batch), "--repeats", str(args.repeats)]
-        out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        # glibc keeps freed large blocks in the heap by default, so RSS would count dead tensors; a fixed
+        # mmap threshold returns every block ≥ 64 KiB to the OS on free, making peak RSS ≈ peak live memory
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        proc = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+        out = json.loads(proc.stdout.splitlines()[-1])
         if variant not in results or out["seconds"] < results[variant]["seconds"]:
             results[variant] = out
         print(f"{variant:>5}: {out['seconds'] * 1e3:8.1f} ms  peak +{out['peak_mib']:7.1f} MiB", file=sys.stderr)
     doc = {
         "setup": {"in_channels": 128, "experts": 256, "selected": 128, "grid": [32, 64], "batch": args.batch,
-                  "device": args.device, "rc": True, "damping": 0.1, "baseline": "Conv2d(128, 256, 3)"},
+                  "device": args.device, "rc": True, "damping": 0.1, "baseline": "PeriodicLonConv2d(128, 256, 3)"},
         "smoe": results["smoe"],
         "dense": results["dense"],
         "time_ratio": round(results["smoe"]["seconds"] / results["dense"]["seconds"], 3),

@@ -18,8 +18,11 @@ class PeriodicLonConv2d(torch.nn.Conv2d):
     """Conv2d whose 'same' padding is periodic in longitude (last dim) and zero in latitude."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, **kwargs) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, padding=0, **kwargs)
+        # latitude: the convolution's own zero padding; longitude: one circular copy in forward
+        super().__init__(in_channels, out_channels, kernel_size, padding=(kernel_size // 2, 0), **kwargs)
         self.pad = kernel_size // 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(pad_periodic_lon(x, self.pad))
+        if self.pad:
+            x = F.pad(x, (self.pad, self.pad, 0, 0), mode="circular")
+        return super().forward(x)
