@@ -294,3 +294,17 @@ def test_quantile_of_large_samples_is_close_to_exact() -> None:
     approx = quantile_threshold(error, 0.3).flatten()
     exact = error.reshape(2, -1).quantile(0.3, dim=1)
     torch.testing.assert_close(approx, exact, atol=5e-3, rtol=0)
+
+
+def test_cached_selection_follows_gate_updates() -> None:
+    gate = TensorRoutingGate(3, 1, 2)
+    layer = SpatialMoE2d(1, 3, 1, gate=gate, kernel_size=1, rc=False, damping=None)
+    with torch.no_grad():
+        gate.weight.copy_(torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]], [[-1.0, -1.0]]]))
+        layer.experts.weight.copy_(torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1, 1))
+    x = torch.ones(1, 1, 1, 2)
+    assert layer(x).flatten().tolist() == [1.0, 2.0]
+    opt = torch.optim.SGD([gate.weight], lr=1.0)
+    gate.weight.grad = torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[-5.0, -5.0]]])
+    opt.step()  # expert 2 now wins everywhere
+    assert layer(x).flatten().tolist() == [3.0, 3.0]

@@ -76,6 +76,17 @@ class TensorRoutingGate(nn.Module):
         in_group = group_of_expert[:, None, None] == prior[None].to(group_of_expert.device)
         self.weight.add_(in_group.to(self.weight) * (2.0 * self.bound * strength))
 
+    def top_indices(self, k: int, out_per_expert: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k experts per location, (1, k, H, W) in descending score order, and their flat positions
+        in a (|E|, F, H, W) expert block (k·F·H·W,). Cached until D changes (optimizer step, load), so
+        layers sharing this gate select once per step."""
+        key = (self.weight._version, self.weight.data_ptr(), k, out_per_expert)
+        if getattr(self, "_top_key", None) != key:
+            idx = self.weight.detach().topk(k, dim=0, sorted=True).indices
+            self._top = (idx.unsqueeze(0), flat_expert_index(idx, out_per_expert))
+            self._top_key = key
+        return self._top
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return the routing tensor as scores of shape (1, |E|, H, W); ``x`` only checks the grid."""
         if x.shape[-2:] != (self.height, self.width):
@@ -83,6 +94,15 @@ class TensorRoutingGate(nn.Module):
                 f"TensorRoutingGate is for a {self.height}x{self.width} grid, got input {tuple(x.shape)}"
             )
         return self.weight.unsqueeze(0)
+
+
+def flat_expert_index(idx: torch.Tensor, out_per_expert: int = 1) -> torch.Tensor:
+    """Flat positions in a (|E|, F, H, W) block of the slots (E, F, H, W) selected by ``idx`` (E, H, W)."""
+    e, h, w = idx.shape
+    f = out_per_expert
+    pixels = torch.arange(h * w, device=idx.device)
+    channel = torch.arange(f, device=idx.device).view(1, f, 1) * (h * w)
+    return (idx.reshape(e, 1, h * w) * (f * h * w) + channel + pixels).reshape(-1)
 
 
 def coord_channels(x: torch.Tensor) -> torch.Tensor:
