@@ -77,14 +77,17 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
     return row | {"_model": model}
 
 
+def best_relabelling(routing: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """Expert → region map (array indexed by expert) that makes ``routing`` agree best with ``regions``."""
+    num = int(max(routing.max(), regions.max())) + 1
+    perms = [np.asarray(p) for p in itertools.permutations(range(num))]
+    return max(perms, key=lambda p: float((p[routing] == regions).mean()))
+
+
 def routing_accuracy(routing: np.ndarray, regions: np.ndarray) -> float:
     """Fraction of locations routed to the expert matching their region, under the best expert↔region
     relabelling (experts are interchangeable)."""
-    num = int(max(routing.max(), regions.max())) + 1
-    best = 0.0
-    for perm in itertools.permutations(range(num)):
-        best = max(best, float((np.asarray(perm)[routing] == regions).mean()))
-    return best
+    return float((best_relabelling(routing, regions)[routing] == regions).mean())
 
 
 def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
@@ -129,10 +132,11 @@ def run_benchmark(out: Path, quick: bool = False, config: Path | None = None, on
             from smoeweather.plotting.heat import plot_experts, plot_routing
 
             ds = open_heat(store)
-            plot_routing(model.gate.weight.detach().argmax(0).numpy(), ds["region"].values,
-                         out / "heat_routing.png")
-            plot_experts(model.experts.weight.detach().numpy()[:, 0], ds["stencil"].values,
-                         out / "heat_experts.png")
+            routing, regions = model.gate.weight.detach().argmax(0).numpy(), ds["region"].values
+            to_region = best_relabelling(routing, regions)  # show expert k under the stencil it learned
+            plot_routing(to_region[routing], regions, out / "heat_routing.png")
+            experts = model.experts.weight.detach().numpy()[np.argsort(to_region), 0]
+            plot_experts(experts, ds["stencil"].values, out / "heat_experts.png")
         write_json(out / "heat_benchmark.json", doc)
         title = "Heat-diffusion benchmark" + (" (quick)" if quick else "")
         write_text(out / "heat_benchmark.md", markdown_table(doc["rows"], title))

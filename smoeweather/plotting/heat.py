@@ -23,7 +23,8 @@ def plot_routing(routing: np.ndarray, regions: np.ndarray, path: str | Path) -> 
     """Side by side: true region map (S, S) and the SMoE's top-1 expert per location (S, S)."""
     path = Path(path)
     fig, axes = plt.subplots(1, 2, figsize=(8, 4))
-    for ax, field, title in zip(axes, (regions, routing), ("true region map", "learned routing (top-1 expert)")):
+    titles = ("true region map", "learned routing (top-1 expert, relabelled)")
+    for ax, field, title in zip(axes, (regions, routing), titles):
         im = ax.imshow(field, cmap="viridis", interpolation="nearest")
         ax.set_title(title)
         ax.set_xticks([])
