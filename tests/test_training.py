@@ -208,9 +208,7 @@ def tiny_config(path: Path, stores: dict[str, str], out: Path, extra: tuple[str,
 
 # ---- every config ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_every_config_tiny_gets_gradient_everywhere(
-    config: Path, stores: dict[str, str], tmp_path: Path
-) -> None:
+def test_every_config_tiny_gets_gradient_everywhere(config: Path, stores: dict[str, str], tmp_path: Path) -> None:
     cfg = tiny_config(config, stores, tmp_path)
     data, module = build(cfg)
     batch = next(iter(data.train_dataloader()))
@@ -345,9 +343,7 @@ def test_ddp_two_processes_equal_one_process_with_combined_batch(
         "model.dropout=0.0" if task != "heat" else "seed=0",
     ]
     base = [
-        o
-        for o in base
-        if not o.startswith(("output_dir", "data.batch_size", "trainer.devices", "trainer.strategy"))
+        o for o in base if not o.startswith(("output_dir", "data.batch_size", "trainer.devices", "trainer.strategy"))
     ]
     _smoe_train(config, [*base, f"output_dir={tmp_path / 'one'}", "data.batch_size=4", "trainer.devices=1"])
     _smoe_train(

@@ -102,7 +102,7 @@ def evaluate_checkpoint(
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    """One table: rows = runs (+ persistence / climatology of the first run), columns = target × lead."""
+    """One table: rows = runs, then persistence / climatology of every store; columns = target × lead."""
     if not results:
         return ""
     leads = list(results[0]["scores"])
@@ -116,8 +116,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
     for r in results:
         lines.append(row(f"{Path(r['output_dir']).name} (seed {r['seed']})", r, "model"))
-    lines.append(row("persistence", results[0], "persistence"))
-    lines.append(row("climatology (train mean)", results[0], "climatology"))
+    by_store = {r.get("store", r["output_dir"]): r for r in reversed(results)}
+    for store, r in by_store.items():
+        lines.append(row(f"persistence ({Path(store).name})", r, "persistence"))
+        lines.append(row(f"climatology, train mean ({Path(store).name})", r, "climatology"))
     return "\n".join(lines) + "\n"
 
 
