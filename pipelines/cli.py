@@ -17,7 +17,12 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
 
     prep = verbs.add_parser("prepare", help="raw source → consolidated, time-chunked zarr + statistics")
     prep.add_argument("kind", choices=["era5", "cmip6", "ens10", "world"], help="what the source holds")
-    prep.add_argument("--source", required=True, help="file, folder, zarr store or fsspec URL")
+    prep.add_argument(
+        "--source",
+        required=True,
+        nargs="+",
+        help="file(s), glob, folder, zarr store or fsspec URL (cmip6/ens10: several files allowed)",
+    )
     prep.add_argument("--out", required=True, type=Path, help="output zarr store (STORE.zarr)")
     prep.add_argument(
         "--format", choices=ERA5_FORMATS, default=None, help="era5 source format (default: guessed)"
@@ -44,6 +49,14 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
         "--scheduler",
         default=None,
         help="dask.distributed scheduler address (default: a local cluster; 'threads' for no cluster)",
+    )
+    prep.add_argument(
+        "--truth",
+        default=None,
+        help="ens10: ERA5 truth (a prepared ERA5 store or any era5 source), stored as <name>_truth at init + 48 h",
+    )
+    prep.add_argument(
+        "--members", type=int, choices=[5, 10], default=None, help="ens10: ensemble members kept (default 10)"
     )
     prep.add_argument("--overwrite", action="store_true", help="replace an existing store")
     prep.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -85,7 +98,7 @@ def run_data_command(args: argparse.Namespace) -> int:
 
         prepare(
             args.kind,
-            args.source,
+            args.source[0] if len(args.source) == 1 else args.source,
             args.out,
             grid=None if args.native_grid else args.grid,
             years=args.years,
@@ -97,6 +110,8 @@ def run_data_command(args: argparse.Namespace) -> int:
             fmt=args.format,
             time_chunk=args.time_chunk,
             progress=not args.quiet,
+            truth=args.truth,
+            members=args.members,
         )
         return 0
     if args.data_verb == "world":

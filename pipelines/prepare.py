@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import glob
 import json
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -185,8 +186,54 @@ def write_store(
     return out
 
 
-def _open(kind: str, source: str, fmt: str | None) -> xr.Dataset:
-    """Open ``source`` as a lazy canonical Dataset."""
+Source = str | Path | Sequence[str | Path]
+
+
+def _files(source: Source, pattern: str) -> list[Path]:
+    """One path, a list of paths, a glob (``*``) or a folder (its files matching ``pattern``)."""
+    if not isinstance(source, str | Path):
+        return [Path(s) for s in source]
+    s = str(source)
+    if any(c in s for c in "*?["):
+        found = sorted(Path(p) for p in glob.glob(s))
+        if not found:
+            raise DataError(f"--source {s}: no file matches this pattern")
+        return found
+    path = Path(s)
+    if path.is_dir():
+        found = sorted(p for p in path.glob(pattern) if p.is_file())
+        if not found:
+            raise DataError(f"--source {s}: folder holds no file matching {pattern!r}")
+        return found
+    return [path]
+
+
+def _open_weatherbench(root: str | Path, years: Sequence[int] | None) -> xr.Dataset:
+    """Every variable folder of a WeatherBench v1 resolution root, for ``years`` (default: all found)."""
+    from pipelines.readers import open_weatherbench
+
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"--source {root}: not a folder; expected a WeatherBench v1 root (e.g. .../5.625deg)")
+    files = sorted(root.glob("*/*_[0-9][0-9][0-9][0-9]_*.nc"))
+    if not files:
+        raise DataError(f"--source {root}: no '<folder>/<name>_<year>_<grid>.nc' files (WeatherBench v1 layout)")
+    grids = {f.stem.rsplit("_", 1)[-1] for f in files}
+    if len(grids) > 1:
+        raise DataError(f"--source {root}: files of several grids {sorted(grids)}; expected one resolution")
+    (grid,) = grids
+    folders = sorted({f.parent.name for f in files})
+    if (root / "constants" / f"constants_{grid}.nc").is_file():
+        folders.append("constants")
+    if years:
+        wanted = list(range(int(years[0]), int(years[-1]) + 1))
+    else:
+        wanted = sorted({int(f.stem.rsplit("_", 2)[-2]) for f in files})
+    return open_weatherbench(root, folders, wanted, grid=grid, check_nans=False)
+
+
+def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | None = None) -> xr.Dataset:
+    """Open ``source`` as a lazy canonical Dataset (ens10 without truth; see ``prepare``)."""
     if kind == "world":
         path = str(source)
         if path.endswith(".zarr") or Path(path).is_dir():
@@ -198,36 +245,118 @@ def _open(kind: str, source: str, fmt: str | None) -> xr.Dataset:
         fmt = fmt or _guess_era5_format(source)
         if fmt not in ERA5_FORMATS:
             raise DataError(f"--format {fmt!r} unknown for era5; choose from {ERA5_FORMATS}")
-        return open_source(fmt, source)
-    return open_source(kind, source)
+        if fmt == "weatherbench":
+            return _open_weatherbench(str(source), years)
+        if fmt == "wb2":
+            if stored_args(str(source)) is not None:  # a store written by `smoe data prepare`
+                return xr.open_zarr(str(source))
+            return open_source("wb2", str(source))
+        return open_source("cds", _files(source, "*"))
+    if kind == "cmip6":
+        return open_source("cmip6", _files(source, "*.nc"), check_nans=False)
+    raise DataError(f"kind {kind!r} has no reader here; choose from {KINDS}")
 
 
-def _guess_era5_format(source: str) -> str:
-    s = str(source).rstrip("/")
-    if s.endswith((".grib", ".grib2", ".grb")):
+def _guess_era5_format(source: Source) -> str:
+    if not isinstance(source, str | Path):
         return "cds"
+    s = str(source).rstrip("/")
     if s.endswith(".zarr") or "://" in s:
         return "wb2"
-    return "weatherbench"
+    if Path(s).is_dir():
+        return "weatherbench"
+    return "cds"  # GRIB or netCDF file(s) from the Climate Data Store
 
 
-def _regrid(ds: xr.Dataset, grid: float | None) -> xr.Dataset:
-    if grid is None:
-        return ds
-    from pipelines.grids import weatherbench_grid
-
-    target = weatherbench_grid(grid)
-    same = (
+def _same_grid(ds: xr.Dataset, target: xr.Dataset) -> bool:
+    return (
         ds.sizes.get("latitude") == target.sizes["latitude"]
         and ds.sizes.get("longitude") == target.sizes["longitude"]
         and np.allclose(ds["latitude"], target["latitude"])
         and np.allclose(ds["longitude"], target["longitude"])
     )
-    if same:
+
+
+def _regrid_to(ds: xr.Dataset, target: xr.Dataset, what: str) -> xr.Dataset:
+    """Conservative regridding onto ``target``; DataError when the source does not cover the target."""
+    if _same_grid(ds, target):
         return ds
     import xarray_regrid  # noqa: F401 - registers the .regrid accessor
 
-    return ds.regrid.conservative(target, latitude_coord="latitude")
+    ones = xr.DataArray(
+        np.ones((ds.sizes["latitude"], ds.sizes["longitude"])),
+        coords={"latitude": ds["latitude"], "longitude": ds["longitude"]},
+        dims=("latitude", "longitude"),
+    )
+    cover = ones.regrid.conservative(target, latitude_coord="latitude", skipna=False)
+    uncovered = int(cover.isnull().sum())
+    if uncovered:
+        lat, lon = ds["latitude"].values, ds["longitude"].values
+        raise DataError(
+            f"{what}: grid ({lat.size}x{lon.size}, latitude {lat.min():g}..{lat.max():g}, longitude "
+            f"{lon.min():g}..{lon.max():g}) does not cover {uncovered} of {cover.size} cells of the "
+            f"{target.sizes['latitude']}x{target.sizes['longitude']} target grid; expected a global "
+            "field, or pass --native-grid (grid=None) to keep the source grid"
+        )
+    out = ds.regrid.conservative(target, latitude_coord="latitude")
+    for name in ds.data_vars:
+        out[name] = out[name].transpose(*ds[name].dims).assign_attrs(ds[name].attrs)
+    out["latitude"].attrs, out["longitude"].attrs = ds["latitude"].attrs, ds["longitude"].attrs
+    return out.assign_attrs(
+        regridding=f"xarray-regrid conservative to {target.sizes['latitude']}x{target.sizes['longitude']}"
+    )
+
+
+def _regrid(ds: xr.Dataset, grid: float | None, what: str = "source") -> xr.Dataset:
+    if grid is None:
+        return ds
+    from pipelines.grids import weatherbench_grid
+
+    return _regrid_to(ds, weatherbench_grid(grid), what)
+
+
+def _open_truth(truth: Source) -> xr.Dataset:
+    """ERA5 truth: a prepared store, or any source the era5 path reads."""
+    if stored_args(str(truth)) is not None:
+        return xr.open_zarr(str(truth))
+    return _open("era5", truth, None)
+
+
+def _truth_on_grid(truth: xr.Dataset, forecast: xr.Dataset, where: str) -> xr.Dataset:
+    """``truth`` on ``forecast``'s grid: unchanged, its subset of points, or conservatively regridded."""
+    if _same_grid(truth, forecast):
+        return truth.assign_coords(latitude=forecast["latitude"], longitude=forecast["longitude"])
+    lat, lon = truth["latitude"].values, truth["longitude"].values
+    ilat = [int(np.argmin(np.abs(lat - v))) for v in forecast["latitude"].values]
+    ilon = [int(np.argmin(np.abs(lon - v))) for v in forecast["longitude"].values]
+    if np.allclose(lat[ilat], forecast["latitude"]) and np.allclose(lon[ilon], forecast["longitude"]):
+        picked = truth.isel(latitude=ilat, longitude=ilon)
+        return picked.assign_coords(latitude=forecast["latitude"], longitude=forecast["longitude"])
+    return _regrid_to(truth, forecast[["latitude", "longitude"]], f"truth {where}")
+
+
+def _open_ens10(
+    source: Source,
+    truth: Source | None,
+    members: int,
+    grid: float | None,
+    variables: Sequence[str] | None,
+    levels: Sequence[int] | None,
+) -> xr.Dataset:
+    """ENS-10 forecast (regridded to ``grid``) with the ERA5 truth on the same grid as ``<name>_truth``."""
+    from pipelines.readers import open_ens10
+    from pipelines.readers.ens10 import add_truth
+
+    files = _files(source, "output.*")
+    where = str(source)
+    ds = open_ens10(files, members=members, variables=variables, levels=levels)
+    ds = _regrid(ds, grid, f"ENS-10 {where}")
+    if truth is None:
+        return ds
+    verifying = _open_truth(truth)
+    names = [n for n in ds.data_vars if n in verifying.data_vars]
+    verifying = _truth_on_grid(verifying[names] if names else verifying, ds, str(truth))
+    return add_truth(ds, verifying, where)
 
 
 def select(
@@ -259,7 +388,7 @@ def select(
 
 def prepare(
     kind: str,
-    source: str,
+    source: Source,
     out: str | Path,
     grid: float | None = 5.625,
     years: Sequence[int] | None = None,
@@ -271,16 +400,27 @@ def prepare(
     fmt: str | None = None,
     time_chunk: int = 4,
     progress: bool = True,
+    truth: Source | None = None,
+    members: int | None = None,
 ) -> Path:
-    """Prepare an analysis-ready zarr store from a raw ``source`` (file, folder, store or fsspec URL).
+    """Prepare an analysis-ready zarr store from a raw ``source`` (file(s), glob, folder, store or fsspec URL).
 
-    ``kind``: era5 (``fmt`` weatherbench/wb2/cds, guessed from the source), cmip6, ens10, or world (a
-    store/netCDF already in the canonical layout). ``years``: inclusive ``(start, end)`` or one year;
-    ``grid``: target resolution in degrees (conservative regridding when the source differs; None keeps
-    the source grid); ``train_years``: inclusive range for the statistics (default: all selected years).
+    ``kind``: era5 (``fmt`` weatherbench/wb2/cds, guessed from the source: a folder is WeatherBench v1, a
+    ``.zarr``/URL is WB2 (or a prepared store), anything else CDS GRIB/netCDF), cmip6 (CMOR files, a glob
+    or a folder of ``*.nc``), ens10 (``output.*`` GRIB files or their folder), or world (a store/netCDF
+    already in the canonical layout). ``years``: inclusive ``(start, end)`` or one year; ``grid``: target
+    resolution in degrees (conservative regridding when the source differs; None keeps the source grid;
+    a source that does not cover the globe raises DataError); ``train_years``: inclusive range for the
+    statistics (default: all selected years). ens10 only: ``truth`` (a prepared ERA5 store or any era5
+    source) is brought onto the forecast grid and stored as ``<name>_truth`` at the valid time (init +
+    48 h); ``members`` 5 or 10 (default 10).
     """
     if kind not in KINDS:
         raise DataError(f"unknown kind {kind!r}; choose from {KINDS}")
+    if kind != "ens10" and (truth is not None or members is not None):
+        raise DataError(f"--truth and --members apply to kind ens10 only, not {kind!r}")
+    if kind == "ens10" and members is None:
+        members = 10
     out = Path(out)
     args = {
         "kind": kind,
@@ -293,11 +433,16 @@ def prepare(
         "format": fmt,
         "time_chunk": time_chunk,
     }
+    if kind == "ens10":
+        args.update(truth=None if truth is None else _normalise_source(truth), members=members)
 
     def make() -> xr.Dataset:
-        ds = _open(kind, source, fmt)
+        if kind == "ens10":
+            ds = _open_ens10(source, truth, int(members), grid, variables, levels)
+            return select(ds, years, source=str(source))
+        ds = _open(kind, source, fmt, years)
         ds = select(ds, years, variables, levels, source=str(source))
-        return _regrid(ds, grid)
+        return _regrid(ds, grid, str(source))
 
     return write_store(
         make,
@@ -312,7 +457,9 @@ def prepare(
     )
 
 
-def _normalise_source(source: str | Path) -> str:
+def _normalise_source(source: Source) -> str | list[str]:
+    if not isinstance(source, str | Path):
+        return [str(_normalise_source(s)) for s in source]
     s = str(source)
     return s if "://" in s else str(Path(s).resolve())
 

@@ -63,7 +63,8 @@ def _select_members(ds: xr.Dataset, members: int, where: str) -> xr.Dataset:
     return ds.isel(member=slice(0, members))
 
 
-def _add_truth(ds: xr.Dataset, truth: xr.Dataset, where: str) -> xr.Dataset:
+def add_truth(ds: xr.Dataset, truth: xr.Dataset, where: str) -> xr.Dataset:
+    """Add ``truth[name]`` at each valid time as ``<name>_truth`` (truth must be on the forecast grid)."""
     for dim in ("latitude", "longitude"):
         a, b = ds[dim].values, truth[dim].values if dim in truth.dims else np.array([])
         if a.shape != b.shape or not np.allclose(a, b):
@@ -113,7 +114,7 @@ def open_ens10(
     ds = _select_members(ds, members, where)
     ds = ds.assign_coords(valid_time=("time", ds["time"].values + lead))
     if truth is not None:
-        ds = _add_truth(ds, truth, where)
+        ds = add_truth(ds, truth, where)
     ds.attrs.update(
         source_format="ens10",
         source_files=", ".join(map(str, files)),

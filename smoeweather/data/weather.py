@@ -99,6 +99,8 @@ class WeatherBenchDataset(Dataset):
         constants: time-invariant input channels: store variables and/or ``"latitude"``.
         years: inclusive (start, end) of the initialisation, input and target times (a split); None = all.
         stats: a statistics Dataset (dim ``statistic``); default: the store's ``statistics`` group.
+        member: index along ``member`` for ensemble stores (e.g. ERA5 EDA); required when a field has a
+            ``member`` dimension, ignored for fields without one. Statistics stay those over all members.
 
     ``x``: float32 (C_in, H, W) normalised; ``y``: float32 (C_out, H, W) normalised.
     """
@@ -114,8 +116,10 @@ class WeatherBenchDataset(Dataset):
         constants: Sequence[str] = DEFAULT_CONSTANTS,
         years: tuple[int, int] | None = None,
         stats: xr.Dataset | None = None,
+        member: int | None = None,
     ) -> None:
         self.store = str(store)
+        self.member = None if member is None else int(member)
         if not Path(self.store).exists() and "://" not in self.store:
             raise FileNotFoundError(
                 f"store {self.store} does not exist (run `smoe data prepare` or `smoe data world`)"
@@ -138,6 +142,12 @@ class WeatherBenchDataset(Dataset):
             self._check_fields(ds, levels)
             self._level_index = {p: i for i, p in enumerate(levels)}
             self._has_level = {name: "level" in ds[name].dims for name in ds.data_vars}
+            self._has_member = {name: "member" in ds[name].dims for name in ds.data_vars}
+            if self.member is not None and not 0 <= self.member < ds.sizes.get("member", 0):
+                raise ValueError(
+                    f"{self.store}: member={self.member} out of range; the store has "
+                    f"{ds.sizes.get('member', 0)} members"
+                )
             self.units = {name: ds[name].attrs.get("units", "") for name in ds.data_vars}
         if stats is None:
             stats = xr.open_zarr(self.store, group="statistics").load()
@@ -172,6 +182,10 @@ class WeatherBenchDataset(Dataset):
                 )
             if level is not None and level not in levels:
                 raise ValueError(f"{self.store}: {name} has no level {level} hPa; available: {levels}")
+            if "member" in ds[name].dims and self.member is None:
+                raise ValueError(
+                    f"{self.store}: {name!r} has {ds.sizes['member']} ensemble members; pass member=<index>"
+                )
         for c in self.constants:
             if c != "latitude" and c not in ds.data_vars:
                 raise ValueError(f"{self.store}: constant {c!r} not found; available: {sorted(ds.data_vars)}")
@@ -251,6 +265,8 @@ class WeatherBenchDataset(Dataset):
             by_name.setdefault(name, []).append(c)
         for name, channels in by_name.items():
             block = np.asarray(self._reader.array(name)[lo:hi])[idx - lo]
+            if self._has_member[name]:
+                block = block[:, self.member]
             for c in channels:
                 level = fields[c][1]
                 out[:, c] = block[:, self._level_index[level]] if self._has_level[name] else block
