@@ -53,6 +53,8 @@ def compute_statistics(ds: xr.Dataset, train_years: tuple[int, int] | None = Non
     step = _time_step(ds["time"])
     ratio = pd.Timedelta(hours=DIFF_HOURS) / step
     lag = int(ratio) if ratio == int(ratio) and ratio >= 1 else None  # None: no 6-hourly differences
+    if lag is not None and lag >= ds.sizes["time"]:
+        lag = None  # too few times for one 6-hourly difference
     out = {}
     for name, var in ds.data_vars.items():
         dims = [d for d in var.dims if d not in ("level",)]

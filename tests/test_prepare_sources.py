@@ -86,6 +86,8 @@ def test_weatherbench_folder_values_statistics_provenance(tmp_path: Path) -> Non
     np.testing.assert_array_equal(ds["temperature"].values, t.values)
     z = xr.concat([w["z"] for w in written["geopotential_500"]], "time")
     np.testing.assert_array_equal(ds["geopotential"].sel(level=500).values, z.values)
+    assert ds["geopotential"].sel(level=[850, 1000]).isnull().all()  # absent levels of a merged folder stay NaN
+    assert np.isfinite(stats["geopotential"].sel(statistic="mean", level=500))
     t2m = xr.concat([w["t2m"] for w in written["2m_temperature"]], "time")
     np.testing.assert_array_equal(ds["2m_temperature"].values, t2m.values)
     const = written["constants"][0]
