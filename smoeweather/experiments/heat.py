@@ -18,7 +18,7 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProgressBar
 
 from pipelines.heat_diffusion import generate, open_heat
 from smoeweather.config import apply_overrides, deep_merge, load_config
@@ -41,6 +41,7 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
                                    plateau_patience=int(training["plateau_patience"]))
     data = HeatDataModule(store, batch_size=int(training["batch_size"]),
                           max_runs=training.get("max_runs"))
+    progress = bool(training.get("progress", True))
     checkpoint = ModelCheckpoint(dirpath=out_dir / "checkpoints" / name, monitor="val_loss", save_last=True)
     stopper = EarlyStopping(monitor="val_loss", patience=int(training["early_stopping_patience"]))
     # a perfect model (every validation point within 1 %) has nothing left to learn
@@ -52,9 +53,10 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
         limit_train_batches=training.get("limit_train_batches"),
         accelerator=training.get("accelerator", "cpu"),
         devices=1,
-        callbacks=[checkpoint, stopper, perfect],
+        # a tiny model steps fast: redrawing the bar every step would cost more than the step itself
+        callbacks=[checkpoint, stopper, perfect] + ([TQDMProgressBar(refresh_rate=50)] if progress else []),
         logger=L.pytorch.loggers.CSVLogger(out_dir / "logs", name=name),
-        enable_progress_bar=bool(training.get("progress", True)),
+        enable_progress_bar=progress,
         enable_model_summary=False,
         deterministic=True,
     )
@@ -124,7 +126,8 @@ def run_benchmark(out: Path, quick: bool = False, config: Path | None = None, on
                            "rows": []}
     for name in rows:
         print(f"\n=== heat benchmark: {name} ===", flush=True)
-        row = train_row(name, store, out, cfg["training"], cfg.get("models", {}).get(name, {}) or {}, size)
+        training = {**cfg["training"], **(cfg.get("row_training", {}).get(name) or {})}
+        row = train_row(name, store, out, training, cfg.get("models", {}).get(name, {}) or {}, size)
         model = row.pop("_model")
         row["paper"] = cfg.get("paper", {}).get(name)
         doc["rows"].append(row)
