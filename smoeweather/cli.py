@@ -37,6 +37,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
 
 
+def _add_skill(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("skill", help="skill vs persistence/climatology: `smoe skill {train,evaluate} -h`")
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the demo on the embedded default data")
     demo.add_argument("--out", type=Path, default=Path("demo_output"), help="output directory")
@@ -50,11 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_commands(sub)
     _add_train(sub)
+    _add_skill(sub)
     _add_demo(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["skill"]:  # its own parser (python -m smoeweather.experiments.skill)
+        from smoeweather.experiments.skill import main as skill_main
+
+        return skill_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "heat":
