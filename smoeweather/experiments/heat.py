@@ -45,7 +45,7 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
     checkpoint = ModelCheckpoint(dirpath=out_dir / "checkpoints" / name, monitor="val_loss", save_last=True)
     stopper = EarlyStopping(monitor="val_loss", patience=int(training["early_stopping_patience"]))
     # a perfect model (every validation point within 1 %) has nothing left to learn
-    perfect = EarlyStopping(monitor="val_pct_within_1pct", mode="max", stopping_threshold=100.0,
+    perfect = EarlyStopping(monitor="val_pct_within_1pct", mode="max", stopping_threshold=99.995,  # strict >
                             patience=10**9)
     trainer = L.Trainer(
         max_epochs=int(training["max_epochs"]),
