@@ -272,7 +272,9 @@ def _params(ckpt: str | Path) -> dict[str, torch.Tensor]:
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> None:
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0 if atol == 0 else 1e-4, msg=k)
+        diff = (a[k] - b[k]).abs()
+        assert torch.allclose(a[k], b[k], atol=atol, rtol=0 if atol == 0 else 1e-4), (
+            f"{k}: {int((diff > atol).sum())} of {diff.numel()} differ, max {float(diff.max()):.3g}")
 
 
 def test_resume_equals_uninterrupted(stores: dict[str, str], tmp_path: Path) -> None:

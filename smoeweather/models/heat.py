@@ -43,7 +43,8 @@ def _smoe(size: int, gate_kind: str = "tensor", *, num_experts: int = 3, num_sel
           **kwargs: Any) -> nn.Module:
     """One SMoE layer, 3×3 experts, zero padding, unweighted, no bias (overridable via ``kwargs``)."""
     gate = build_gate(gate_kind, 1, num_experts, size, size, num_selected, out_per_expert)
-    kwargs = {"kernel_size": 3, "padding": "zeros", "weighted": False, "bias": False, **kwargs}
+    kwargs = {"kernel_size": 3, "padding": "zeros", "weighted": False, "bias": False, "expert_init": "reference",
+              **kwargs}
     layer = SpatialMoE2d(1, num_experts, num_selected, gate=gate, out_per_expert=out_per_expert, rc=rc,
                          damping=damping, quantile=quantile, **kwargs)
     return layer if layer.out_channels == 1 else nn.Sequential(layer, SumChannels())

@@ -207,6 +207,8 @@ class SpatialMoE2d(nn.Module):
             the reference).
         aux_losses: subset of {"importance", "load", "spatial_agreement"} (paper App. C.1).
         bias: expert convolutions with bias.
+        expert_init: ``torch`` (PyTorch's Conv2d default) or ``reference`` (Kaiming-uniform for ReLU, as
+            the reference code; used by the heat benchmark, where it is what lets the routing converge).
     """
 
     def __init__(
@@ -232,6 +234,7 @@ class SpatialMoE2d(nn.Module):
         noise: float = 0.0,
         aux_losses: tuple[str, ...] = (),
         bias: bool = False,
+        expert_init: str = "torch",
     ) -> None:
         super().__init__()
         if not 1 <= num_selected <= num_experts:
@@ -256,12 +259,15 @@ class SpatialMoE2d(nn.Module):
         pad = kernel_size // 2
         self.experts = nn.Conv2d(in_channels, num_experts * out_per_expert, kernel_size, bias=bias,
                                  padding=(pad, 0) if padding == "periodic_lon" else pad)
-        # the reference code's init of every weight: Kaiming-uniform for ReLU, bound sqrt(6 / fan_in) —
-        # 2.4× PyTorch's default; the more diverse random stencils matter (on heat diffusion the default
-        # init left the d = 0.25 region without an expert for 14k steps, this one finds it at ~10k)
-        nn.init.kaiming_uniform_(self.experts.weight, nonlinearity="relu")
-        if bias:
-            nn.init.zeros_(self.experts.bias)
+        if expert_init == "reference":
+            # the reference code's init of every weight: Kaiming-uniform for ReLU, bound sqrt(6 / fan_in),
+            # 2.4× PyTorch's default; on heat diffusion the more diverse random stencils matter (the default
+            # init left the d = 0.25 region without an expert for 14k steps, this one finds it at ~10-16k)
+            nn.init.kaiming_uniform_(self.experts.weight, nonlinearity="relu")
+            if bias:
+                nn.init.zeros_(self.experts.bias)
+        elif expert_init != "torch":
+            raise ValueError(f"expert_init must be 'torch' or 'reference', got {expert_init!r}")
         self.weighted, self.gate_norm = weighted, gate_norm
         self.rc, self.damping, self.quantile, self.rc_weight = rc, damping, quantile, rc_weight
         self.tolerance, self.damping_tolerance = tolerance, damping_tolerance

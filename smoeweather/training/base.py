@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from smoeweather.nn.smoe import rc_loss_value, set_loss_scale
-from smoeweather.training.regression import auxiliary_loss
+
+
+def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
+    """Sum of the ``aux_loss`` tensors left by the last forward (SMoE App. C.1 losses, V-MoE losses)."""
+    terms = [m.aux_loss for m in model.modules() if isinstance(getattr(m, "aux_loss", None), torch.Tensor)]
+    return torch.stack([t.reshape(()) for t in terms]).sum() if terms else None
+
 
 FORMAT_VERSION = 1
 """Version of the ``checkpoint["smoeweather"]`` payload; bump it when the layout changes."""

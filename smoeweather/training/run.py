@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from smoeweather.config import load_config
-from smoeweather.training.base import MetadataCheckpointMixin, SMoETrainingModule, check_checkpoint
+from smoeweather.training.base import SMoETrainingModule, check_checkpoint
 from smoeweather.training.callbacks import BatchSeed, SamplesPerSecond, SaveResolvedConfig
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.regression import FieldRegressionModule
@@ -240,7 +240,7 @@ def build_ens10(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModul
 
 
 def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
-    """Heat diffusion (paper §3.1): data module and :class:`HeatModule` from a config."""
+    """Heat diffusion (paper §3.1): data module and :class:`FieldRegressionModule` from a config."""
     from pipelines.heat_diffusion import generate
     from smoeweather.data.heat import HeatDiffusionDataset, _batched
     from smoeweather.models.heat import build_heat_model
@@ -272,21 +272,15 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
     mcfg = dict(cfg.get("model", {}))
     net = build_heat_model(mcfg.pop("name", "smoe"), size=size, **mcfg)
     t = _module_kwargs(cfg)
-    module = HeatModule(
+    module = FieldRegressionModule(
         net,
         lr=t["lr"],
         plateau_factor=t["plateau_factor"],
         plateau_patience=t["plateau_patience"],
         aux_weight=t["aux_weight"],
+        metadata={"task": "heat", "config": cfg},
     )
-    module.metadata = {"task": "heat", "config": cfg}
     return data, module
-
-
-class HeatModule(MetadataCheckpointMixin, FieldRegressionModule):
-    """:class:`FieldRegressionModule` (heat diffusion) with versioned checkpoint metadata."""
-
-    metadata: dict[str, Any] = {}
 
 
 BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.LightningModule]]] = {
