@@ -164,6 +164,14 @@ def _stats_metadata(model: nn.Module) -> dict[str, list[float]]:
     return {name: getattr(model, name).flatten().tolist() for name in NORMALISATION_BUFFERS}
 
 
+def _datamodule(cfg: dict[str, Any], splits: Callable[[], dict[str, Dataset]], default_batch: int,
+                **kwargs: Any) -> SplitDataModule:
+    """The seeded train/valid/test data module every task uses (batch size and workers from ``cfg["data"]``)."""
+    dcfg = cfg["data"]
+    return SplitDataModule(splits, batch_size=dcfg.get("batch_size", default_batch), seed=cfg.get("seed", 0),
+                           num_workers=dcfg.get("num_workers", 0), **kwargs)
+
+
 def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
     """WeatherBench-style forecasting: data module and :class:`ForecastingModule` from a config."""
     from smoeweather.data.weather import WeatherBenchDataset
@@ -178,12 +186,7 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
     def make(years: tuple[int, int] | None) -> Dataset:
         return WeatherBenchDataset(store, dcfg["variables"], years=years, **kwargs)
 
-    data = SplitDataModule(
-        lambda: _splits(dcfg, make),
-        batch_size=dcfg.get("batch_size", 32),
-        seed=cfg.get("seed", 0),
-        num_workers=dcfg.get("num_workers", 0),
-    )
+    data = _datamodule(cfg, lambda: _splits(dcfg, make), default_batch=32)
     train_ds = base_dataset(data.dataset("train"))
     mcfg = dict(cfg["model"])
     mcfg.setdefault("in_channels", len(train_ds.channel_names))
@@ -218,12 +221,7 @@ def build_ens10(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModul
     def make(years: tuple[int, int] | None) -> Dataset:
         return Ens10Dataset(store, dcfg["variables"], dcfg.get("target_variables"), years=years)
 
-    data = SplitDataModule(
-        lambda: _splits(dcfg, make),
-        batch_size=dcfg.get("batch_size", 8),
-        seed=cfg.get("seed", 0),
-        num_workers=dcfg.get("num_workers", 0),
-    )
+    data = _datamodule(cfg, lambda: _splits(dcfg, make), default_batch=8)
     train_ds = base_dataset(data.dataset("train"))
     mcfg = dict(cfg["model"])
     mcfg.setdefault("in_channels", len(train_ds.channel_names))
@@ -261,13 +259,7 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
             for split, name in zip(SPLITS, ("train", "val", "test"))
         }
 
-    data = SplitDataModule(
-        make,
-        batch_size=dcfg.get("batch_size", 32),
-        seed=cfg.get("seed", 0),
-        num_workers=dcfg.get("num_workers", 0),
-        collate_fn=_batched,
-    )
+    data = _datamodule(cfg, make, default_batch=32, collate_fn=_batched)
     size = int(data.dataset("train").frames.shape[-1])
     mcfg = dict(cfg.get("model", {}))
     net = build_heat_model(mcfg.pop("name", "smoe"), size=size, **mcfg)
