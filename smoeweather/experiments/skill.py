@@ -5,15 +5,12 @@ Z500 and T850 at 72 h and 120 h on held-out test time, in physical units, for ea
 Persistence = the fields at the initialisation time; climatology = the per-grid-point mean of the
 training period's targets.
 
-    python -m smoeweather.experiments.skill train --config configs/weatherbench/world_dense.yaml [k=v ...]
-    python -m smoeweather.experiments.skill evaluate --out runs/skill CKPT [CKPT ...]
+    smoe skill train --config configs/weatherbench/world_dense.yaml [k=v ...]
+    smoe skill evaluate --out runs/skill CKPT [CKPT ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,6 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
-from smoeweather.io import write_json, write_text
 from smoeweather.training.base import check_checkpoint
 
 LEADS_H = (72, 120)
@@ -121,35 +117,3 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines.append(row(f"persistence ({Path(store).name})", r, "persistence"))
         lines.append(row(f"climatology, train mean ({Path(store).name})", r, "climatology"))
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m smoeweather.experiments.skill",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="verb", required=True)
-    tr = sub.add_parser("train", help="smoe train, then print the checkpoint path")
-    tr.add_argument("--config", required=True, type=Path)
-    tr.add_argument("overrides", nargs="*")
-    ev = sub.add_parser("evaluate", help="score checkpoints; write skill.json and skill.md")
-    ev.add_argument("--out", required=True, type=Path)
-    ev.add_argument("checkpoints", nargs="+", type=Path)
-    args = parser.parse_args(argv)
-    if args.verb == "train":
-        from smoeweather.config import load_config
-        from smoeweather.training.run import train
-
-        result = train(load_config(args.config, args.overrides))
-        print(json.dumps({"best": result.best_checkpoint, "last": result.last_checkpoint}))
-        return 0
-    results = [evaluate_checkpoint(c) for c in args.checkpoints]
-    write_json(args.out / "skill.json", results)
-    write_text(args.out / "skill.md", markdown(results))
-    print(markdown(results))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

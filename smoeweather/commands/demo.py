@@ -1,0 +1,19 @@
+"""``smoe demo``: the whole chain on the embedded default data."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "demo"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="run the demo on the embedded default data")
+    demo.add_argument("--out", type=Path, default=Path("demo_output"), help="output directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    from smoeweather.experiments.demo import run_demo
+
+    return run_demo(args.out)

@@ -1,0 +1,36 @@
+"""``smoe heat generate|benchmark``: the location-dependent heat-diffusion benchmark (paper §3.1)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "heat"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    heat = sub.add_parser("heat", help="location-dependent heat-diffusion benchmark (paper §3.1)")
+    verbs = heat.add_subparsers(dest="heat_verb", required=True)
+    gen = verbs.add_parser("generate", help="generate a heat-diffusion zarr store")
+    gen.add_argument("--out", required=True, type=Path, help="output zarr store")
+    gen.add_argument("--runs", type=int, default=1000, help="initial states in the train split (default 1000)")
+    gen.add_argument("--val-runs", type=int, default=20, help="initial states in the validation split")
+    gen.add_argument("--test-runs", type=int, default=20, help="initial states in the test split")
+    gen.add_argument("--steps", type=int, default=100, help="time steps per run (default 100)")
+    gen.add_argument("--size", type=int, default=64, help="grid size S (S×S, default 64)")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the region map and the splits")
+    gen.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    bench = verbs.add_parser("benchmark", help="train SMoE, baselines and ablations; write the results table")
+    bench.add_argument("--out", required=True, type=Path, help="output directory")
+    bench.add_argument("--quick", action="store_true", help="small data, few epochs (< 10 min on 2 cores)")
+    bench.add_argument("--config", type=Path, default=None, help="benchmark YAML (default configs/heat/benchmark.yaml)")
+    bench.add_argument("--only", default=None, type=lambda s: [r for r in s.split(",") if r],
+                       help="comma-separated rows to run (e.g. smoe,conv)")
+    bench.add_argument("--data", type=Path, default=None, help="existing heat store to use instead of generating")
+    bench.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+
+
+def run(args: argparse.Namespace) -> int:
+    from smoeweather.experiments import heat
+
+    return heat.run_cli(args)
