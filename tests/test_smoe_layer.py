@@ -308,3 +308,25 @@ def test_cached_selection_follows_gate_updates() -> None:
     gate.weight.grad = torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[-5.0, -5.0]]])
     opt.step()  # expert 2 now wins everywhere
     assert layer(x).flatten().tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("update", ["fused_adam", "foreach_adam", "data_copy"])
+def test_selection_follows_updates_that_do_not_bump_the_version(update: str) -> None:
+    """Fused/foreach Adam and ``.data.copy_()`` change D without bumping ``weight._version``; a cache keyed on
+    the version kept the old routing (issue 7 §3)."""
+    gate = TensorRoutingGate(3, 1, 2)
+    layer = SpatialMoE2d(1, 3, 1, gate=gate, kernel_size=1, rc=False, damping=None)
+    with torch.no_grad():
+        gate.weight.copy_(torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]], [[-1.0, -1.0]]]))
+        layer.experts.weight.copy_(torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1, 1))
+    x = torch.ones(1, 1, 1, 2)
+    assert layer(x).flatten().tolist() == [1.0, 2.0]
+    if update == "data_copy":
+        gate.weight.data.copy_(torch.tensor([[[-1.0, -1.0]], [[0.0, 1.0]], [[1.0, 0.0]]]))
+        expected = [3.0, 2.0]
+    else:
+        opt = torch.optim.Adam([gate.weight], lr=3.0, **{update.split("_")[0]: True})
+        gate.weight.grad = torch.tensor([[[1.0, 1.0]], [[1.0, 1.0]], [[-1.0, -1.0]]])
+        opt.step()  # Adam's first step moves every score by lr·sign(grad): expert 2 now wins everywhere
+        expected = [3.0, 3.0]
+    assert layer(x).flatten().tolist() == expected
