@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
-from smoeweather.training.base import check_checkpoint
+from smoeweather.training.checkpoint import load_trained
 
 LEADS_H = (72, 120)
 
@@ -34,14 +34,10 @@ def evaluate_checkpoint(
 
     Returns {"config", "output_dir", "scores": {lead: {method: {target: rmse}}}} (physical units).
     """
-    from smoeweather.training.run import _splits, base_dataset, build_weatherbench
+    from smoeweather.training.run import _splits, base_dataset
 
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    meta = check_checkpoint(ckpt, str(checkpoint))
-    cfg = meta["config"]
-    _, module = build_weatherbench(cfg)
-    module.load_state_dict(ckpt["state_dict"])
-    model = module.model.eval()
+    trained = load_trained(checkpoint)
+    cfg, module, model = trained.config, trained.module, trained.model
     w = module.lat_weights.numpy()[:, None]
     from smoeweather.data.weather import WeatherBenchDataset
 
