@@ -1,0 +1,272 @@
+"""Probabilistic scores (pure xarray, dask-friendly): ensemble and Gaussian CRPS, threshold-weighted CRPS,
+Extreme Forecast Index, spread–skill ratio.
+
+Conventions: ``forecast`` carries the ensemble on ``member_dim``; ``truth`` has the same other dims (or
+broadcasts to them). Per-point functions (:func:`crps_ensemble`, :func:`crps_gaussian`,
+:func:`extreme_weighted_crps`, :func:`extreme_forecast_index`) do no reduction: average them with
+:func:`smoeweather.metrics.weights.weighted_mean`. Scores are in the units of the field.
+
+The ensemble CRPS is hand-written (instead of calling ``properscoring``/``scores``) because those build an
+(…, M, M) array of pairwise differences without numba (O(M²) memory, slow); here the members are sorted
+once and Σᵢⱼ|xᵢ − xⱼ| = 2 Σᵢ (2i − M − 1) x₍ᵢ₎ (O(M log M)), block by block so memory stays bounded.
+The tests check it against both libraries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Literal, TypeVar
+
+import numpy as np
+import xarray as xr
+from scipy.special import ndtr
+
+from smoeweather.metrics.weights import weighted_mean
+
+X = TypeVar("X", xr.DataArray, xr.Dataset)
+Estimator = Literal["fair", "standard"]
+ESTIMATORS: tuple[str, ...] = ("fair", "standard")
+_BLOCK_ROWS = 1 << 15  # rows (points) per block: ≈ 13 MB of float64 temporaries for 50 members
+
+
+def _check_member(forecast: xr.DataArray | xr.Dataset, member_dim: str, minimum: int = 1) -> int:
+    if member_dim not in forecast.dims:
+        raise ValueError(f"forecast has no ensemble dimension {member_dim!r} (dims: {tuple(forecast.dims)})")
+    m = int(forecast.sizes[member_dim])
+    if m < minimum:
+        raise ValueError(f"forecast needs at least {minimum} members on {member_dim!r}, got {m}")
+    return m
+
+
+def _matching_truth(forecast: X, truth: xr.DataArray | xr.Dataset) -> xr.DataArray | xr.Dataset:
+    """``truth`` restricted to the forecast's variables (Datasets); ValueError naming what is missing."""
+    if isinstance(forecast, xr.Dataset) and isinstance(truth, xr.Dataset):
+        missing = [v for v in forecast.data_vars if v not in truth.data_vars]
+        if missing:
+            raise ValueError(f"truth has no variable(s) {missing} that the forecast has")
+        return truth[list(forecast.data_vars)]
+    return truth
+
+
+def _crps_ensemble_np(x: np.ndarray, y: np.ndarray, fair: bool) -> np.ndarray:
+    """CRPS of ensembles ``x`` (..., M) against ``y`` (...) in float64, sorted estimator, in row blocks.
+
+    standard (ECDF): (1/M) Σ|xᵢ − y| − 1/(2M²) Σᵢⱼ|xᵢ − xⱼ|;  fair: the second term over 2M(M − 1).
+    NaN anywhere in a point's members or truth gives NaN there.
+    """
+    x, y = np.broadcast_arrays(x, y[..., None])
+    shape, m = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, m)
+    y1 = y[..., 0].reshape(-1)
+    # Σᵢⱼ|xᵢ − xⱼ| = 2 Σᵢ (2i − M − 1) x₍ᵢ₎ for sorted x (i = 1..M)
+    coef = (2.0 * np.arange(1, m + 1) - m - 1) * 2.0
+    denom = 2.0 * m * (m - 1) if fair else 2.0 * m * m
+    out = np.empty(x2.shape[0], np.float64)
+    for start in range(0, x2.shape[0], _BLOCK_ROWS):
+        stop = start + _BLOCK_ROWS
+        xb = np.sort(x2[start:stop].astype(np.float64, copy=False), axis=-1)
+        yb = y1[start:stop].astype(np.float64, copy=False)
+        mae = np.abs(xb - yb[:, None]).mean(axis=-1)
+        out[start:stop] = mae - (xb @ coef) / denom
+    return out.reshape(shape)
+
+
+def crps_ensemble(
+    forecast: X, truth: xr.DataArray | xr.Dataset, member_dim: str = "member", estimator: Estimator = "fair"
+) -> X:
+    """Ensemble CRPS per point (no reduction), float64, units of the field.
+
+    ``estimator="standard"``: CRPS of the ensemble's empirical CDF (``properscoring.crps_ensemble``,
+    ``scores`` method ``"ecdf"``). ``"fair"`` (Ferro 2014): pairwise term over M(M − 1), an unbiased
+    estimate of the CRPS of the distribution the members are drawn from (``scores`` method ``"fair"``);
+    needs M ≥ 2. Works lazily on dask-backed inputs (the member dim is gathered into one chunk).
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    _check_member(forecast, member_dim, 2 if estimator == "fair" else 1)
+    truth = _matching_truth(forecast, truth)
+    if member_dim in truth.dims:
+        raise ValueError(f"truth must not have the ensemble dimension {member_dim!r}")
+    return xr.apply_ufunc(
+        _crps_ensemble_np,
+        forecast,
+        truth,
+        kwargs={"fair": estimator == "fair"},
+        input_core_dims=[[member_dim], []],
+        dask="parallelized",
+        output_dtypes=[np.float64],
+        dask_gufunc_kwargs={"allow_rechunk": True},
+        keep_attrs=True,
+    )
+
+
+def _crps_gaussian_np(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
+    mu, sigma, y = (np.asarray(a, np.float64) for a in (mu, sigma, y))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (y - mu) / sigma
+        pdf = np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
+        crps = sigma * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - 1.0 / np.sqrt(np.pi))
+    crps = np.where(sigma == 0, np.abs(y - mu), crps)  # point mass: CRPS = absolute error
+    return np.where(sigma < 0, np.nan, crps)
+
+
+def crps_gaussian(mu: X, sigma: X, truth: xr.DataArray | xr.Dataset) -> X:
+    """Closed-form CRPS of N(μ, σ²) per point (Gneiting et al. 2005): σ[z(2Φ(z) − 1) + 2φ(z) − 1/√π],
+    z = (y − μ)/σ; σ = 0 gives |y − μ|, σ < 0 gives NaN. Units of the field; no reduction."""
+    if isinstance(mu, xr.Dataset) and isinstance(sigma, xr.Dataset):
+        missing = [v for v in mu.data_vars if v not in sigma.data_vars]
+        if missing:
+            raise ValueError(f"sigma has no variable(s) {missing} that mu has")
+        sigma = sigma[list(mu.data_vars)]
+    truth = _matching_truth(mu, truth)
+    return xr.apply_ufunc(_crps_gaussian_np, mu, sigma, truth, dask="parallelized",
+                          output_dtypes=[np.float64], keep_attrs=True)
+
+
+def _chain(x: X, threshold: float | xr.DataArray, tail: str) -> X:
+    if tail == "upper":
+        return np.maximum(x, threshold)  # type: ignore[return-value]
+    if tail == "lower":
+        return np.minimum(x, threshold)  # type: ignore[return-value]
+    raise ValueError(f"tail must be 'upper' or 'lower', got {tail!r}")
+
+
+def climate_quantile(
+    climate: X, quantile: float, sample_dims: Sequence[Hashable] = ("time", "member")
+) -> X:
+    """Per-point quantile of a model climate over ``sample_dims`` (those present); ``quantile`` in (0, 1)."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    dims = [d for d in sample_dims if d in climate.dims]
+    if not dims:
+        raise ValueError(f"climate has none of the sample dims {tuple(sample_dims)} (dims: {tuple(climate.dims)})")
+    return climate.quantile(quantile, dim=dims).drop_vars("quantile")
+
+
+def extreme_weighted_crps(
+    forecast: X,
+    truth: xr.DataArray | xr.Dataset,
+    threshold: float | xr.DataArray | xr.Dataset | None = None,
+    *,
+    climate: X | None = None,
+    quantile: float = 0.9,
+    tail: Literal["upper", "lower"] = "upper",
+    member_dim: str = "member",
+    estimator: Estimator = "fair",
+    sample_dims: Sequence[Hashable] = ("time", "member"),
+) -> X:
+    """Threshold-weighted CRPS per point (Gneiting & Ranjan 2011): weight w(z) = 1{z ≥ t} (``tail="upper"``)
+    or 1{z ≤ t}; computed as the CRPS of the chained values v(z) = max(z, t) (min for "lower"), so it only
+    scores the forecast's behaviour beyond ``t``.
+
+    ``threshold`` is a number or per-point array (units of the field); if None it is the ``quantile`` of
+    the model ``climate`` (e.g. all members of training forecasts at the same lead) over ``sample_dims``.
+    Same as ``scores.probability.tail_tw_crps_for_ensemble``.
+    """
+    if threshold is None:
+        if climate is None:
+            raise ValueError("extreme_weighted_crps needs a threshold or a model climate to take it from")
+        threshold = climate_quantile(climate, quantile, sample_dims)
+    truth = _matching_truth(forecast, truth)
+    return crps_ensemble(_chain(forecast, threshold, tail), _chain(truth, threshold, tail), member_dim, estimator)
+
+
+def _efi_levels(n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Probability levels p_k and exact weights of the EFI integral on the bins [k/K, (k+1)/K].
+
+    With A(p) = 2 arcsin √p = ∫ dp/√(p(1−p)) and G(p) = arcsin √p − √(p(1−p)) = ∫ p dp/√(p(1−p)):
+    the ∫ p/√(p(1−p)) part is integrated exactly (ΔG_k), F_f is held at the level p_k = ΔG_k/ΔA_k of each
+    bin, the point where p·ΔA_k equals ΔG_k — so a forecast distributed like the climate gives EFI = 0 and
+    the extremes ±1 are exact.
+    """
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    a = 2.0 * np.arcsin(np.sqrt(edges))
+    g = np.arcsin(np.sqrt(edges)) - np.sqrt(edges * (1.0 - edges))
+    da, dg = np.diff(a), np.diff(g)
+    return dg / da, da, dg
+
+
+def _ecdf_hazen(sorted_x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """CDF (..., K) at ``q`` (..., K) of samples ``sorted_x`` (..., N): the inverse of
+    ``np.quantile(method="hazen")`` (linear through (x₍ᵢ₎, (i − ½)/N)); 0 below the minimum, 1 above."""
+    n = sorted_x.shape[-1]
+    idx = (sorted_x[..., None, :] <= q[..., :, None]).sum(-1)  # (..., K): members ≤ q
+    lo = np.take_along_axis(sorted_x, np.clip(idx - 1, 0, n - 1), -1)
+    hi = np.take_along_axis(sorted_x, np.clip(idx, 0, n - 1), -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(hi > lo, (q - lo) / (hi - lo), 0.0)
+    cdf = (idx - 0.5 + frac) / n
+    cdf = np.where(idx == 0, 0.0, cdf)
+    return np.where(idx == n, np.where(q > sorted_x[..., -1:], 1.0, (n - 0.5) / n), cdf)
+
+
+def _efi_np(forecast: np.ndarray, climate: np.ndarray, n_bins: int) -> np.ndarray:
+    p, da, dg = _efi_levels(n_bins)
+    forecast, climate = np.broadcast_arrays(forecast[..., :, None], climate[..., None, :])
+    forecast, climate = forecast[..., 0], climate[..., 0, :]
+    shape = forecast.shape[:-1]
+    f2 = np.sort(forecast.reshape(-1, forecast.shape[-1]).astype(np.float64), -1)
+    c2 = climate.reshape(-1, climate.shape[-1]).astype(np.float64)
+    out = np.empty(f2.shape[0])
+    block = max(1, _BLOCK_ROWS // 64)
+    for start in range(0, f2.shape[0], block):
+        q = np.quantile(c2[start : start + block], p, axis=-1, method="hazen").T  # (rows, K)
+        ff = _ecdf_hazen(f2[start : start + block], q)
+        out[start : start + block] = (2.0 / np.pi) * (dg.sum() - ff @ da)
+        bad = np.isnan(f2[start : start + block]).any(-1) | np.isnan(c2[start : start + block]).any(-1)
+        out[start : start + block][bad] = np.nan
+    return out.reshape(shape)
+
+
+def extreme_forecast_index(
+    forecast: X,
+    climate: X,
+    member_dim: str = "member",
+    climate_dims: Sequence[Hashable] = ("time", "member"),
+    n_bins: int = 100,
+) -> X:
+    """Extreme Forecast Index per point (Lalaurette 2003), in [−1, 1]:
+    EFI = (2/π) ∫₀¹ (p − F_f(q_c(p))) / √(p(1 − p)) dp,
+    q_c = quantile function of the model ``climate`` (sampled over ``climate_dims``, e.g. the members of
+    past forecasts at the same lead), F_f = CDF of the ensemble ``forecast`` (both linear-interpolated,
+    Hazen positions). 0 for a forecast distributed like the climate, 1 when every member is above the
+    climate's range, −1 below. ``n_bins`` p-bins (see :func:`_efi_levels`); the climate sample should hold
+    at least 2·n_bins/3 values so the outer bins fall inside it.
+    """
+    _check_member(forecast, member_dim)
+    dims = [d for d in climate_dims if d in climate.dims]
+    if not dims:
+        raise ValueError(f"climate has none of the dims {tuple(climate_dims)} (dims: {tuple(climate.dims)})")
+    sample = "_climate_sample"
+    stacked = climate.stack({sample: dims})
+    stacked = stacked.drop_vars([c for c in stacked.coords if sample in stacked[c].dims])
+    if isinstance(forecast, xr.Dataset) and isinstance(stacked, xr.Dataset):
+        stacked = _matching_truth(forecast, stacked)
+    return xr.apply_ufunc(
+        _efi_np, forecast, stacked, kwargs={"n_bins": int(n_bins)},
+        input_core_dims=[[member_dim], [sample]], dask="parallelized", output_dtypes=[np.float64],
+        dask_gufunc_kwargs={"allow_rechunk": True},
+    )
+
+
+def spread_skill_ratio(
+    forecast: X,
+    truth: xr.DataArray | xr.Dataset,
+    weights: xr.DataArray | None = None,
+    dims: Sequence[Hashable] = ("time", "latitude", "longitude"),
+    member_dim: str = "member",
+) -> X:
+    """Spread–skill ratio √((M + 1)/M) · √(mean of ensemble variance) / RMSE of the ensemble mean, reduced
+    over ``dims`` (weighted by ``weights``, e.g. latitude weights), other dims kept; dimensionless.
+
+    The variance is the unbiased one (ddof = 1). For a statistically consistent ensemble of M members the
+    ensemble-mean error variance is (1 + 1/M) times the spread variance, so the (M + 1)/M correction makes
+    the ratio 1 (Fortin et al. 2014); < 1 under-dispersive, > 1 over-dispersive.
+    """
+    m = _check_member(forecast, member_dim, 2)
+    truth = _matching_truth(forecast, truth)
+    variance = forecast.var(member_dim, ddof=1)
+    error2 = (forecast.mean(member_dim) - truth) ** 2
+    spread = np.sqrt(weighted_mean(variance, dims, weights))
+    rmse = np.sqrt(weighted_mean(error2, dims, weights))
+    return np.sqrt((m + 1.0) / m) * spread / rmse
