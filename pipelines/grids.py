@@ -47,3 +47,61 @@ def cell_area_weights(latitude: xr.DataArray | np.ndarray) -> xr.DataArray:
     weights[order] = area
     weights = weights / weights.mean()
     return xr.DataArray(weights, dims=["latitude"], coords={"latitude": lat}, name="area_weights")
+
+
+def same_grid(ds: xr.Dataset, target: xr.Dataset) -> bool:
+    """True when ``ds`` and ``target`` have the same latitude/longitude points."""
+    return (
+        ds.sizes.get("latitude") == target.sizes["latitude"]
+        and ds.sizes.get("longitude") == target.sizes["longitude"]
+        and np.allclose(ds["latitude"], target["latitude"])
+        and np.allclose(ds["longitude"], target["longitude"])
+    )
+
+
+def regrid(
+    ds: xr.Dataset, target: xr.Dataset, method: str = "conservative", what: str = "source"
+) -> xr.Dataset:
+    """The one regridding of the pipelines: ``ds`` onto ``target``'s latitude/longitude (xarray-regrid).
+
+    ``method``: "conservative" (area-weighted, for fluxes and means) or "bilinear". Unchanged when the
+    grids already agree. Conservative regridding raises DataError (naming ``what``) when the source
+    does not cover every target cell (a regional field onto a global grid). Attributes, dims order and
+    provenance (``attrs["regridding"]``) are kept.
+    """
+    from pipelines.errors import DataError
+
+    target = target[["latitude", "longitude"]] if isinstance(target, xr.Dataset) else target
+    if method not in ("conservative", "bilinear"):
+        raise DataError(f"regrid method '{method}' is not known; expected 'conservative' or 'bilinear'")
+    if same_grid(ds, target):
+        return ds
+    import xarray_regrid  # noqa: F401 - registers the .regrid accessor
+
+    if method == "conservative":
+        ones = xr.DataArray(
+            np.ones((ds.sizes["latitude"], ds.sizes["longitude"])),
+            coords={"latitude": ds["latitude"], "longitude": ds["longitude"]},
+            dims=("latitude", "longitude"),
+        )
+        cover = ones.regrid.conservative(target, latitude_coord="latitude", skipna=False)
+        uncovered = int(cover.isnull().sum())
+        if uncovered:
+            lat, lon = ds["latitude"].values, ds["longitude"].values
+            raise DataError(
+                f"{what}: grid ({lat.size}x{lon.size}, latitude {lat.min():g}..{lat.max():g}, longitude "
+                f"{lon.min():g}..{lon.max():g}) does not cover {uncovered} of {cover.size} cells of the "
+                f"{target.sizes['latitude']}x{target.sizes['longitude']} target grid; expected a global "
+                "field, or pass --native-grid (grid=None) to keep the source grid"
+            )
+        out = ds.regrid.conservative(target, latitude_coord="latitude", skipna=False)
+    else:
+        out = ds.regrid.linear(target)
+    for name in ds.data_vars:
+        out[name] = out[name].transpose(*ds[name].dims).assign_attrs(ds[name].attrs)
+    out["latitude"].attrs, out["longitude"].attrs = ds["latitude"].attrs, ds["longitude"].attrs
+    out.attrs = {
+        **ds.attrs,
+        "regridding": f"xarray-regrid {method} to {target.sizes['latitude']}x{target.sizes['longitude']}",
+    }
+    return out

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import glob
 import json
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -30,9 +29,11 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from pipelines.atomic import atomic_path
 from pipelines.errors import DataError
+from pipelines.grids import regrid, same_grid, weatherbench_grid
+from pipelines.readers._files import resolve_sources
 from pipelines.statistics import compute_statistics, select_years
-from smoeweather.io import atomic_path
 
 KINDS = ("era5", "cmip6", "ens10", "world")
 ERA5_FORMATS = ("weatherbench", "wb2", "cds")
@@ -40,9 +41,13 @@ ARGS_ATTR = "prepare_args"
 
 
 def code_version() -> str:
-    """Package version plus the git commit when run from a checkout."""
-    from smoeweather import __version__
+    """Installed distribution version plus the git commit when run from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        __version__ = version("smoeweather")
+    except PackageNotFoundError:  # a plain checkout on PYTHONPATH
+        __version__ = "0+unknown"
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -189,25 +194,6 @@ def write_store(
 Source = str | Path | Sequence[str | Path]
 
 
-def _files(source: Source, pattern: str) -> list[Path]:
-    """One path, a list of paths, a glob (``*``) or a folder (its files matching ``pattern``)."""
-    if not isinstance(source, str | Path):
-        return [Path(s) for s in source]
-    s = str(source)
-    if any(c in s for c in "*?["):
-        found = sorted(Path(p) for p in glob.glob(s))
-        if not found:
-            raise DataError(f"--source {s}: no file matches this pattern")
-        return found
-    path = Path(s)
-    if path.is_dir():
-        found = sorted(p for p in path.glob(pattern) if p.is_file())
-        if not found:
-            raise DataError(f"--source {s}: folder holds no file matching {pattern!r}")
-        return found
-    return [path]
-
-
 def _open_weatherbench(root: str | Path, years: Sequence[int] | None) -> xr.Dataset:
     """Every variable folder of a WeatherBench v1 resolution root, for ``years`` (default: all found)."""
     from pipelines.readers import open_weatherbench
@@ -251,9 +237,9 @@ def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | Non
             if stored_args(str(source)) is not None:  # a store written by `smoe data prepare`
                 return xr.open_zarr(str(source))
             return open_source("wb2", str(source))
-        return open_source("cds", _files(source, "*"))
+        return open_source("cds", resolve_sources(source))
     if kind == "cmip6":
-        return open_source("cmip6", _files(source, "*.nc"), check_nans=False)
+        return open_source("cmip6", resolve_sources(source, "*.nc"), check_nans=False)
     raise DataError(f"kind {kind!r} has no reader here; choose from {KINDS}")
 
 
@@ -268,51 +254,10 @@ def _guess_era5_format(source: Source) -> str:
     return "cds"  # GRIB or netCDF file(s) from the Climate Data Store
 
 
-def _same_grid(ds: xr.Dataset, target: xr.Dataset) -> bool:
-    return (
-        ds.sizes.get("latitude") == target.sizes["latitude"]
-        and ds.sizes.get("longitude") == target.sizes["longitude"]
-        and np.allclose(ds["latitude"], target["latitude"])
-        and np.allclose(ds["longitude"], target["longitude"])
-    )
-
-
-def _regrid_to(ds: xr.Dataset, target: xr.Dataset, what: str) -> xr.Dataset:
-    """Conservative regridding onto ``target``; DataError when the source does not cover the target."""
-    if _same_grid(ds, target):
-        return ds
-    import xarray_regrid  # noqa: F401 - registers the .regrid accessor
-
-    ones = xr.DataArray(
-        np.ones((ds.sizes["latitude"], ds.sizes["longitude"])),
-        coords={"latitude": ds["latitude"], "longitude": ds["longitude"]},
-        dims=("latitude", "longitude"),
-    )
-    cover = ones.regrid.conservative(target, latitude_coord="latitude", skipna=False)
-    uncovered = int(cover.isnull().sum())
-    if uncovered:
-        lat, lon = ds["latitude"].values, ds["longitude"].values
-        raise DataError(
-            f"{what}: grid ({lat.size}x{lon.size}, latitude {lat.min():g}..{lat.max():g}, longitude "
-            f"{lon.min():g}..{lon.max():g}) does not cover {uncovered} of {cover.size} cells of the "
-            f"{target.sizes['latitude']}x{target.sizes['longitude']} target grid; expected a global "
-            "field, or pass --native-grid (grid=None) to keep the source grid"
-        )
-    out = ds.regrid.conservative(target, latitude_coord="latitude")
-    for name in ds.data_vars:
-        out[name] = out[name].transpose(*ds[name].dims).assign_attrs(ds[name].attrs)
-    out["latitude"].attrs, out["longitude"].attrs = ds["latitude"].attrs, ds["longitude"].attrs
-    return out.assign_attrs(
-        regridding=f"xarray-regrid conservative to {target.sizes['latitude']}x{target.sizes['longitude']}"
-    )
-
-
 def _regrid(ds: xr.Dataset, grid: float | None, what: str = "source") -> xr.Dataset:
     if grid is None:
         return ds
-    from pipelines.grids import weatherbench_grid
-
-    return _regrid_to(ds, weatherbench_grid(grid), what)
+    return regrid(ds, weatherbench_grid(grid), what=what)
 
 
 def _open_truth(truth: Source) -> xr.Dataset:
@@ -324,7 +269,7 @@ def _open_truth(truth: Source) -> xr.Dataset:
 
 def _truth_on_grid(truth: xr.Dataset, forecast: xr.Dataset, where: str) -> xr.Dataset:
     """``truth`` on ``forecast``'s grid: unchanged, its subset of points, or conservatively regridded."""
-    if _same_grid(truth, forecast):
+    if same_grid(truth, forecast):
         return truth.assign_coords(latitude=forecast["latitude"], longitude=forecast["longitude"])
     lat, lon = truth["latitude"].values, truth["longitude"].values
     ilat = [int(np.argmin(np.abs(lat - v))) for v in forecast["latitude"].values]
@@ -332,7 +277,7 @@ def _truth_on_grid(truth: xr.Dataset, forecast: xr.Dataset, where: str) -> xr.Da
     if np.allclose(lat[ilat], forecast["latitude"]) and np.allclose(lon[ilon], forecast["longitude"]):
         picked = truth.isel(latitude=ilat, longitude=ilon)
         return picked.assign_coords(latitude=forecast["latitude"], longitude=forecast["longitude"])
-    return _regrid_to(truth, forecast[["latitude", "longitude"]], f"truth {where}")
+    return regrid(truth, forecast, what=f"truth {where}")
 
 
 def _open_ens10(
@@ -347,7 +292,7 @@ def _open_ens10(
     from pipelines.readers import open_ens10
     from pipelines.readers.ens10 import add_truth
 
-    files = _files(source, "output.*")
+    files = resolve_sources(source, "output.*")
     where = str(source)
     ds = open_ens10(files, members=members, variables=variables, levels=levels)
     ds = _regrid(ds, grid, f"ENS-10 {where}")

@@ -103,8 +103,8 @@ def grid(resolution_deg: float = 5.625) -> tuple[np.ndarray, np.ndarray]:
 
 
 def land_fraction() -> np.ndarray:
-    """Real land fraction (1 = land) on the 32×64 grid, shipped in ``smoeweather/resources``."""
-    path = resources.files("smoeweather") / "resources" / "lsm_5.625deg.nc"
+    """Real land fraction (1 = land) on the 32×64 grid, shipped in ``pipelines/resources``."""
+    path = resources.files("pipelines") / "resources" / "lsm_5.625deg.nc"
     with resources.as_file(path) as p, xr.open_dataset(p) as ds:
         lsm = ds["lsm"].sortby("lat").transpose("lat", "lon").values.astype(np.float32)
     return lsm

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,15 +14,44 @@ from pipelines.errors import DataError
 PathLike = str | os.PathLike
 
 
-def as_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
-    """One path or a sequence of paths → list of existing ``Path``; missing files raise ``DataError``."""
+SKIPPED_SUFFIXES = (".idx", ".tmp")  # cfgrib index files, interrupted downloads/writes
+
+
+def resolve_sources(paths: PathLike | Sequence[PathLike], pattern: str = "*") -> list[Path]:
+    """The one path helper: source(s) → list of existing files; ``DataError`` naming what is missing.
+
+    ``paths``: one path, a sequence of paths, a glob (``*``, ``?``, ``[...]``) or a folder (its files
+    matching ``pattern``, sorted). A path that exists is taken literally even when it holds glob
+    characters (``run[1].grib``). cfgrib index files (``*.idx``) and hidden files are skipped in folders
+    and globs. URLs are not files: pass them to the zarr reader.
+    """
     items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not items:
         raise DataError("no input files given; expected at least one path")
-    out = [Path(p) for p in items]
-    for p in out:
-        if not p.is_file():
-            raise DataError(f"{p}: file not found")
+    out: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(
+                p
+                for p in path.glob(pattern)
+                if p.is_file() and not p.name.startswith(".") and not p.name.endswith(SKIPPED_SUFFIXES)
+            )
+            if not found:
+                raise DataError(f"--source {path}: folder holds no file matching {pattern!r}")
+            out.extend(found)
+        elif path.exists():  # literal path first: '[' in a file name is not a glob
+            out.append(path)
+        elif any(c in str(item) for c in "*?["):
+            found = sorted(
+                Path(p) for p in glob.glob(str(item)) if not Path(p).name.endswith(SKIPPED_SUFFIXES)
+            )
+            found = [p for p in found if p.is_file()]
+            if not found:
+                raise DataError(f"--source {item}: no file matches this pattern (and no file has this name)")
+            out.extend(found)
+        else:
+            raise DataError(f"{path}: file not found")
     return out
 
 

@@ -16,7 +16,7 @@ import xarray as xr
 
 from pipelines.canonical import canonicalize, validate
 from pipelines.errors import DataError
-from pipelines.readers._files import PathLike, as_paths, check_grib, load_checked, open_netcdf, sniff_format
+from pipelines.readers._files import PathLike, check_grib, load_checked, open_netcdf, resolve_sources, sniff_format
 
 GRIB_KWARGS = {"indexpath": ""}
 
@@ -34,7 +34,7 @@ def _open_grib(path) -> list[xr.Dataset]:
 
 def open_cds_file(path: PathLike, source: str = "cds") -> xr.Dataset:
     """Open one CDS GRIB or netCDF file as a canonical Dataset (values loaded and checked)."""
-    (p,) = as_paths(path)
+    (p,) = resolve_sources(path)
     fmt = sniff_format(p)
     if fmt == "grib":
         parts = [canonicalize(part, source=source) for part in _open_grib(p)]
@@ -60,7 +60,7 @@ def open_cds(
     (``fill_policy``). Files are loaded into memory: CDS downloads are meant to be modest; big
     archives belong in the WB2/ARCO zarr reader.
     """
-    files = as_paths(paths)
+    files = resolve_sources(paths)
     parts = [open_cds_file(p) for p in files]
     if len(parts) == 1:
         ds = parts[0]

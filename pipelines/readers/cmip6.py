@@ -22,11 +22,11 @@ from typing import Literal
 
 import numpy as np
 import xarray as xr
-import xarray_regrid  # noqa: F401  (registers the .regrid accessor)
 
 from pipelines.canonical import canonicalize, validate
 from pipelines.errors import DataError
-from pipelines.readers._files import PathLike, as_paths, open_netcdf
+from pipelines.grids import regrid
+from pipelines.readers._files import PathLike, open_netcdf, resolve_sources
 
 CONVERTIBLE_CALENDARS = {"standard", "gregorian", "proleptic_gregorian", "noleap", "365_day"}
 
@@ -67,27 +67,6 @@ def _check_same_grid(parts: list[xr.Dataset], files: list) -> None:
             )
 
 
-def regrid(
-    ds: xr.Dataset, target_grid: xr.Dataset, method: Literal["conservative", "bilinear"] = "conservative"
-) -> xr.Dataset:
-    """Regrid a canonical Dataset onto ``target_grid``'s latitude/longitude (xarray-regrid)."""
-    target = target_grid[["latitude", "longitude"]] if isinstance(target_grid, xr.Dataset) else target_grid
-    if method == "conservative":
-        out = ds.regrid.conservative(target, latitude_coord="latitude", skipna=False)
-    elif method == "bilinear":
-        out = ds.regrid.linear(target)
-    else:
-        raise DataError(f"regrid method '{method}' is not known; expected 'conservative' or 'bilinear'")
-    for name in ds.data_vars:
-        out[name].attrs = ds[name].attrs
-    out["latitude"].attrs, out["longitude"].attrs = ds["latitude"].attrs, ds["longitude"].attrs
-    out.attrs = {
-        **ds.attrs,
-        "regridding": f"xarray-regrid {method} to {target.sizes['latitude']}x{target.sizes['longitude']}",
-    }
-    return out
-
-
 def open_cmip6(
     paths: PathLike | Sequence[PathLike],
     target_grid: xr.Dataset | None = None,
@@ -104,7 +83,7 @@ def open_cmip6(
     ``None`` keeps the model grid. Result dims: (time, [level], latitude, longitude). Lazy (dask)
     except for the NaN check on the model grid; ``check_nans=False`` defers it.
     """
-    files = as_paths(paths)
+    files = resolve_sources(paths)
     parts = [_open_one(p) for p in files]
     _check_same_grid(parts, files)
     calendars = {p.attrs["calendar_original"] for p in parts}
@@ -130,5 +109,5 @@ def open_cmip6(
         ds, path=where, variables=variables, levels=levels, fill_policy=fill_policy, check_nans=check_nans
     )
     if target_grid is not None:
-        ds = regrid(ds, target_grid, method)
+        ds = regrid(ds, target_grid, method, what=str(where))
     return ds

@@ -23,7 +23,7 @@ import xarray as xr
 
 from pipelines.canonical import validate
 from pipelines.errors import DataError
-from pipelines.readers._files import PathLike, as_paths
+from pipelines.readers._files import PathLike, resolve_sources
 from pipelines.readers.cds import open_cds_file
 
 TRUTH_SUFFIX = "_truth"
@@ -106,7 +106,7 @@ def open_ens10(
     """
     if members not in (5, 10):
         raise DataError(f"members={members} is not supported; expected 5 or 10 (ENS-10 setups)")
-    files = as_paths(paths)
+    files = resolve_sources(paths)
     where = str(files[0]) if len(files) == 1 else f"{files[0].parent}/{{{', '.join(f.name for f in files)}}}"
     lead = np.timedelta64(int(lead_hours), "h").astype("timedelta64[ns]")
     ds = _open_forecast(files, lead)
