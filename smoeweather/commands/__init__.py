@@ -11,4 +11,5 @@ VERBS: tuple[str, ...] = (
     "train",
     "skill",
     "demo",
+    "study",
 )

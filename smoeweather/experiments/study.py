@@ -1,0 +1,350 @@
+"""Seeded study: a grid of model variants × seeds trained for an equal number of optimizer steps, each best
+checkpoint scored on the test period in physical units, summarised as mean ± std over seeds and as the
+paired (same seed) difference to a baseline variant.
+
+A study config (``configs/studies/*.yaml``)::
+
+    name: gcm_16x3
+    seeds: [0, 1, 2]
+    steps: 12000                 # trainer.max_steps of every run (never a wall-clock budget)
+    val_every_steps: 500         # validation + best checkpoint every N steps (must divide steps)
+    baseline: dense              # variant the paired differences are taken against
+    leads_h: [72, 120]
+    targets: [geopotential_500, temperature_850]
+    overrides: [data.num_workers=4]          # applied to every variant (``key.sub=value``)
+    variants:
+      dense: {config: ../weatherbench/gcm_dense.yaml}
+      smoe_all_prior: {config: ../weatherbench/gcm_smoe_all_prior.yaml, overrides: [model.smoe.rc=false]}
+
+Variant config paths are relative to the study file. Layout of ``--out DIR``::
+
+    DIR/runs/<variant>/seed<k>/            output_dir of ``smoe train`` (checkpoints/, logs/, config.yaml)
+    DIR/runs/<variant>/seed<k>/result.json that run's scores, written last: its presence = run finished
+    DIR/study.json, DIR/study.md           all finished runs + summary (rewritten after every run)
+
+Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.ckpt`` continues from it
+(Lightning restores optimizer, step and epoch), any other run starts fresh.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from smoeweather.config import ConfigError, apply_overrides, load_config
+from smoeweather.io import write_json, write_text
+
+# Every run trains exactly ``steps`` optimizer steps: no wall-clock stop, no early stop (patience larger
+# than any possible number of validations), epochs unbounded.
+EQUAL_STEPS_OVERRIDES = (
+    "trainer.max_time=null",
+    "trainer.max_epochs=-1",
+    "training.early_stopping_patience=1000000000",
+)
+
+
+@dataclass
+class Variant:
+    """One arm of the study: a training config plus overrides."""
+
+    name: str
+    config: Path
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StudyConfig:
+    """A parsed study file (see the module docstring)."""
+
+    name: str
+    path: Path
+    seeds: list[int]
+    steps: int
+    baseline: str
+    variants: list[Variant]
+    leads_h: list[int] = field(default_factory=lambda: [72, 120])
+    targets: list[str] = field(default_factory=lambda: ["geopotential_500", "temperature_850"])
+    overrides: list[str] = field(default_factory=list)
+    scoring: str = "auto"
+    val_every_steps: int | None = None
+
+    def run_config(self, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
+        """The resolved training config of one (variant, seed) run writing to ``out``."""
+        cfg = load_config(variant.config, [*self.overrides, *variant.overrides])
+        if cfg.get("task") != "weatherbench":
+            raise ConfigError(f"study {self.path}: variant {variant.name!r} ({variant.config}) is task "
+                              f"{cfg.get('task')!r}; a study scores weatherbench forecasts only")
+        every = self.val_every_steps or self.steps
+        # validation (and so the best checkpoint) every ``every`` optimizer steps, across epoch ends
+        budget = [f"trainer.max_steps={self.steps}", f"trainer.val_check_interval={every}",
+                  "trainer.check_val_every_n_epoch=null"]
+        return apply_overrides(cfg, [*EQUAL_STEPS_OVERRIDES, *budget, f"seed={seed}", f"output_dir={out}"])
+
+
+def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StudyConfig:
+    """Parse a study YAML file; ``overrides`` (``key=value``) apply to the study file itself (e.g. ``steps=10``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"study config {path} does not exist")
+    raw = apply_overrides(yaml.safe_load(path.read_text()) or {}, list(overrides))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"study config {path} must hold a mapping")
+    missing = [k for k in ("seeds", "steps", "variants", "baseline") if k not in raw]
+    if missing:
+        raise ConfigError(f"study config {path} lacks {missing}; expected seeds, steps, baseline, variants")
+    variants_raw = raw["variants"]
+    if not isinstance(variants_raw, dict) or not variants_raw:
+        raise ConfigError(f"study config {path}: variants must be a non-empty mapping name → {{config, overrides}}")
+    variants = []
+    for name, spec in variants_raw.items():
+        if not isinstance(spec, dict) or "config" not in spec:
+            raise ConfigError(f"study config {path}: variant {name!r} needs a 'config' path")
+        cfg_path = (path.parent / spec["config"]).resolve()
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"study config {path}: variant {name!r} config {cfg_path} does not exist")
+        variants.append(Variant(str(name), cfg_path, [str(o) for o in spec.get("overrides") or []]))
+    if raw["baseline"] not in variants_raw:
+        raise ConfigError(f"study config {path}: baseline {raw['baseline']!r} is not a variant "
+                          f"({sorted(variants_raw)})")
+    steps = int(raw["steps"])
+    seeds = [int(s) for s in raw["seeds"]]
+    if steps < 1 or not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"study config {path}: steps must be ≥ 1 and seeds a non-empty list of distinct ints")
+    every = raw.get("val_every_steps")
+    if every is not None and (int(every) < 1 or steps % int(every)):
+        raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
+                          "step must be validated)")
+    scoring = str(raw.get("scoring", "auto"))
+    if scoring not in ("auto", "forecast", "skill"):
+        raise ConfigError(f"study config {path}: scoring must be auto, forecast or skill, got {scoring!r}")
+    return StudyConfig(
+        name=str(raw.get("name", path.stem)),
+        path=path,
+        seeds=seeds,
+        steps=steps,
+        baseline=str(raw["baseline"]),
+        variants=variants,
+        leads_h=[int(v) for v in raw.get("leads_h", [72, 120])],
+        targets=[str(t) for t in raw.get("targets", ["geopotential_500", "temperature_850"])],
+        overrides=[str(o) for o in raw.get("overrides") or []],
+        scoring=scoring,
+        val_every_steps=None if every is None else int(every),
+    )
+
+
+# ---- scoring ---------------------------------------------------------------------------------------
+def _forecast_api() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """(run_forecast, evaluate) of the forecast/metrics packages, or None while they do not exist."""
+    try:
+        from smoeweather.forecast import run_forecast
+        from smoeweather.metrics.evaluate import evaluate
+    except ImportError:
+        return None
+    return run_forecast, evaluate
+
+
+def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: list[int], targets: list[str],
+                        work: Path) -> dict[str, dict[str, float]]:
+    """RMSE (physical units) via ``smoe forecast`` + ``smoe evaluate``: {"72h": {target: rmse}}."""
+    api = _forecast_api()
+    if api is None:
+        raise ValueError("scoring 'forecast' needs smoeweather.forecast.run_forecast and "
+                         "smoeweather.metrics.evaluate.evaluate, which are not installed in this version")
+    run_forecast, evaluate = api
+    dcfg = cfg["data"]
+    period = dcfg.get("test_period")
+    if period is None:
+        years = dcfg["test_years"]
+        period = [f"{years[0]}-01-01", f"{years[-1]}-12-31T18:00"]
+    # initialisations whose longest lead still verifies inside the test period
+    end = np.datetime64(str(period[1])) - np.timedelta64(max(leads_h), "h")
+    fc = run_forecast(str(checkpoint), dcfg["store"], init=(str(period[0]), str(end)), every="12h",
+                      leads_h=tuple(leads_h), out=work / "forecast.zarr")
+    scores = evaluate({"model": Path(fc)}, dcfg["store"])
+    rmse = scores["rmse"].sel(method="model")
+    out: dict[str, dict[str, float]] = {}
+    for lead in leads_h:
+        at = rmse.sel(prediction_timedelta=np.timedelta64(lead, "h"))
+        out[f"{lead}h"] = {t: float(at.sel(field=t)) for t in targets}
+    return out
+
+
+def score_with_skill(checkpoint: str | Path, leads_h: list[int], targets: list[str]
+                     ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
+    """RMSE via :func:`smoeweather.experiments.skill.evaluate_checkpoint`: (model scores, references)
+    where references = {"persistence"|"climatology": {"72h": {target: rmse}}}."""
+    from smoeweather.experiments.skill import evaluate_checkpoint
+
+    result = evaluate_checkpoint(checkpoint, leads_h=tuple(leads_h))
+    model, refs = {}, {"persistence": {}, "climatology": {}}
+    for lead in leads_h:
+        key = f"{lead}h"
+        per = result["scores"][key]
+        absent = [t for t in targets if t not in per["model"]]
+        if absent:
+            raise ValueError(f"{checkpoint}: the model predicts {sorted(per['model'])}, not {absent}")
+        model[key] = {t: float(per["model"][t]) for t in targets}
+        for ref in refs:
+            refs[ref][key] = {t: float(per[ref][t]) for t in targets}
+    return model, refs
+
+
+# ---- summary ---------------------------------------------------------------------------------------
+def _stats(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values, np.float64)
+    std = float(a.std(ddof=1)) if len(a) > 1 else float("nan")
+    return {"mean": float(a.mean()), "std": std, "n": len(a)}
+
+
+def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targets: list[str]) -> dict[str, Any]:
+    """Per variant, lead and target: mean ± std over seeds (ddof 1) and the paired difference to
+    ``baseline`` over the seeds both have: mean, standard error std(d)/√n and n (d < 0: better)."""
+    by_variant: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in runs:
+        by_variant.setdefault(r["variant"], {})[int(r["seed"])] = r["scores"]
+    base = by_variant.get(baseline, {})
+    out: dict[str, Any] = {}
+    for variant, seeds in by_variant.items():
+        entry: dict[str, Any] = {}
+        for lead in leads:
+            for t in targets:
+                key = f"{t}@{lead}"
+                item: dict[str, Any] = _stats([s[lead][t] for s in seeds.values()])
+                paired = sorted(set(seeds) & set(base))
+                if variant != baseline and paired:
+                    d = np.array([seeds[k][lead][t] - base[k][lead][t] for k in paired])
+                    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+                    item["diff_to_baseline"] = {"mean": float(d.mean()), "se": se, "n": len(d),
+                                                "seeds": paired}
+                entry[key] = item
+        out[variant] = entry
+    return out
+
+
+def _fmt(x: float, digits: int = 4) -> str:
+    return "nan" if x is None or not np.isfinite(x) else f"{x:.{digits}g}"
+
+
+def markdown(study: dict[str, Any]) -> str:
+    """study.md: one row per variant (mean ± std over seeds, n), then one of paired differences."""
+    summary, leads, targets = study["summary"], study["leads"], study["targets"]
+    cols = [f"{t}@{lead}" for lead in leads for t in targets]
+    lines = [f"# Study {study['name']} ({study['steps']} optimizer steps per run)", "",
+             "RMSE in physical units on the test period, mean ± std over seeds (n).", "",
+             "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for variant, entry in summary.items():
+        cells = [f"{_fmt(entry[c]['mean'])} ± {_fmt(entry[c]['std'], 2)} ({entry[c]['n']})" for c in cols]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    for ref, scores in study.get("references", {}).items():
+        lines.append(f"| {ref} | " + " | ".join(_fmt(scores[c.split('@')[1]][c.split('@')[0]]) for c in cols)
+                     + " |")
+    lines += ["", f"Paired difference to `{study['baseline']}` (variant − baseline, same seed): mean ± standard "
+              "error (n); **bold** where |mean| > 2 SE.", "",
+              "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for variant, entry in summary.items():
+        if variant == study["baseline"]:
+            continue
+        cells = []
+        for c in cols:
+            d = entry[c].get("diff_to_baseline")
+            if d is None:
+                cells.append("–")
+                continue
+            text = f"{d['mean']:+.4g} ± {_fmt(d['se'], 2)} ({d['n']})"
+            cells.append(f"**{text}**" if np.isfinite(d["se"]) and abs(d["mean"]) > 2 * d["se"] else text)
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the runner ------------------------------------------------------------------------------------
+def _scoring_mode(study: StudyConfig) -> str:
+    if study.scoring == "auto":
+        return "forecast" if _forecast_api() is not None else "skill"
+    return study.scoring
+
+
+def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
+            train_fn: Callable[..., Any] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) one run and score its best checkpoint; returns and writes ``result.json``."""
+    from smoeweather.training.run import train
+
+    train_fn = train_fn or train
+    run_dir = out / "runs" / variant.name / f"seed{seed}"
+    done = run_dir / "result.json"
+    if done.is_file():
+        import json
+
+        log(f"study {study.name}: {variant.name} seed {seed}: finished earlier, skipped")
+        return json.loads(done.read_text())
+    cfg = study.run_config(variant, seed, run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resume = last if last.is_file() else None
+    if resume is None and run_dir.exists():  # a run killed before its first checkpoint: start clean
+        shutil.rmtree(run_dir)
+    log(f"study {study.name}: {variant.name} seed {seed}: "
+        + (f"resuming from {resume}" if resume else f"training {study.steps} steps"))
+    result = train_fn(cfg, resume=resume)  # routing diagnostics are logged by every smoe train
+    steps = int(result.trainer.global_step)
+    best = result.best_checkpoint or result.last_checkpoint
+    if not best:
+        raise ValueError(f"run {run_dir} left no checkpoint (steps {steps}); is the validation split empty?")
+    mode = _scoring_mode(study)
+    refs: dict[str, Any] = {}
+    if mode == "forecast":
+        scores = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
+    else:
+        scores, refs = score_with_skill(best, study.leads_h, study.targets)
+    record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": str(best),
+              "scoring": mode, "scores": scores, "references": refs}
+    write_json(done, record)
+    return record
+
+
+def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] | None = None,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or continue) every (variant, seed) of ``study`` and write ``out/study.{json,md}``.
+
+    Runs go seed-major (all variants of seed 0 first), so a half-finished grid already holds paired runs.
+    ``train_fn`` replaces :func:`smoeweather.training.run.train` (tests).
+    """
+    out = Path(out)
+    runs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+    for seed in study.seeds:
+        for variant in study.variants:
+            record = run_one(study, variant, seed, out, train_fn=train_fn, log=log)
+            runs.append(record)
+            result = write_study(study, runs, out)
+    return result
+
+
+def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Assemble and atomically write ``study.json`` and ``study.md`` from finished run records."""
+    leads = [f"{lead}h" for lead in study.leads_h]
+    refs = next((r["references"] for r in records if r.get("references")), {})
+    runs = [{k: r[k] for k in ("variant", "seed", "steps", "scores", "best_checkpoint", "scoring")}
+            for r in records]
+    study_json = {
+        "name": study.name,
+        "config": str(study.path),
+        "steps": study.steps,
+        "seeds": study.seeds,
+        "baseline": study.baseline,
+        "leads": leads,
+        "targets": study.targets,
+        "variants": {v.name: {"config": str(v.config), "overrides": [*study.overrides, *v.overrides]}
+                     for v in study.variants},
+        "runs": runs,
+        "references": refs,
+        "summary": summarise(runs, study.baseline, leads, study.targets),
+    }
+    write_json(out / "study.json", study_json)
+    write_text(out / "study.md", markdown(study_json))
+    return study_json

@@ -1,0 +1,156 @@
+"""Per-layer routing diagnostics of Spatial MoE models, logged once per training epoch.
+
+For every :class:`~smoeweather.nn.smoe.SpatialMoE2d` layer (name = its module path), logged as
+``routing/<layer>/<metric>``:
+
+* ``changed``: fraction of grid locations whose top-E expert SET differs from the previous epoch end
+  (the first epoch compares with the routing at the start of training);
+* ``entropy``: mean over locations of the entropy of softmax(gate scores) over the |E| experts, divided
+  by log |E| (1 = uniform scores, 0 = one expert dominates);
+* ``margin``: mean over locations of the gap between the E-th and the (E+1)-th gate score, i.e. how far
+  the selection is from changing (gate-score units);
+* ``usage_min``, ``usage_max``: smallest / largest fraction of locations at which an expert is selected
+  (E/|E| each when perfectly balanced); ``unused``: fraction of experts selected nowhere;
+* ``prior_agreement``: fraction of the selected (location, slot) pairs whose expert belongs to the group
+  the land-sea prior assigns to that location (sea → first |E|/K experts, ...; 1.0 right after a
+  strength ≥ 1 prior initialisation); only with a prior;
+* ``rc_loss``, ``flagged``: mean over the epoch's training batches of the layer's RC loss
+  (``last_rc_loss``) and of its misrouted (flagged) fraction of selections (``last_misrouted_fraction``).
+
+Layout metrics need an input-independent :class:`~smoeweather.nn.gates.TensorRoutingGate`; layers with
+other gates get only ``rc_loss`` and ``flagged``. The values of every epoch are also kept in
+``callback.history`` (a list of {"epoch", "layer", metric: value}).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+from smoeweather.nn.gates import TensorRoutingGate
+from smoeweather.nn.smoe import SpatialMoE2d
+
+
+def top_sets(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k expert indices per location as sorted sets: scores (|E|, H, W) → (k, H, W), ascending."""
+    return scores.detach().topk(k, dim=0).indices.sort(dim=0).values
+
+
+def routing_layout(scores: torch.Tensor, k: int, prior: torch.Tensor | None = None) -> dict[str, Any]:
+    """Layout metrics of one routing tensor (|E|, H, W) selecting ``k`` experts per location.
+
+    ``prior``: integer category map (H, W) (0..K−1); expert e belongs to group e·K // |E| as in
+    :meth:`TensorRoutingGate.init_from_prior`. Returns floats plus ``usage`` (|E|,) per-expert fractions.
+    """
+    scores = scores.detach().float()
+    n_exp = scores.shape[0]
+    logp = torch.log_softmax(scores, dim=0)
+    entropy = -(logp.exp() * logp).sum(0).mean() / math.log(n_exp)
+    ordered = scores.topk(min(k + 1, n_exp), dim=0).values
+    margin = (ordered[k - 1] - ordered[k]).mean() if k < n_exp else torch.tensor(float("inf"))
+    idx = scores.topk(k, dim=0).indices  # (k, H, W)
+    usage = torch.zeros(n_exp).index_add_(0, idx.flatten().cpu(), torch.ones(idx.numel())) / idx[0].numel()
+    out: dict[str, Any] = {
+        "entropy": float(entropy),
+        "margin": float(margin),
+        "usage_min": float(usage.min()),
+        "usage_max": float(usage.max()),
+        "unused": float((usage == 0).float().mean()),
+        "usage": usage.tolist(),
+    }
+    if prior is not None:
+        prior = prior.to(idx.device).long()
+        groups = int(prior.max()) + 1
+        out["prior_agreement"] = float(((idx * groups // n_exp) == prior[None]).float().mean())
+    return out
+
+
+def _prior_from_config(pl_module: L.LightningModule) -> torch.Tensor | None:
+    """The land-sea category map of a weatherbench run whose config asks for the land-sea gate prior."""
+    cfg = getattr(pl_module, "metadata", {}).get("config") or {}
+    smoe = (cfg.get("model") or {}).get("smoe")
+    if not (isinstance(smoe, dict) and smoe.get("gate_prior") == "land_sea"):
+        return None
+    store = (cfg.get("data") or {}).get("store")
+    if store is None:
+        return None
+    from smoeweather.training.run import land_sea_mask
+
+    return (land_sea_mask(store) > 0.5).long()
+
+
+class RoutingDiagnostics(L.Callback):
+    """Logs the routing diagnostics above each training epoch (no-op for models without SMoE layers).
+
+    ``prior``: (H, W) category map for ``prior_agreement``; default: read from the run's config (land-sea
+    mask of ``data.store`` when ``model.smoe.gate_prior == "land_sea"``).
+    """
+
+    def __init__(self, prior: torch.Tensor | None = None) -> None:
+        self.prior = prior
+        self.history: list[dict[str, Any]] = []
+        self._layers: dict[str, SpatialMoE2d] = {}
+        self._previous: dict[str, torch.Tensor] = {}
+        self._sums: dict[str, dict[str, torch.Tensor]] = {}
+        self._batches = 0
+
+    def _find_layers(self, pl_module: L.LightningModule) -> None:
+        self._layers = {}
+        for name, m in pl_module.named_modules():
+            if isinstance(m, SpatialMoE2d):
+                short = name.removeprefix("model.").removeprefix("net.")
+                self._layers[short] = m
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._find_layers(pl_module)
+        if not self._layers:
+            return
+        if self.prior is None:
+            self.prior = _prior_from_config(pl_module)
+        for name, layer in self._layers.items():
+            if isinstance(layer.gate, TensorRoutingGate):
+                self._previous[name] = top_sets(layer.gate.weight, layer.num_selected)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._sums, self._batches = {}, 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self._layers:
+            return
+        self._batches += 1
+        for name, layer in self._layers.items():
+            sums = self._sums.setdefault(name, {})
+            for key, value in (("rc_loss", layer.last_rc_loss), ("flagged", layer.last_misrouted_fraction)):
+                if value is not None:  # device tensors: summed without a host sync per batch
+                    sums[key] = sums.get(key, 0.0) + value.detach().float()
+
+    def epoch_metrics(self) -> dict[str, dict[str, Any]]:
+        """{layer: {metric: value}} for the current state (changes relative to the last call)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, layer in self._layers.items():
+            metrics: dict[str, Any] = {}
+            if isinstance(layer.gate, TensorRoutingGate):
+                now = top_sets(layer.gate.weight, layer.num_selected)
+                before = self._previous.get(name)
+                if before is not None:
+                    metrics["changed"] = float((now != before).any(0).float().mean())
+                self._previous[name] = now
+                metrics.update(routing_layout(layer.gate.weight, layer.num_selected, self.prior))
+            for key, total in self._sums.get(name, {}).items():
+                metrics[key] = float(total) / max(self._batches, 1)
+            out[name] = metrics
+        return out
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._layers:
+            return
+        for name, metrics in self.epoch_metrics().items():
+            self.history.append({"epoch": trainer.current_epoch, "layer": name, **metrics})
+            for key, value in metrics.items():
+                if isinstance(value, float) and math.isfinite(value):
+                    pl_module.log(f"routing/{name}/{key}", value, on_step=False, on_epoch=True,
+                                  rank_zero_only=True)

@@ -1,0 +1,127 @@
+"""``smoe study``: a tiny grid end to end on CPU, resuming, and the summary statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from pipelines.prepare import write_store
+from pipelines.world import simulate_world
+from smoeweather.cli import main
+from smoeweather.experiments.study import load_study, run_study, summarise
+from smoeweather.training.run import train
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def world_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """100 days of the default world (2000-01-01 …), statistics over all of it."""
+    path = tmp_path_factory.mktemp("world") / "world.zarr"
+    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
+    write_store(lambda: ds, path, args={"test": "study"}, train_years=None, source="test", time_chunk=8,
+                scheduler="synchronous", progress=False)
+    return str(path)
+
+
+def tiny_study(tmp_path: Path, store: str, **extra: object) -> Path:
+    """A 2-variant × 2-seed study of 4-step runs on the test world, written next to the repo configs."""
+    common = [
+        f"data.store={store}", "data.world=null", "data.num_workers=0", "data.batch_size=4",
+        "data.train_years=null", "data.valid_years=null", "data.test_years=null",
+        "data.train_period=[2000-01-01, 2000-02-29T18:00]", "data.valid_period=[2000-03-01, 2000-03-20]",
+        "data.test_period=[2000-03-21, 2000-04-09]",
+        "data.variables=[geopotential_500, temperature_850, geopotential_250]", "data.lead_choices_h=[72, 120]",
+        "model.width=8", "model.blocks=1", "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1",
+    ]
+    study = {
+        "name": "tiny", "seeds": [0, 1], "steps": STEPS, "val_every_steps": 2, "baseline": "dense",
+        "overrides": common, "scoring": "skill",
+        "variants": {
+            "dense": {"config": str(REPO / "configs/weatherbench/world_dense.yaml")},
+            "smoe_all_prior": {"config": str(REPO / "configs/weatherbench/world_smoe_all_prior.yaml")},
+        },
+        **extra,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def test_tiny_study_end_to_end_then_resume(world_store: str, tmp_path: Path) -> None:
+    config = tiny_study(tmp_path, world_store)
+    out = tmp_path / "out"
+    assert main(["study", "--config", str(config), "--out", str(out)]) == 0
+    result = json.loads((out / "study.json").read_text())
+    assert {(r["variant"], r["seed"]) for r in result["runs"]} == {
+        (v, s) for v in ("dense", "smoe_all_prior") for s in (0, 1)
+    }
+    for r in result["runs"]:
+        assert r["steps"] == STEPS
+        for lead in ("72h", "120h"):
+            assert set(r["scores"][lead]) == {"geopotential_500", "temperature_850"}
+            # physical units: Z500 errors are geopotential (m² s⁻²), far above normalised O(1) values
+            assert r["scores"][lead]["geopotential_500"] > 10.0
+            assert 0.0 < r["scores"][lead]["temperature_850"] < 100.0
+    assert "Paired difference" in (out / "study.md").read_text()
+    # equal-step budget: the resolved run config has no wall-clock or early-stop limit
+    cfg = yaml.safe_load((out / "runs/smoe_all_prior/seed1/config.yaml").read_text())
+    assert cfg["trainer"]["max_steps"] == STEPS and cfg["trainer"]["max_time"] is None and cfg["seed"] == 1
+
+    # resume: finished runs are skipped, a run without result.json continues from its last.ckpt
+    calls: list[object] = []
+
+    def counting_train(cfg: dict, resume: object = None, **kw: object) -> object:
+        calls.append(resume)
+        return train(cfg, resume=resume, **kw)
+
+    interrupted = out / "runs/smoe_all_prior/seed0"
+    before = json.loads((interrupted / "result.json").read_text())
+    (interrupted / "result.json").unlink()
+    again = run_study(load_study(config), out, train_fn=counting_train, log=lambda _: None)
+    assert calls == [interrupted / "checkpoints" / "last.ckpt"]
+    rerun = next(r for r in again["runs"] if (r["variant"], r["seed"]) == ("smoe_all_prior", 0))
+    assert rerun["steps"] == STEPS  # nothing trained beyond the budget
+    assert rerun["scores"] == before["scores"]  # same best checkpoint, same scores
+
+
+def test_summary_matches_scipy() -> None:
+    rng = np.random.default_rng(0)
+    runs = []
+    for variant in ("dense", "smoe"):
+        for seed in range(4):
+            runs.append({"variant": variant, "seed": seed,
+                         "scores": {"72h": {"z": float(rng.normal(600, 10))}}})
+    summary = summarise(runs, "dense", ["72h"], ["z"])
+    z = {v: np.array([r["scores"]["72h"]["z"] for r in runs if r["variant"] == v]) for v in ("dense", "smoe")}
+    got = summary["smoe"]["z@72h"]
+    rtol = 8 * 2.2e-16 * 100  # a handful of float64 ops on values ~600
+    assert got["mean"] == pytest.approx(z["smoe"].mean(), rel=rtol)
+    assert got["std"] == pytest.approx(z["smoe"].std(ddof=1), rel=rtol)
+    d = z["smoe"] - z["dense"]
+    assert got["diff_to_baseline"]["mean"] == pytest.approx(d.mean(), rel=rtol)
+    assert got["diff_to_baseline"]["se"] == pytest.approx(stats.sem(d), rel=rtol)
+    assert got["diff_to_baseline"]["n"] == 4
+    assert "diff_to_baseline" not in summary["dense"]["z@72h"]
+    # one seed only: std and SE undefined, not zero
+    single = summarise(runs[:1] + runs[4:5], "dense", ["72h"], ["z"])
+    assert math.isnan(single["smoe"]["z@72h"]["std"]) and math.isnan(single["smoe"]["z@72h"]["diff_to_baseline"]["se"])
+
+
+def test_bad_study_configs_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tiny_study(tmp_path, "unused.zarr", baseline="nope")
+    assert main(["study", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "baseline 'nope' is not a variant" in capsys.readouterr().err
+    config = tiny_study(tmp_path, "unused.zarr", val_every_steps=3)
+    assert main(["study", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "must divide steps" in capsys.readouterr().err
+    assert main(["study", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
