@@ -32,7 +32,7 @@ from torch.utils.data import Dataset, Subset
 
 from smoeweather.config import load_config
 from smoeweather.training.base import SMoETrainingModule, check_checkpoint
-from smoeweather.training.callbacks import BatchSeed, LastCheckpoint, SamplesPerSecond, SaveResolvedConfig
+from smoeweather.training.callbacks import BatchSeed, SamplesPerSecond, SaveResolvedConfig
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.regression import FieldRegressionModule
@@ -349,11 +349,10 @@ def build_trainer(
         monitor="val_loss",
         mode="min",
         save_top_k=1,
-        save_last=False,  # LastCheckpoint writes last.ckpt after EVERY epoch (save_last only with a new best)
+        save_last=True,
     )
     callbacks: list[L.Callback] = [
         checkpoint,
-        LastCheckpoint(output_dir / "checkpoints"),
         EarlyStopping(monitor="val_loss", mode="min", patience=int(t.get("early_stopping_patience", 5))),
         BatchSeed(int(cfg.get("seed", 0))),
         SamplesPerSecond(batch_size_fn),
@@ -394,8 +393,9 @@ def train(
     trainer = build_trainer(cfg, output_dir, extra_callbacks=extra_callbacks)
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None)
     checkpoint = trainer.checkpoint_callback
-    last = next(c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
-    return TrainResult(trainer, module, data, output_dir, checkpoint.best_model_path, last.last_model_path)
+    return TrainResult(
+        trainer, module, data, output_dir, checkpoint.best_model_path, checkpoint.last_model_path
+    )
 
 
 def run_cli(args: argparse.Namespace) -> int:
