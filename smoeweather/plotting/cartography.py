@@ -1,0 +1,133 @@
+"""Global maps with cartopy, offline: coastlines from the Natural Earth files shipped in the package.
+
+Cartopy downloads missing Natural Earth files on first use, which hangs on a machine without internet.
+:func:`offline_cartopy` points ``cartopy.config["pre_existing_data_dir"]`` at
+``smoeweather/resources/natural_earth`` (cartopy's own folder layout: ``shapefiles/natural_earth/
+physical/ne_110m_coastline.shp``, public domain) and ``data_dir`` at the same place, so the downloader
+finds every file it needs and never opens a URL. Cartopy is the optional ``maps`` extra.
+
+Grids: 2-D fields (lat, lon) on regular global grids, latitude ascending (degrees north, cell centres),
+longitude in [0, 360) (degrees east, cell centres, periodic). Cells are drawn with ``pcolormesh`` from
+their edges (no interpolation, no contouring): a 5.625° cell is drawn as the 5.625° box it represents,
+and because the edges span exactly 360° there is no seam at 0°/360°.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib import patheffects  # noqa: E402
+
+from smoeweather.io import atomic_path  # noqa: E402
+
+NATURAL_EARTH_DIR = Path(__file__).resolve().parents[1] / "resources" / "natural_earth"
+COASTLINE_SHP = NATURAL_EARTH_DIR / "shapefiles" / "natural_earth" / "physical" / "ne_110m_coastline.shp"
+PROJECTIONS = ("robinson", "platecarree")
+
+
+def offline_cartopy() -> Any:
+    """Import cartopy configured to read the packaged Natural Earth files (never download).
+
+    Returns the ``cartopy`` module. Raises ImportError with the install hint when cartopy is missing.
+    """
+    try:
+        import cartopy
+    except ImportError as err:  # the optional 'maps' extra
+        raise ImportError(
+            "maps need cartopy, the 'maps' extra: pip install 'smoeweather[maps]' (or conda install cartopy)"
+        ) from err
+    if not COASTLINE_SHP.is_file():
+        raise FileNotFoundError(f"packaged Natural Earth coastline {COASTLINE_SHP} is missing (broken install?)")
+    cartopy.config["pre_existing_data_dir"] = str(NATURAL_EARTH_DIR)
+    cartopy.config["data_dir"] = str(NATURAL_EARTH_DIR)
+    return cartopy
+
+
+def projection(name: str = "robinson") -> Any:
+    """A cartopy CRS by name: ``robinson`` (equal-area-ish, for global maps) or ``platecarree``."""
+    offline_cartopy()
+    import cartopy.crs as ccrs
+
+    if name == "robinson":
+        return ccrs.Robinson(central_longitude=0)
+    if name == "platecarree":
+        return ccrs.PlateCarree(central_longitude=0)
+    raise ValueError(f"projection must be one of {PROJECTIONS}, got {name!r}")
+
+
+def cell_edges(centres: np.ndarray, lo: float | None = None, hi: float | None = None) -> np.ndarray:
+    """Edges (N+1,) of cells given their ascending centres (N,): midpoints inside, half a step outside,
+    clipped to [lo, hi] (latitude: the poles)."""
+    c = np.asarray(centres, dtype=np.float64)
+    if c.ndim != 1 or c.size < 2:
+        raise ValueError(f"need at least two cell centres in a 1-D array, got shape {c.shape}")
+    if not np.all(np.diff(c) > 0):
+        raise ValueError("cell centres must be strictly ascending")
+    mid = 0.5 * (c[1:] + c[:-1])
+    edges = np.concatenate([[c[0] - (mid[0] - c[0])], mid, [c[-1] + (c[-1] - mid[-1])]])
+    return np.clip(edges, lo if lo is not None else -np.inf, hi if hi is not None else np.inf)
+
+
+def check_global_grid(latitude: np.ndarray, longitude: np.ndarray, name: str = "field") -> None:
+    """ValueError unless latitude ascends within [-90, 90] and longitude ascends within [0, 360)."""
+    lat, lon = np.asarray(latitude), np.asarray(longitude)
+    if lat.ndim != 1 or np.any(np.diff(lat) <= 0) or lat.min() < -90 or lat.max() > 90:
+        raise ValueError(f"{name}: latitude must be ascending within [-90, 90], got {lat[:3]}...{lat[-3:]}")
+    if lon.ndim != 1 or np.any(np.diff(lon) <= 0) or lon.min() < 0 or lon.max() >= 360:
+        raise ValueError(f"{name}: longitude must be ascending within [0, 360), got {lon[:3]}...{lon[-3:]}")
+
+
+def global_axes(fig: plt.Figure, position: Any = 111, proj: str = "robinson") -> Any:
+    """A GeoAxes showing the whole globe with the packaged 110 m coastlines and a light graticule."""
+    crs = projection(proj)
+    ax = fig.add_subplot(position, projection=crs)
+    ax.set_global()
+    return ax
+
+
+def draw_field(
+    ax: Any,
+    field: np.ndarray,
+    latitude: np.ndarray,
+    longitude: np.ndarray,
+    coastline_color: str = "black",
+    **pcolormesh_kwargs: Any,
+) -> Any:
+    """Draw a (lat, lon) field as grid cells on ``ax`` (a global GeoAxes), then coastlines on top.
+
+    The longitude edges span exactly 360°, so the last column meets the first (no seam at 0°/360°).
+    Returns the QuadMesh (for a colour bar).
+    """
+    offline_cartopy()
+    import cartopy.crs as ccrs
+
+    field = np.asarray(field)
+    check_global_grid(latitude, longitude)
+    if field.shape != (len(latitude), len(longitude)):
+        raise ValueError(f"field shape {field.shape} does not match (lat, lon) = ({len(latitude)}, {len(longitude)})")
+    lat_e = cell_edges(latitude, -90.0, 90.0)
+    lon_e = cell_edges(longitude)
+    if not np.isclose(lon_e[-1] - lon_e[0], 360.0, atol=1e-6):
+        raise ValueError(f"longitude must cover the globe in regular cells; edges span {lon_e[-1] - lon_e[0]}°")
+    mesh = ax.pcolormesh(lon_e, lat_e, field, transform=ccrs.PlateCarree(), shading="flat", rasterized=True,
+                         **pcolormesh_kwargs)
+    # a white halo keeps the coastline visible on dark and light colours alike
+    halo = [patheffects.withStroke(linewidth=1.8, foreground="white")]
+    ax.coastlines(resolution="110m", color=coastline_color, linewidth=0.7, path_effects=halo)
+    ax.gridlines(linewidth=0.3, color="0.5", alpha=0.6, xlocs=range(-180, 181, 60), ylocs=range(-90, 91, 30))
+    return mesh
+
+
+def save_png(fig: plt.Figure, path: str | Path, dpi: int = 130) -> Path:
+    """Write ``fig`` as PNG atomically (temp file, then rename) and close it."""
+    path = Path(path)
+    with atomic_path(path, overwrite=True) as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return path

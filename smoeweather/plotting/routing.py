@@ -1,0 +1,467 @@
+"""Where the experts route: the tensor-routing gates of a trained SMoE as global maps and netCDF.
+
+For every :class:`~smoeweather.nn.gates.TensorRoutingGate` of a checkpoint's network (one per distinct
+(|E|, H, W); all SMoE layers of that size share it) this module computes, from the gate's score tensor
+D (|E|, H, W) as the layers see it (after ``gate_norm``), with E = the number of experts each of its
+layers applies per location:
+
+* ``top_experts`` (E, H, W): the top-E set, in descending score order (slot 0 = the dominant expert);
+* ``dominant_expert`` (H, W): argmax over experts;
+* ``routing_margin`` (H, W): score of the E-th minus score of the (E+1)-th expert (gate-score units; how
+  far the selection is from changing; NaN when E = |E|);
+* ``routing_region`` (H, W): which distinct top-E set a location uses (0 = the set covering the largest
+  area, 1 = the next, ...; ``n_distinct_sets`` = how many distinct sets the gate uses on the globe);
+* with a land-sea prior (``smoe.gate_prior: land_sea``): ``prior_category`` (H, W; 0 = sea, 1 = land, the
+  land fraction thresholded at 0.5 exactly as the model builder does), the prior's expert group of every
+  expert (``expert_prior_group``: the experts are split into K contiguous groups, category k → group k),
+  and ``n_experts_outside_prior_group`` (H, W): how many of the E selected experts are NOT in the group
+  the prior assigned to this location — the number of distinct experts training brought in beyond the
+  initial routing (0 = routing as initialised; with prior_strength ≥ 1 the initial top-E set is exactly
+  the group when the group has E experts);
+* ``expert_usage_area`` / ``expert_dominant_area`` (|E|,): fraction of the globe's area (cos-latitude
+  weights) where an expert is in the top-E set / is the dominant expert.
+
+Maps are drawn with latitude ascending (rows flipped if the model's grid runs north to south).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import xarray as xr  # noqa: E402
+from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from smoeweather.io import atomic_path  # noqa: E402
+from smoeweather.nn.gates import TensorRoutingGate  # noqa: E402
+from smoeweather.nn.smoe import SpatialMoE2d  # noqa: E402
+from smoeweather.plotting.cartography import draw_field, global_axes, save_png  # noqa: E402
+
+MAX_LEGEND = 20  # categorical maps show at most this many classes; the rest are drawn grey as "other"
+
+
+@dataclass
+class GateRouting:
+    """One gate's routing on its grid; arrays with latitude ascending.
+
+    ``scores`` (|E|, H, W) float32, the routing scores the layers rank; ``num_selected`` E;
+    ``latitude`` (H,) degrees north ascending; ``longitude`` (W,) degrees east in [0, 360);
+    ``prior`` (H, W) int categories or None; ``layers``: names of the SMoE layers that use the gate.
+    """
+
+    name: str
+    scores: np.ndarray
+    num_selected: int
+    latitude: np.ndarray
+    longitude: np.ndarray
+    layers: list[str] = field(default_factory=list)
+    prior: np.ndarray | None = None
+    prior_source: str | None = None
+    prior_strength: float | None = None
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.scores.shape[0])
+
+
+# ---- extracting the gates ------------------------------------------------------------------------------
+def _gate_layers(model: nn.Module) -> list[tuple[str, TensorRoutingGate, list[tuple[str, SpatialMoE2d]]]]:
+    """Every tensor-routing gate of ``model`` with its name (last path component) and its SMoE layers."""
+    gates: dict[int, tuple[str, TensorRoutingGate, list[tuple[str, SpatialMoE2d]]]] = {}
+    for path, module in model.named_modules():
+        if isinstance(module, TensorRoutingGate) and id(module) not in gates:
+            gates[id(module)] = (path.split(".")[-1], module, [])
+    for path, module in model.named_modules():
+        if isinstance(module, SpatialMoE2d) and id(module.gate) in gates:
+            gates[id(module.gate)][2].append((path, module))
+    return [g for g in gates.values() if g[2]]
+
+
+def _routing_scores(gate: TensorRoutingGate, layer: SpatialMoE2d) -> np.ndarray:
+    """The scores the layer ranks, (|E|, H, W): the gate tensor after the layer's ``gate_norm``."""
+    scores = gate.weight.detach().float().cpu()
+    if layer.gate_norm in ("abs", "softmax_abs"):
+        scores = scores.abs()
+    if layer.gate_norm in ("softmax", "softmax_abs"):
+        scores = scores.softmax(dim=0)
+    return scores.numpy()
+
+
+def regular_grid(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cell centres of a regular global (H, W) grid: latitude ascending from −90 + Δ/2, longitude from 0
+    (the WeatherBench 5.625° grid is (32, 64) of this form)."""
+    dlat, dlon = 180.0 / height, 360.0 / width
+    return -90.0 + dlat * (np.arange(height) + 0.5), dlon * np.arange(width)
+
+
+def _coarsen(values: np.ndarray, n: int) -> np.ndarray:
+    """Block means of ``n`` consecutive cell centres (the U-Net's 2^l pooling levels)."""
+    m = len(values) // n
+    return np.asarray(values[: m * n], dtype=np.float64).reshape(m, n).mean(axis=1)
+
+
+def _model_grid(metadata: dict[str, Any], config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(latitude, longitude) of the model's input grid in the model's row order, or None if unknown."""
+    if "latitude" in metadata and "longitude" in metadata:
+        return np.asarray(metadata["latitude"], float), np.asarray(metadata["longitude"], float)
+    store = (config.get("data") or {}).get("store")
+    if store and Path(store).exists():
+        with xr.open_zarr(store) as ds:
+            if "latitude" in ds.coords and "longitude" in ds.coords:
+                return ds["latitude"].values.astype(float), ds["longitude"].values.astype(float)
+    return None
+
+
+def _gate_grid(grid: tuple[np.ndarray, np.ndarray] | None, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Coordinates of an (h, w) gate: the model grid, its 2^l block means, or a regular global grid."""
+    if grid is not None:
+        lat, lon = grid
+        if len(lat) % h == 0 and len(lon) % w == 0 and len(lat) // h == len(lon) // w:
+            return _coarsen(lat, len(lat) // h), _coarsen(lon, len(lon) // w) % 360.0
+    return regular_grid(h, w)
+
+
+def load_land_sea(path: str | Path, shape: tuple[int, int]) -> tuple[np.ndarray, str]:
+    """Land fraction (H, W) in the file's own row order from a prepared store (``land_sea_mask``) or a
+    netCDF file (``land_sea_mask`` or ``lsm``); ValueError naming the file if absent or of another grid."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"land-sea mask source {path} does not exist")
+    opener = xr.open_zarr if path.is_dir() else xr.open_dataset
+    with opener(path) as ds:
+        name = next((v for v in ("land_sea_mask", "lsm") if v in ds.variables), None)
+        if name is None:
+            raise ValueError(f"{path} has no land_sea_mask or lsm variable")
+        values = np.asarray(ds[name].squeeze().values, dtype=np.float32)
+    if values.shape != tuple(shape):
+        raise ValueError(f"{path}: {name} has shape {values.shape}, the gate's grid is {tuple(shape)}")
+    return values, f"{path}:{name}"
+
+
+def _prior_categories(config: dict[str, Any], shape: tuple[int, int],
+                      land_sea: str | Path | None) -> tuple[np.ndarray, str]:
+    """The categorical prior the gates were initialised from: land fraction > 0.5 → 1 (land), else 0, as
+    :class:`~smoeweather.models.resnet.WeatherBenchResNet` does with the store's ``land_sea_mask``."""
+    if land_sea is not None:
+        lsm, source = load_land_sea(land_sea, shape)
+    else:
+        store = (config.get("data") or {}).get("store")
+        if store and Path(store).exists():
+            lsm, source = load_land_sea(store, shape)
+        elif tuple(shape) == (32, 64):
+            # the training store is gone; the default world uses this packaged mask (latitude ascending)
+            from pipelines.world import land_fraction
+
+            lsm, source = land_fraction(), "pipelines/resources/lsm_5.625deg.nc (training store not found)"
+        else:
+            raise FileNotFoundError(
+                f"the training store {store} is not there to rebuild the land-sea prior; pass --land-sea"
+            )
+    return (lsm > 0.5).astype(np.int64), source
+
+
+def gate_routings(model: nn.Module, metadata: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                  land_sea: str | Path | None = None) -> list[GateRouting]:
+    """The routing of every tensor-routing gate of ``model`` (a NormalizedModel or a bare network).
+
+    ``metadata``/``config``: the checkpoint's (grid coordinates, the SMoE config, the training store).
+    ValueError when the model has no tensor-routing SMoE gate (a dense model).
+    """
+    metadata, config = metadata or {}, config or {}
+    found = _gate_layers(model)
+    if not found:
+        raise ValueError("the model has no SMoE tensor-routing gate (dense model?): nothing to map")
+    smoe_cfg = (config.get("model") or {}).get("smoe")
+    uses_prior = isinstance(smoe_cfg, dict) and smoe_cfg.get("gate_prior") == "land_sea"
+    grid = _model_grid(metadata, config)
+    out = []
+    for name, gate, layers in found:
+        selected = {layer.num_selected for _, layer in layers}
+        norms = {layer.gate_norm for _, layer in layers}
+        if len(selected) != 1 or len(norms) != 1:
+            raise ValueError(f"gate {name}: its layers select different E {selected} or norms {norms}")
+        h, w = gate.height, gate.width
+        lat, lon = _gate_grid(grid, h, w)
+        scores = _routing_scores(gate, layers[0][1])
+        prior, source = (None, None)
+        if uses_prior and (grid is None or (h, w) == (len(grid[0]), len(grid[1]))):
+            prior, source = _prior_categories(config, (h, w), land_sea)
+        if lat[0] > lat[-1]:  # north-to-south grid: flip rows so every map and file has latitude ascending
+            lat, scores = lat[::-1], scores[:, ::-1]
+            prior = None if prior is None else prior[::-1]
+        order = np.argsort(lon)
+        lon, scores = lon[order], scores[:, :, order]
+        prior = None if prior is None else prior[:, order]
+        out.append(GateRouting(
+            name=name, scores=np.ascontiguousarray(scores, dtype=np.float32), num_selected=selected.pop(),
+            latitude=np.ascontiguousarray(lat), longitude=np.ascontiguousarray(lon),
+            layers=[p for p, _ in layers], prior=None if prior is None else np.ascontiguousarray(prior),
+            prior_source=source, prior_strength=float(smoe_cfg.get("prior_strength", 1.0)) if prior is not None
+            else None,
+        ))
+    return out
+
+
+# ---- routing statistics ----------------------------------------------------------------------------------
+def area_weights(latitude: np.ndarray, width: int) -> np.ndarray:
+    """(H, W) cell-area weights ∝ cos(latitude), summing to 1."""
+    w = np.cos(np.deg2rad(np.asarray(latitude, float)))[:, None] * np.ones((1, width))
+    return w / w.sum()
+
+
+def routing_dataset(r: GateRouting, provenance: dict[str, str] | None = None) -> xr.Dataset:
+    """The routing of one gate as a CF-1.8 Dataset (see the module docstring for every variable)."""
+    n, e = r.num_experts, r.num_selected
+    scores = torch.from_numpy(r.scores)
+    ranked = scores.sort(dim=0, descending=True)
+    top = ranked.indices[:e].numpy()  # (E, H, W)
+    margin = (ranked.values[e - 1] - ranked.values[e]).numpy() if e < n else np.full(r.scores.shape[1:], np.nan)
+    h, w = r.scores.shape[1:]
+    weights = area_weights(r.latitude, w)
+    in_top = np.zeros((n, h, w), bool)
+    np.put_along_axis(in_top, top, True, axis=0)
+    dominant = top[0]
+    usage = (in_top * weights).sum(axis=(1, 2))
+    dominant_area = np.array([(weights * (dominant == k)).sum() for k in range(n)])
+    # distinct top-E sets (as sets: order within the set does not matter), numbered by covered area
+    keys = np.packbits(in_top, axis=0).reshape(-1, h * w).T  # (H·W, ceil(|E|/8)) bytes per location
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    set_area = np.bincount(inverse, weights=weights.reshape(-1), minlength=len(uniq))
+    rank_of_set = np.empty(len(uniq), np.int64)
+    rank_of_set[np.argsort(-set_area, kind="stable")] = np.arange(len(uniq))
+    region = rank_of_set[inverse].reshape(h, w)
+
+    lat_attrs = {"standard_name": "latitude", "long_name": "latitude of the cell centre", "units": "degrees_north",
+                 "axis": "Y"}
+    lon_attrs = {"standard_name": "longitude", "long_name": "longitude of the cell centre", "units": "degrees_east",
+                 "axis": "X"}
+    coords = {
+        "latitude": ("latitude", r.latitude, lat_attrs),
+        "longitude": ("longitude", r.longitude, lon_attrs),
+        "expert": ("expert", np.arange(n), {"long_name": "expert index of the SMoE layers sharing this gate"}),
+        "rank": ("rank", np.arange(e), {"long_name": "position in the top-E set (0 = highest score)"}),
+    }
+    grid = ("latitude", "longitude")
+    data = {
+        "gate_scores": (("expert", *grid), r.scores, {"long_name": "routing score of each expert (gate tensor D "
+                                                                    "after gate_norm)", "units": "1"}),
+        "top_experts": (("rank", *grid), top.astype(np.int32),
+                        {"long_name": "top-E experts in descending score order"}),
+        "dominant_expert": (grid, dominant.astype(np.int32), {"long_name": "expert with the highest routing score"}),
+        "routing_margin": (grid, margin.astype(np.float32), {
+            "long_name": "score of the E-th minus score of the (E+1)-th expert", "units": "1"}),
+        "routing_region": (grid, region.astype(np.int32), {
+            "long_name": "index of the distinct top-E set used here, 0 = the set covering the largest area"}),
+        "expert_usage_area": ("expert", usage, {"long_name": "fraction of the globe's area where the expert is in "
+                                                             "the top-E set", "units": "1"}),
+        "expert_dominant_area": ("expert", dominant_area, {
+            "long_name": "fraction of the globe's area where the expert is the dominant expert", "units": "1"}),
+    }
+    attrs = {
+        "Conventions": "CF-1.8",
+        "title": f"SMoE routing of gate {r.name}",
+        "gate": r.name,
+        "num_experts": n,
+        "num_selected": e,
+        "n_distinct_sets": int(len(uniq)),
+        "layers": ", ".join(r.layers),
+        "area_weights": "cos(latitude), normalised to sum 1",
+        **(provenance or {}),
+    }
+    if r.prior is not None:
+        k = int(r.prior.max()) + 1
+        group = np.arange(n) * k // n  # as TensorRoutingGate.init_from_prior
+        outside = (group[top] != r.prior[None]).sum(axis=0)
+        data["prior_category"] = (grid, r.prior.astype(np.int32), {
+            "long_name": "land-sea prior the gate was initialised from", "flag_values": np.arange(k, dtype=np.int32),
+            "flag_meanings": "sea land" if k == 2 else " ".join(f"category_{i}" for i in range(k))})
+        data["expert_prior_group"] = ("expert", group.astype(np.int32), {
+            "long_name": "prior category whose locations the expert was assigned to at initialisation"})
+        data["n_experts_outside_prior_group"] = (grid, outside.astype(np.int32), {
+            "long_name": "number of the E selected experts not in the expert group of the prior's category"})
+        attrs["prior_source"] = r.prior_source or ""
+        attrs["prior_strength"] = r.prior_strength if r.prior_strength is not None else np.nan
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
+    """Write ``ds`` as netCDF4 atomically."""
+    path = Path(path)
+    with atomic_path(path, overwrite=True) as tmp:
+        ds.to_netcdf(tmp, format="NETCDF4")
+    return path
+
+
+# ---- figures -----------------------------------------------------------------------------------------------
+def _categorical(values: np.ndarray, weights: np.ndarray, labels: dict[int, str] | None = None,
+                 max_classes: int = MAX_LEGEND, colours_of: dict[int, str] | None = None,
+                 ) -> tuple[np.ndarray, ListedColormap, BoundaryNorm, list[Patch]]:
+    """Remap category values to 0..m (m ≤ max_classes; the smallest-area rest → 'other', grey) with a
+    qualitative colour map and legend handles labelled with each class's share of the globe's area."""
+    classes, inverse = np.unique(values, return_inverse=True)
+    area = np.bincount(inverse.reshape(-1), weights=weights.reshape(-1))
+    order = np.argsort(-area, kind="stable")
+    shown = order[:max_classes]
+    code = np.full(len(classes), len(shown), np.int64)
+    code[shown] = np.arange(len(shown))
+    mapped = code[inverse].reshape(values.shape)
+    # qualitative colours without the greys (grey is reserved for 'others')
+    base = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)]
+    base += list(plt.get_cmap("tab20b").colors)
+    colours = [(colours_of or {}).get(int(classes[c]), base[i % len(base)]) for i, c in enumerate(shown)]
+    handles = []
+    for i, c in enumerate(shown):
+        label = (labels or {}).get(int(classes[c]), str(classes[c]))
+        handles.append(Patch(facecolor=colours[i], edgecolor="0.3", label=f"{label} ({100 * area[c]:.1f}%)"))
+    if len(classes) > len(shown):
+        colours.append((0.86, 0.86, 0.86))
+        rest = area[order[max_classes:]].sum()
+        handles.append(Patch(facecolor=colours[-1], edgecolor="0.3",
+                             label=f"{len(classes) - len(shown)} others ({100 * rest:.1f}%)"))
+    cmap = ListedColormap(colours)
+    norm = BoundaryNorm(np.arange(len(colours) + 1) - 0.5, len(colours))
+    return mapped, cmap, norm, handles
+
+
+def _map_figure(title: str) -> tuple[plt.Figure, Any]:
+    fig = plt.figure(figsize=(11, 5.2))
+    ax = global_axes(fig)
+    ax.set_title(title, fontsize=11)
+    return fig, ax
+
+
+def plot_categorical_map(values: np.ndarray, latitude: np.ndarray, longitude: np.ndarray, title: str,
+                         path: str | Path, legend_title: str, labels: dict[int, str] | None = None,
+                         colours: dict[int, str] | None = None) -> Path:
+    """A categorical (lat, lon) map with a legend (class, % of the globe's area); ``colours``: class → colour."""
+    fig, ax = _map_figure(title)
+    weights = area_weights(latitude, len(longitude))
+    mapped, cmap, norm, handles = _categorical(values, weights, labels, colours_of=colours)
+    draw_field(ax, mapped, latitude, longitude, cmap=cmap, norm=norm)
+    ax.legend(handles=handles, title=legend_title, loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=7,
+              title_fontsize=8, ncol=1 if len(handles) <= 14 else 2, frameon=False)
+    return save_png(fig, path)
+
+
+def plot_continuous_map(values: np.ndarray, latitude: np.ndarray, longitude: np.ndarray, title: str,
+                        path: str | Path, label: str, cmap: str = "viridis", discrete: int | None = None,
+                        **kwargs: Any) -> Path:
+    """A continuous (lat, lon) map with a horizontal colour bar labelled ``label`` (quantity [unit]);
+    ``discrete=n`` draws the integer values 0..n as n+1 colour steps."""
+    fig, ax = _map_figure(title)
+    if discrete is not None:
+        kwargs["norm"] = BoundaryNorm(np.arange(discrete + 2) - 0.5, plt.get_cmap(cmap).N)
+    mesh = draw_field(ax, values, latitude, longitude, cmap=cmap, **kwargs)
+    cbar = fig.colorbar(mesh, ax=ax, orientation="horizontal", fraction=0.05, pad=0.04, shrink=0.7)
+    cbar.set_label(label)
+    if discrete is not None and discrete <= 16:
+        cbar.set_ticks(np.arange(discrete + 1))
+    return save_png(fig, path)
+
+
+def plot_usage(ds: xr.Dataset, title: str, path: str | Path) -> Path:
+    """Bar chart per expert: % of the globe's area where it is in the top-E set and where it dominates."""
+    n = ds.sizes["expert"]
+    x = np.arange(n)
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.18 * n + 2), 3.8))
+    colours = ["tab:blue"] * n
+    if "expert_prior_group" in ds:
+        palette = ("tab:blue", "tab:green", "tab:purple", "tab:brown")
+        colours = [palette[g % len(palette)] for g in ds["expert_prior_group"].values]
+    ax.bar(x, 100 * ds["expert_usage_area"].values, color=colours, alpha=0.45, width=0.85)
+    ax.bar(x, 100 * ds["expert_dominant_area"].values, color=colours, width=0.45)
+    handles = [Patch(facecolor="0.5", alpha=0.45, label="in the top-E set"),
+               Patch(facecolor="0.5", label="dominant (top-1)")]
+    if "expert_prior_group" in ds:
+        names = ("sea", "land") if int(ds["expert_prior_group"].max()) == 1 else None
+        for g in np.unique(ds["expert_prior_group"].values):
+            label = f"prior group: {names[g]}" if names else f"prior group {g}"
+            handles.append(Patch(facecolor=colours[int(np.argmax(ds['expert_prior_group'].values == g))], label=label))
+    e = ds.attrs["num_selected"]
+    ax.axhline(100 * e / n, color="k", lw=0.8, ls="--")
+    ax.text(n - 0.5, 100 * e / n, f" uniform E/|E| = {100 * e / n:.0f}%", va="bottom", ha="right", fontsize=7)
+    ax.set_xlabel("expert")
+    ax.set_ylabel("share of the globe's area [%]")
+    ax.set_xlim(-0.7, n - 0.3)
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=10)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", ncol=2)
+    return save_png(fig, path)
+
+
+def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "") -> list[Path]:
+    """All maps of one gate's routing Dataset (from :func:`routing_dataset`) into ``out_dir``; returns paths."""
+    out_dir = Path(out_dir)
+    g, n, e = ds.attrs["gate"], ds.attrs["num_experts"], ds.attrs["num_selected"]
+    lat, lon = ds["latitude"].values, ds["longitude"].values
+    head = f"{label}gate {g} (|E|={n}, E={e})"
+    paths = [
+        plot_categorical_map(ds["dominant_expert"].values, lat, lon, f"{head}: dominant (top-1) expert",
+                             out_dir / f"routing_{g}_dominant.png", "expert (% of area)"),
+        plot_categorical_map(ds["routing_region"].values, lat, lon,
+                             f"{head}: regions of equal top-E set ({ds.attrs['n_distinct_sets']} distinct sets)",
+                             out_dir / f"routing_{g}_regions.png", "top-E set (% of area)"),
+    ]
+    if e < n:
+        paths.append(plot_continuous_map(
+            ds["routing_margin"].values, lat, lon,
+            f"{head}: routing margin (score of E-th − (E+1)-th expert)",
+            out_dir / f"routing_{g}_margin.png", "routing margin [gate-score units]", cmap="magma"))
+    if "prior_category" in ds:
+        group = ds["expert_prior_group"].values
+        labels = {k: f"{name}: experts {np.flatnonzero(group == k).min()}–{np.flatnonzero(group == k).max()}"
+                  for k, name in enumerate(("sea", "land"))} if int(group.max()) == 1 else None
+        paths.append(plot_categorical_map(
+            ds["prior_category"].values, lat, lon,
+            f"{head}: land-sea prior at initialisation (land fraction > 0.5)",
+            out_dir / f"routing_{g}_prior.png", "prior category", labels,
+            colours={0: "#6baed6", 1: "#c7a26b"} if labels else None))
+        paths.append(plot_continuous_map(
+            ds["n_experts_outside_prior_group"].values, lat, lon,
+            f"{head}: selected experts outside the prior's group (0 = routing as initialised)",
+            out_dir / f"routing_{g}_outside_prior.png", f"experts outside the prior's group (of E = {e})",
+            cmap="viridis", discrete=e))
+    paths.append(plot_usage(ds, f"{head}: expert usage", out_dir / f"routing_{g}_usage.png"))
+    return paths
+
+
+def plot_routing(checkpoint: str | Path, out_dir: str | Path, land_sea: str | Path | None = None) -> dict[str, Any]:
+    """``smoe plot routing``: maps, usage histogram and netCDF of every gate of a trained checkpoint.
+
+    Returns {"netcdf": [paths], "png": [paths], "gates": {name: {"n_distinct_sets", ...}}}.
+    """
+    from smoeweather.training.checkpoint import load_trained
+
+    trained = load_trained(checkpoint)
+    routings = gate_routings(trained.model, trained.metadata, trained.config, land_sea)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    provenance = {"source_checkpoint": str(trained.path), "checkpoint_sha256": trained.sha256,
+                  "task": trained.task, "history": "smoe plot routing"}
+    result: dict[str, Any] = {"netcdf": [], "png": [], "gates": {}}
+    run_name = Path(str(trained.config.get("output_dir") or trained.path.stem)).name
+    for r in routings:
+        ds = routing_dataset(r, provenance)
+        result["netcdf"].append(str(write_netcdf(ds, out_dir / f"routing_{r.name}.nc")))
+        result["png"] += [str(p) for p in plot_gate(ds, out_dir, label=f"{run_name}, ")]
+        summary = {"n_distinct_sets": int(ds.attrs["n_distinct_sets"]),
+                   "experts_dominant_somewhere": int((ds["expert_dominant_area"] > 0).sum()),
+                   "experts_used": int((ds["expert_usage_area"] > 0).sum()),
+                   "num_experts": r.num_experts, "num_selected": r.num_selected,
+                   "median_margin": float(np.nanmedian(ds["routing_margin"].values))}
+        if "n_experts_outside_prior_group" in ds:
+            w = area_weights(r.latitude, len(r.longitude))
+            summary["area_routed_as_prior"] = float((w * (ds["n_experts_outside_prior_group"].values == 0)).sum())
+            summary["mean_experts_outside_prior_group"] = float((w * ds["n_experts_outside_prior_group"].values).sum())
+        result["gates"][r.name] = summary
+    return result
