@@ -52,23 +52,27 @@ def _crps_ensemble_np(x: np.ndarray, y: np.ndarray, fair: bool) -> np.ndarray:
     """CRPS of ensembles ``x`` (..., M) against ``y`` (...) in float64, sorted estimator, in row blocks.
 
     standard (ECDF): (1/M) Σ|xᵢ − y| − 1/(2M²) Σᵢⱼ|xᵢ − xⱼ|;  fair: the second term over 2M(M − 1).
-    NaN anywhere in a point's members or truth gives NaN there.
+    NaN anywhere in a point's members or truth gives NaN there. Blocks are slices of the leading axis, so
+    a transposed (non-contiguous) view is only copied one block at a time.
     """
     x, y = np.broadcast_arrays(x, y[..., None])
+    y = y[..., 0]
+    if x.ndim == 1:  # a single point
+        return _crps_ensemble_np(x[None], y[None], fair)[0]
     shape, m = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, m)
-    y1 = y[..., 0].reshape(-1)
     # Σᵢⱼ|xᵢ − xⱼ| = 2 Σᵢ (2i − M − 1) x₍ᵢ₎ for sorted x (i = 1..M)
     coef = (2.0 * np.arange(1, m + 1) - m - 1) * 2.0
     denom = 2.0 * m * (m - 1) if fair else 2.0 * m * m
-    out = np.empty(x2.shape[0], np.float64)
-    for start in range(0, x2.shape[0], _BLOCK_ROWS):
-        stop = start + _BLOCK_ROWS
-        xb = np.sort(x2[start:stop].astype(np.float64, copy=False), axis=-1)
-        yb = y1[start:stop].astype(np.float64, copy=False)
+    out = np.empty(shape, np.float64)
+    per_row = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+    step = max(1, _BLOCK_ROWS // per_row)
+    for start in range(0, shape[0], step):
+        sl = slice(start, start + step)
+        xb = np.sort(x[sl].reshape(-1, m).astype(np.float64, copy=False), axis=-1)
+        yb = y[sl].reshape(-1).astype(np.float64, copy=False)
         mae = np.abs(xb - yb[:, None]).mean(axis=-1)
-        out[start:stop] = mae - (xb @ coef) / denom
-    return out.reshape(shape)
+        out[sl] = (mae - (xb @ coef) / denom).reshape(out[sl].shape)
+    return out
 
 
 def crps_ensemble(
