@@ -10,6 +10,7 @@ VERBS: tuple[str, ...] = (
     "data",
     "train",
     "skill",
+    "plot",
     "demo",
     "study",
 )

@@ -1,0 +1,73 @@
+"""``smoe plot routing|forecast|error|scores``: global maps (cartopy, offline coastlines) and score curves.
+
+    smoe plot routing CKPT --out DIR [--land-sea STORE_OR_NC]
+    smoe plot forecast FC.zarr --truth STORE --field geopotential_500 --lead 72h --init 2003-01-01T00 --out DIR
+    smoe plot error FC.zarr --truth STORE --field temperature_850 --lead 120h [--init T] --out DIR
+    smoe plot scores DIR/scores.nc --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+NAME = "plot"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    plot = sub.add_parser("plot", help="maps of routing, forecasts and errors; score-vs-lead curves")
+    verbs = plot.add_subparsers(dest="plot_verb", required=True)
+    r = verbs.add_parser("routing", help="per SMoE gate: dominant expert, regions, margin, land-sea prior, "
+                                         "usage histogram (PNG) and the routing as netCDF")
+    r.add_argument("checkpoint", type=Path, help="a weatherbench or ens10 checkpoint of `smoe train`")
+    r.add_argument("--out", required=True, type=Path, help="output folder")
+    r.add_argument("--land-sea", type=Path, default=None,
+                   help="store or netCDF with land_sea_mask/lsm to rebuild the prior (default: the training store)")
+    for verb, text in (("forecast", "forecast, truth and their difference at one init and lead"),
+                       ("error", "error map at one init, or time-mean error and RMSE maps over all inits")):
+        p = verbs.add_parser(verb, help=text)
+        p.add_argument("forecast", type=Path, help="forecast store of `smoe forecast` (zarr or netCDF)")
+        p.add_argument("--truth", required=True, help="prepared store or canonical netCDF file(s)")
+        p.add_argument("--field", required=True, help="e.g. geopotential_500, temperature_850, 2m_temperature")
+        p.add_argument("--lead", required=True, help="lead time, e.g. 72h")
+        p.add_argument("--init", required=verb == "forecast", default=None,
+                       help="initialisation time, e.g. 2003-01-01T00" + ("" if verb == "forecast" else
+                                                                          " (default: all inits, time mean)"))
+        p.add_argument("--name", default=None, help="label of the forecast in titles (default: file name)")
+        p.add_argument("--out", required=True, type=Path, help="output folder")
+    s = verbs.add_parser("scores", help="score vs lead per field and metric, one line per method")
+    s.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
+    s.add_argument("--out", required=True, type=Path, help="output folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from smoeweather.plotting.cartography import offline_cartopy
+
+        offline_cartopy()
+    except ImportError as err:
+        print(f"smoe plot: error: {err}", file=sys.stderr)
+        return 2
+    if args.plot_verb == "routing":
+        from smoeweather.plotting.routing import plot_routing
+
+        result = plot_routing(args.checkpoint, args.out, args.land_sea)
+        print(json.dumps(result["gates"], indent=2))
+        paths = result["netcdf"] + result["png"]
+    elif args.plot_verb == "forecast":
+        from smoeweather.plotting.fields import plot_forecast
+
+        paths = [plot_forecast(args.forecast, args.truth, args.field, args.lead, args.init, args.out, args.name)]
+    elif args.plot_verb == "error":
+        from smoeweather.plotting.fields import plot_error
+
+        paths = [plot_error(args.forecast, args.truth, args.field, args.lead, args.out, args.init, args.name)]
+    else:
+        from smoeweather.plotting.scores import plot_scores
+
+        paths = plot_scores(args.scores, args.out)
+    for p in paths:
+        print(p)
+    return 0

@@ -1,0 +1,96 @@
+"""Score-vs-lead curves from ``smoe evaluate``'s ``scores.nc`` (one PNG per metric, one panel per field,
+one line per method).
+
+``scores.nc``: data variables named by metric (``rmse``, ``bias``, ``acc``, ``crps``, ...) over dims
+``method``, ``field``, ``prediction_timedelta``. Units of the fields come from ``scores.json`` beside it
+(``{"units": {field: unit}}``) or the variables' ``units`` attributes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import xarray as xr  # noqa: E402
+
+from smoeweather.plotting.cartography import save_png  # noqa: E402
+
+DIMENSIONLESS = {"acc", "spread_skill", "spread_skill_ratio", "efi", "skill_score"}
+LABELS = {"rmse": "RMSE", "bias": "bias (forecast − truth)", "acc": "anomaly correlation (ACC)",
+          "crps": "CRPS", "spread_skill": "spread–skill ratio", "mae": "MAE"}
+REFERENCE_STYLE = {"persistence": dict(color="0.35", ls="--", marker="s"),
+                   "climatology": dict(color="0.55", ls=":", marker="^")}
+
+
+def lead_hours(values: np.ndarray) -> np.ndarray:
+    """Lead times in hours from timedelta64 values, numbers (hours) or strings like ``72h``."""
+    v = np.asarray(values)
+    if np.issubdtype(v.dtype, np.timedelta64):
+        return v.astype("timedelta64[s]").astype(np.int64) / 3600.0
+    if np.issubdtype(v.dtype, np.number):
+        return v.astype(float)
+    return np.array([float(str(s).rstrip("h")) for s in v])
+
+
+def open_scores(path: str | Path) -> tuple[xr.Dataset, dict[str, str]]:
+    """The scores Dataset and the field units; FileNotFoundError/ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"scores file {path} does not exist (write it with `smoe evaluate`)")
+    ds = xr.load_dataset(path)
+    for dim in ("method", "field", "prediction_timedelta"):
+        if dim not in ds.dims:
+            raise ValueError(f"{path}: expected dims method, field, prediction_timedelta; got {dict(ds.sizes)}")
+    units: dict[str, str] = {}
+    sidecar = path.with_suffix(".json")
+    if sidecar.is_file():
+        units = dict(json.loads(sidecar.read_text()).get("units", {}))
+    for f in ds["field"].values:
+        units.setdefault(str(f), str(ds.attrs.get(f"units_{f}", "")))
+    return ds, units
+
+
+def plot_scores(path: str | Path, out_dir: str | Path) -> list[Path]:
+    """One PNG per metric of ``scores.nc``: score vs lead time (h), a panel per field, a line per method."""
+    ds, units = open_scores(path)
+    out_dir = Path(out_dir)
+    leads = lead_hours(ds["prediction_timedelta"].values)
+    methods = [str(m) for m in ds["method"].values]
+    fields = [str(f) for f in ds["field"].values]
+    model_colours = iter(plt.get_cmap("tab10").colors)
+    style = {m: REFERENCE_STYLE.get(m) or dict(color=next(model_colours), ls="-", marker="o") for m in methods}
+    paths = []
+    for metric, da in ds.data_vars.items():
+        if not {"method", "field", "prediction_timedelta"} <= set(da.dims):
+            continue
+        extra = [d for d in da.dims if d not in ("method", "field", "prediction_timedelta")]
+        if extra:
+            raise ValueError(f"{path}: {metric} has extra dims {extra}; expected method × field × lead")
+        fig, axes = plt.subplots(1, len(fields), figsize=(4.6 * len(fields), 3.8), squeeze=False)
+        for ax, field in zip(axes[0], fields):
+            for method in methods:
+                y = da.sel(method=method, field=field).values.astype(float)
+                if np.all(np.isnan(y)):
+                    continue
+                ax.plot(leads, y, label=method, **style[method])
+            unit = "1" if metric in DIMENSIONLESS else units.get(field, "")
+            ax.set_title(field, fontsize=10)
+            ax.set_xlabel("lead time [h]")
+            ax.set_ylabel(f"{LABELS.get(metric, metric)} [{unit}]" if unit else LABELS.get(metric, metric))
+            ax.set_xticks(leads)
+            ax.grid(alpha=0.3)
+            if metric == "bias":
+                ax.axhline(0, color="k", lw=0.6)
+        axes[0][0].legend(fontsize=8)
+        fig.suptitle(f"{LABELS.get(metric, metric)} vs lead time ({Path(path).parent.name or Path(path).name})",
+                     fontsize=11)
+        fig.tight_layout()
+        paths.append(save_png(fig, out_dir / f"scores_{metric}.png"))
+    if not paths:
+        raise ValueError(f"{path}: no metric over (method, field, prediction_timedelta) to plot")
+    return paths
