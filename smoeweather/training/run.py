@@ -36,8 +36,9 @@ from smoeweather.training.callbacks import BatchSeed, SamplesPerSecond, SaveReso
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.regression import FieldRegressionModule
+from smoeweather.training.vision import build_vision
 
-TASKS = ("weatherbench", "ens10", "heat")
+TASKS = ("weatherbench", "ens10", "heat", "vision")
 SPLITS = ("train", "valid", "test")
 NORMALISATION_BUFFERS = ("input_mean", "input_std", "target_mean", "target_std")
 
@@ -280,6 +281,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.Lightnin
     "weatherbench": build_weatherbench,
     "ens10": build_ens10,
     "heat": build_heat,
+    "vision": build_vision,
 }
 
 

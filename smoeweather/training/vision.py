@@ -1,0 +1,111 @@
+"""``task: vision``: image classification with the vision MoE backbones (ViT, V-MoE, E³, ResBlock-MoE, EMoE,
+SMoE-CNN). :func:`build_vision` turns a config into (data module, :class:`ClassificationModule`).
+
+Config blocks: ``data`` (``dataset`` digits|cifar10|cifar100|mnist, ``path``, ``batch_size``,
+``valid_fraction``, ``max_train``, ``resize`` [H, W] applied on the device, e.g. [224, 224] for ViT-S/16
+on CIFAR), ``model`` (:func:`smoeweather.models.vision.build_vision_model`), ``training`` (lr, aux_weight,
+...), ``trainer`` (Lightning: devices, precision ``bf16-mixed``, max_epochs/max_steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from smoeweather.training.base import SMoETrainingModule
+
+
+def weighted_aux_loss(model: nn.Module, default_weight: float) -> torch.Tensor | None:
+    """Σ over layers of ``aux_weight`` × ``aux_loss`` (a layer's own ``aux_weight``, e.g. ResBlock-MoE's
+    w = 0.5, else ``default_weight``, the V-MoE 0.01) for the last training forward."""
+    terms = [m.aux_loss.reshape(()) * float(getattr(m, "aux_weight", default_weight)) for m in model.modules()
+             if isinstance(getattr(m, "aux_loss", None), torch.Tensor)]
+    return torch.stack(terms).sum() if terms else None
+
+
+def member_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean over members of the cross-entropy of (M, B, K) logits (E³ training loss; = CE for M = 1)."""
+    m, b, k = logits.shape
+    return F.cross_entropy(logits.reshape(m * b, k).float(), labels.repeat(m))
+
+
+def mean_probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """(B, K) prediction = mean of the member softmax probabilities of (M, B, K) logits."""
+    return logits.float().softmax(dim=-1).mean(dim=0)
+
+
+class ClassificationModule(SMoETrainingModule):
+    """Lightning module: loss = mean member CE + Σ weighted aux losses; val/test: NLL and accuracy of the
+    mean member prediction. ``resize`` (H, W) bilinearly resizes batches on the device first."""
+
+    def __init__(self, model: nn.Module, resize: tuple[int, int] | None = None, recluster_emoe: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.resize = tuple(resize) if resize else None
+        self.recluster_emoe = recluster_emoe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.resize is not None and tuple(x.shape[-2:]) != self.resize:
+            x = F.interpolate(x, size=self.resize, mode="bilinear", align_corners=False)
+        return self.model(x)
+
+    def on_fit_start(self) -> None:
+        if self.recluster_emoe and self.global_step == 0:  # group the (possibly just loaded) dense weights
+            from smoeweather.models.vision import recluster_emoe
+
+            recluster_emoe(self.model, seed=int(self.metadata.get("config", {}).get("seed", 0)))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = member_cross_entropy(self(x), y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        aux = weighted_aux_loss(self.model, self.aux_weight)
+        if aux is None:
+            return loss
+        self.log("train_aux", aux, on_step=False, on_epoch=True, sync_dist=True)
+        return loss + aux
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], prefix: str) -> None:
+        x, y = batch
+        probs = mean_probabilities(self(x))
+        nll = F.nll_loss(probs.clamp_min(1e-12).log(), y)
+        acc = (probs.argmax(dim=1) == y).float().mean()
+        self.log(f"{prefix}_loss", nll, prog_bar=True, sync_dist=True)
+        self.log(f"{prefix}_acc", acc, prog_bar=True, sync_dist=True)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+
+def build_vision(cfg: dict[str, Any]) -> tuple[Any, ClassificationModule]:
+    """(SplitDataModule, ClassificationModule) for a ``task: vision`` config."""
+    from smoeweather.data.images import load_images, standardise
+    from smoeweather.models.vision import build_vision_model
+    from smoeweather.training.datamodule import SplitDataModule
+
+    dcfg = dict(cfg.get("data", {}))
+    seed = int(cfg.get("seed", 0))
+    splits = load_images(dcfg.get("dataset", "digits"), dcfg.get("path"), float(dcfg.get("valid_fraction", 0.1)),
+                         float(dcfg.get("test_fraction", 0.2)), seed, dcfg.get("max_train"))
+    datasets, mean, std = standardise(splits)
+    c, h, w = splits.shape
+    resize = tuple(dcfg["resize"]) if dcfg.get("resize") else None
+    mcfg = dict(cfg.get("model", {}))
+    model = build_vision_model(mcfg, c, len(splits.classes), resize or (h, w))
+    data = SplitDataModule(lambda: datasets, batch_size=int(dcfg.get("batch_size", 64)), seed=seed,
+                           num_workers=int(dcfg.get("num_workers", 0)))
+    t = cfg.get("training", {})
+    metadata = {"task": "vision", "config": cfg, "classes": splits.classes, "source": splits.source,
+                "normalisation": {"mean": mean.tolist(), "std": std.tolist()}}
+    module = ClassificationModule(
+        model, resize=resize, recluster_emoe=bool(mcfg.get("emoe")), lr=float(t.get("lr", 1e-3)),
+        plateau_factor=float(t.get("plateau_factor", 0.2)), plateau_patience=int(t.get("plateau_patience", 2)),
+        aux_weight=float(t.get("aux_weight", 0.01)), metadata=metadata,
+    )
+    return data, module
