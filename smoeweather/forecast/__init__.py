@@ -1,1 +1,105 @@
-"""smoeweather.forecast"""
+"""Forecasts in WeatherBench 2 conventions from trained checkpoints or reference methods.
+
+    run_forecast("runs/.../best.ckpt", "runs/data/world.zarr", init=("2003-01-01", "2003-12-20"),
+                 leads_h=(72, 120), out="fc.zarr")
+    run_forecast("persistence", "runs/data/world.zarr", ..., out="persistence.zarr")
+    run_forecast("climatology", ..., climatology_from="runs/data/world.zarr", out="clim.zarr")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smoeweather.forecast.output import init_times, parse_lead, write_forecast
+from smoeweather.forecast.reference import METHODS
+from smoeweather.forecast.sources import Source, describe, open_source
+
+__all__ = ["run_forecast", "make_forecast", "METHODS", "DEFAULT_FIELDS"]
+
+DEFAULT_FIELDS = ("geopotential_500", "temperature_850")
+
+
+def make_forecast(
+    checkpoint_or_method: str | Path,
+    data: Source,
+    init: tuple[Any, Any] | np.ndarray,
+    every: str = "12h",
+    leads_h: Sequence[int | str] = (72, 120),
+    fields: Sequence[str] | None = None,
+    climatology_from: str | Path | None = None,
+    climatology_years: tuple[int, int] | None = None,
+    batch_size: int = 16,
+    device: str = "cpu",
+    beyond_data: bool = False,
+    name: str | None = None,
+    progress: bool = True,
+) -> Any:
+    """The forecast as an in-memory xarray Dataset (see :func:`run_forecast`)."""
+    from smoeweather.data.weather import parse_fields
+    from smoeweather.forecast.output import forecast_dataset
+
+    leads = [parse_lead(v) for v in leads_h]
+    if len(set(leads)) != len(leads):
+        raise ValueError(f"--lead has duplicates: {leads}")
+    inits = np.asarray(init, "datetime64[ns]") if isinstance(init, np.ndarray) else init_times(*init, every)
+    where = f"data {describe(data)}"
+    ds = open_source(data)
+    what = str(checkpoint_or_method)
+    attrs: dict[str, Any] = {"data_source": describe(data), "init_every": str(every)}
+    members = None
+    if what in METHODS:
+        from smoeweather.forecast import reference
+
+        fld = parse_fields(fields or DEFAULT_FIELDS)
+        if what == "persistence":
+            arrays, members = reference.persistence(ds, fld, inits, leads, where, need_truth=not beyond_data)
+        else:
+            if climatology_from is None:
+                raise ValueError(f"--method {what} needs --climatology-from TRAIN_STORE (the training data)")
+            from smoeweather.forecast.output import check_times
+            from smoeweather.forecast.sources import check_fields
+
+            check_fields(ds, fld, where)
+            check_times(ds["time"].values, inits, [], leads, where, need_truth=not beyond_data)
+            arrays = reference.climatology_forecast(str(climatology_from), fld, inits, leads, what, climatology_years)
+            attrs["climatology_source"] = describe(climatology_from)
+            attrs["climatology"] = ("day-of-year x hour-of-day mean, 31-day circular window, 29 Feb as 28 Feb"
+                                    if what == "climatology" else "per-grid-point mean over the training period")
+        lat, lon = ds["latitude"].values, ds["longitude"].values
+        attrs.update(method=name or what, reference_method=what)
+    else:
+        from smoeweather.forecast.model import model_forecast, model_metadata
+        from smoeweather.training.checkpoint import load_trained
+
+        if fields:
+            raise ValueError("--fields applies to --method forecasts; a model forecasts its own targets")
+        trained = load_trained(what, map_location=device)
+        arrays, members, lat, lon = model_forecast(trained, ds, inits, leads, where, batch_size, device,
+                                                   need_truth=not beyond_data, progress=progress)
+        run = Path(trained.config.get("output_dir") or Path(what).parent.parent).name
+        attrs.update(method=name or run, **model_metadata(trained))
+    kind = "ensemble" if members is not None else "deterministic"
+    attrs["forecast_kind"] = kind
+    attrs["title"] = f"smoeweather {kind} forecast: {attrs['method']}"
+    return forecast_dataset(arrays, inits, leads, lat, lon, members, source=ds, attrs=attrs)
+
+
+def run_forecast(
+    checkpoint_or_method: str | Path,
+    data: Source,
+    init: tuple[Any, Any] | np.ndarray,
+    every: str = "12h",
+    leads_h: Sequence[int | str] = (72, 120),
+    out: str | Path = "forecast.zarr",
+    overwrite: bool = True,
+    **kwargs: Any,
+) -> Path:
+    """Forecast from a checkpoint (or ``persistence``/``climatology``/``train_mean``) for the inits
+    ``init`` = (start, end) every ``every`` and leads ``leads_h`` (hours), written atomically to ``out``
+    (zarr, or netCDF for ``*.nc``). Keyword args: see :func:`make_forecast`. Returns ``out``."""
+    ds = make_forecast(checkpoint_or_method, data, init, every, leads_h, **kwargs)
+    return write_forecast(ds, out, overwrite=overwrite)

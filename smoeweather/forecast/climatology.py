@@ -1,0 +1,101 @@
+"""Day-of-year climatology (31-day window) and training-period mean of fields, and their values at valid
+times — the reference forecasts and the climatology of the anomaly correlation.
+
+Day of year: on a 365-day calendar. In leap years 29 February is counted as 28 February (day 59) and the
+later days shift back by one, so 1 March is always day 60; a valid time on 29 February gets the
+climatology of 28 February. Hour of day is kept separate (per (day, hour) as WeatherBench 2), so a
+diurnal cycle is not smeared. Window: every day d averages ALL training samples of days d−15 … d+15 at
+that hour, circularly (late December borrows early January of the same training years, and vice versa);
+each sample counts once (sums over the window divided by counts over the window). Days without any sample
+in their window are NaN, and asking for them is an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+DAYS = 365
+WINDOW_DAYS = 31
+
+
+def day_of_year(times: np.ndarray | xr.DataArray) -> np.ndarray:
+    """1 … 365 on the no-leap calendar above (29 Feb → 59), same shape as ``times``."""
+    t = xr.DataArray(np.asarray(times, dtype="datetime64[ns]").ravel(), dims="t").dt
+    doy = t.dayofyear.values - (t.is_leap_year.values & (t.dayofyear.values >= 60))
+    return doy.reshape(np.shape(times))
+
+
+def hour_of_day(times: np.ndarray | xr.DataArray) -> np.ndarray:
+    t = np.asarray(times, dtype="datetime64[ns]")
+    return ((t - t.astype("datetime64[D]")) // np.timedelta64(1, "h")).astype(int)
+
+
+def doy_climatology(da: xr.DataArray, window: int = WINDOW_DAYS) -> xr.DataArray:
+    """Climatology of ``da`` (time, ...) → (dayofyear 1..365, hour, ...), same units; see module doc.
+
+    Hand-written (not ``groupby('time.dayofyear').mean()`` + rolling) because that would average daily
+    MEANS (unequal sample counts) and not handle 29 February or the wrap-around at the year's end.
+    """
+    if window % 2 != 1 or not 1 <= window <= DAYS:
+        raise ValueError(f"climatology window must be an odd number of days in 1..{DAYS}, got {window}")
+    if "time" not in da.dims or da.sizes["time"] == 0:
+        raise ValueError(f"climatology of {da.name!r} needs a non-empty time dim")
+    da = da.transpose("time", ...)
+    times = da["time"].values
+    doy, hour = day_of_year(times) - 1, hour_of_day(times)
+    hours = np.unique(hour)
+    h_idx = np.searchsorted(hours, hour)
+    values = np.asarray(da.values, np.float64)
+    finite = np.isfinite(values)
+    sums = np.zeros((DAYS, len(hours), *values.shape[1:]))
+    counts = np.zeros_like(sums)
+    np.add.at(sums, (doy, h_idx), np.where(finite, values, 0.0))
+    np.add.at(counts, (doy, h_idx), finite)
+    half = window // 2
+    wsum = sum(np.roll(sums, k, axis=0) for k in range(-half, half + 1))
+    wcount = sum(np.roll(counts, k, axis=0) for k in range(-half, half + 1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        clim = np.where(wcount > 0, wsum / np.maximum(wcount, 1), np.nan)
+    other = {d: da[d] for d in da.dims[1:] if d in da.coords}
+    out = xr.DataArray(
+        clim.astype(np.float32),
+        dims=("dayofyear", "hour", *da.dims[1:]),
+        coords={"dayofyear": np.arange(1, DAYS + 1), "hour": hours, **other},
+        name=da.name,
+        attrs=dict(da.attrs),
+    )
+    out.attrs["climatology"] = (
+        f"mean over {window}-day window (circular, per hour of day), "
+        f"{str(times.min())[:10]} .. {str(times.max())[:10]}, 29 Feb counted as 28 Feb"
+    )
+    return out
+
+
+def climatology_at(clim: xr.DataArray, valid_time: xr.DataArray, where: str = "climatology") -> xr.DataArray:
+    """Climatology at the valid times (any dims, e.g. (time, prediction_timedelta)): ``clim`` indexed by
+    their day of year and hour; ValueError naming ``where`` when an hour or a day is not covered."""
+    vt = valid_time.values
+    doy, hour = day_of_year(vt), hour_of_day(vt)
+    hours = clim["hour"].values
+    missing_h = sorted(set(np.unique(hour).tolist()) - set(hours.tolist()))
+    if missing_h:
+        raise ValueError(f"{where} has no values for hour(s) {missing_h} UTC (it has {hours.tolist()})")
+    d = xr.DataArray(doy - 1, dims=valid_time.dims, coords=valid_time.coords)
+    h = xr.DataArray(np.searchsorted(hours, hour), dims=valid_time.dims, coords=valid_time.coords)
+    out = clim.isel(dayofyear=d, hour=h).drop_vars(["dayofyear", "hour"], errors="ignore")
+    empty = out.isnull().all([x for x in out.dims if x not in valid_time.dims])
+    if bool(empty.any()):
+        bad = np.unique(vt[np.asarray(empty.transpose(*valid_time.dims).values)])
+        raise ValueError(
+            f"{where} has no training samples within its window for valid times such as "
+            f"{[str(t)[:16] for t in bad[:3]]}: prepare it from a longer training period"
+        )
+    return out
+
+
+def time_mean(da: xr.DataArray) -> xr.DataArray:
+    """Per-grid-point mean over time (the 'training mean' reference), same units."""
+    out = da.mean("time")
+    out.attrs = dict(da.attrs)
+    return out

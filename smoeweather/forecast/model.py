@@ -1,0 +1,154 @@
+"""Forecasts of a trained WeatherBench-style model (dense or SMoE, continuous- or fixed-lead).
+
+Inputs are assembled exactly as :class:`smoeweather.data.weather.WeatherBenchDataset` does in training
+(fields at init + each input offset, time-major, then the constants, then τ/100 h for a continuous-lead
+model), but in PHYSICAL units: the checkpoint's :class:`NormalizedModel` normalises them with the
+training data's statistics, never with those of the data it is applied to.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from smoeweather.data.weather import DEFAULT_CONSTANTS, DEFAULT_LEAD_CHOICES_H, Field, field_name, parse_fields
+from smoeweather.forecast.output import HOUR, check_times
+from smoeweather.forecast.sources import check_fields, read_field
+from smoeweather.training.checkpoint import TrainedModel
+
+
+class ModelSpec:
+    """What a weatherbench checkpoint needs as input and predicts, from its saved data config."""
+
+    def __init__(self, trained: TrainedModel) -> None:
+        if trained.task != "weatherbench":
+            raise ValueError(f"{trained.path}: task {trained.task!r}; smoe forecast runs weatherbench checkpoints")
+        d = trained.config["data"]
+        self.variables: list[Field] = parse_fields(d["variables"])
+        self.targets: list[Field] = parse_fields(d.get("target_variables") or d["variables"])
+        self.offsets_h = [int(o) for o in d.get("input_offsets_h", (-12, -6, 0))]
+        self.constants = list(d.get("constants", DEFAULT_CONSTANTS))
+        self.continuous = d.get("lead_h", 72) is None
+        self.trained_leads_h = ([int(v) for v in d.get("lead_choices_h", DEFAULT_LEAD_CHOICES_H)]
+                                if self.continuous else [int(d.get("lead_h", 72))])
+        names = [f"{field_name(f)}@{o:+d}h" for o in self.offsets_h for f in self.variables]
+        names += self.constants + (["lead_time/100h"] if self.continuous else [])
+        saved = trained.channel_names
+        if saved and saved != names:
+            raise ValueError(f"{trained.path}: saved channel names {saved} differ from those its config implies "
+                             f"{names}; the checkpoint was written by another smoeweather version")
+        self.latitude = np.asarray(trained.metadata.get("latitude", []), np.float64)
+        self.longitude = np.asarray(trained.metadata.get("longitude", []), np.float64)
+
+    def check_leads(self, leads_h: Sequence[int], where: str) -> None:
+        if not self.continuous:
+            bad = [h for h in leads_h if h != self.trained_leads_h[0]]
+            if bad:
+                raise ValueError(f"{where} is a fixed-lead model ({self.trained_leads_h[0]} h); cannot forecast "
+                                 f"{bad} h (rollouts are not supported): use --lead {self.trained_leads_h[0]}h")
+        else:
+            unseen = [h for h in leads_h if h not in self.trained_leads_h]
+            if unseen:
+                warnings.warn(f"{where}: leads {unseen} h were not among the training leads "
+                              f"{self.trained_leads_h} h (continuous-lead model: extrapolating)", stacklevel=3)
+
+
+def _on_model_grid(ds: xr.Dataset, spec: ModelSpec, where: str) -> xr.Dataset:
+    """``ds`` reordered to the checkpoint's (latitude, longitude) order; ValueError when the grids differ."""
+    lat, lon = ds["latitude"].values, ds["longitude"].values
+    want_lat, want_lon = np.sort(spec.latitude), np.sort(np.mod(spec.longitude, 360.0))
+    if lat.shape != want_lat.shape or lon.shape != want_lon.shape or not (
+        np.allclose(lat, want_lat, atol=1e-4) and np.allclose(lon, want_lon, atol=1e-4)
+    ):
+        raise ValueError(f"{where}: grid {len(lat)}x{len(lon)} (lat {lat.min():.3f}..{lat.max():.3f}) differs "
+                         f"from the checkpoint's {len(want_lat)}x{len(want_lon)}; regrid the data first "
+                         "(smoe data prepare --grid)")
+    # the checkpoint's own order (its latitude may have been descending): positions of its coordinates
+    order_lat = np.searchsorted(want_lat, spec.latitude)
+    order_lon = np.searchsorted(want_lon, np.mod(spec.longitude, 360.0))
+    return ds.isel(latitude=order_lat, longitude=order_lon)
+
+
+def model_forecast(
+    trained: TrainedModel,
+    ds: xr.Dataset,
+    inits: np.ndarray,
+    leads_h: Sequence[int],
+    where: str,
+    batch_size: int = 16,
+    device: str | torch.device = "cpu",
+    need_truth: bool = True,
+    progress: bool = True,
+) -> tuple[dict[Field, np.ndarray], np.ndarray | None, np.ndarray, np.ndarray]:
+    """Run the model: ({target field: (T, L[, M], H, W) physical units}, member coords or None, lat, lon).
+
+    ``ds``: canonical data (any prepared store / file); ``inits`` datetime64; ``leads_h`` hours.
+    """
+    spec = ModelSpec(trained)
+    spec.check_leads(leads_h, str(trained.path))
+    check_fields(ds, spec.variables, where, spec.constants)
+    check_times(ds["time"].values, inits, spec.offsets_h, leads_h, where, need_truth)
+    ds = _on_model_grid(ds, spec, where)
+    H, W = len(spec.latitude), len(spec.longitude)
+    has_member = [v for v, _ in spec.variables if "member" in ds[v].dims]
+    members = ds["member"].values if has_member else None
+    n_mem = len(members) if members is not None else 1
+
+    consts = []
+    for c in spec.constants:
+        if c == "latitude":
+            consts.append(np.broadcast_to(spec.latitude[:, None], (H, W)))
+        else:
+            consts.append(np.asarray(ds[c].values, np.float32))
+    const = torch.as_tensor(np.stack(consts).astype(np.float32)) if consts else torch.empty(0, H, W)
+
+    model = trained.model.to(device).eval()
+    out = {f: np.empty((len(inits), len(leads_h), n_mem, H, W), np.float32) for f in spec.targets}
+    starts = range(0, len(inits), batch_size)
+    bar = tqdm(total=len(inits) * n_mem, desc="smoe forecast", unit="init", disable=not progress)
+    with torch.no_grad():
+        for s in starts:
+            batch = inits[s : s + batch_size]
+            # (B, O, V[, M], H, W): every input field at every offset, read once per batch
+            times = np.concatenate([batch + o * HOUR for o in spec.offsets_h])
+            per_field = []
+            for f in spec.variables:
+                da = read_field(ds, f, times)
+                arr = da.transpose("time", *(["member"] if "member" in da.dims else []), "latitude", "longitude").values
+                if "member" not in da.dims:
+                    arr = np.repeat(arr[:, None], n_mem, axis=1)
+                per_field.append(arr.reshape(len(spec.offsets_h), len(batch), n_mem, H, W))
+            fields = np.stack(per_field, axis=2)  # (O, B, V, M, H, W)
+            for m in range(n_mem):
+                x = torch.as_tensor(fields[:, :, :, m]).permute(1, 0, 2, 3, 4).reshape(len(batch), -1, H, W)
+                x = torch.cat([x, const.expand(len(batch), -1, -1, -1)], dim=1)
+                for j, lead in enumerate(leads_h):
+                    xi = x
+                    if spec.continuous:
+                        xi = torch.cat([x, torch.full((len(batch), 1, H, W), lead / 100.0)], dim=1)
+                    y = model(xi.to(device)).float().cpu().numpy()  # (B, C_out, H, W) physical units
+                    for c, f in enumerate(spec.targets):
+                        out[f][s : s + len(batch), j, m] = y[:, c]
+                bar.update(len(batch))
+    bar.close()
+    result = {f: (a if members is not None else a[:, :, 0]) for f, a in out.items()}
+    return result, members, spec.latitude, spec.longitude
+
+
+def model_metadata(trained: TrainedModel) -> dict[str, Any]:
+    """Provenance attrs of a model forecast."""
+    cfg = trained.config
+    return {
+        "checkpoint": str(trained.path.resolve()),
+        "checkpoint_sha256": trained.sha256,
+        "model": str(cfg.get("model", {}).get("name", "")),
+        "model_config": str(cfg.get("model", {})),
+        "training_store": str(cfg.get("data", {}).get("store", "")),
+        "normalisation": "statistics of the training data saved in the checkpoint",
+    }

@@ -1,0 +1,169 @@
+"""Forecast Datasets in WeatherBench 2 conventions, their time checks, and atomic writing.
+
+Layout: dims ``time`` (initialisation), ``prediction_timedelta`` (timedelta64), optional ``member``,
+``level`` (hPa, only for fields with a level), ``latitude`` (ascending), ``longitude`` ([0, 360));
+long variable names with CF ``units``/``long_name``/``standard_name``; a level-dependent variable holds
+NaN at the levels that were not forecast (e.g. geopotential only at 500 hPa, temperature only at 850).
+``attrs["forecast_kind"]`` ∈ {deterministic, ensemble, gaussian}; provenance in the other attrs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from smoeweather.data.weather import Field
+
+HOUR = np.timedelta64(1, "h")
+
+
+def code_version() -> str:
+    """``smoeweather.__version__`` plus ``+g<git rev>`` when run from a git checkout."""
+    import smoeweather
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(smoeweather.__file__).parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{smoeweather.__version__}+g{sha}" if sha else smoeweather.__version__
+
+
+def init_times(start: Any, end: Any, every: str | pd.Timedelta = "12h") -> np.ndarray:
+    """Initialisation times start, start + every, … ≤ end (datetime64[ns]); ValueError when empty."""
+    step = pd.Timedelta(every)
+    if step <= pd.Timedelta(0):
+        raise ValueError(f"--every must be positive, got {every!r}")
+    times = pd.date_range(pd.Timestamp(str(start)), pd.Timestamp(str(end)), freq=step)
+    if len(times) == 0:
+        raise ValueError(f"no initialisation times from {start} to {end} (start after end?)")
+    return times.values.astype("datetime64[ns]")
+
+
+def parse_lead(value: str | int) -> int:
+    """Lead time in whole hours from ``72``, ``"72h"``, ``"3d"`` or ``"3 days"``."""
+    if isinstance(value, int | np.integer):
+        hours = float(value)
+    else:
+        s = str(value).strip()
+        hours = float(s) if s.replace(".", "", 1).isdigit() else pd.Timedelta(s) / pd.Timedelta(hours=1)
+    if hours <= 0 or hours != int(hours):
+        raise ValueError(f"lead time must be a positive whole number of hours, got {value!r}")
+    return int(hours)
+
+
+def check_times(data_times: np.ndarray, inits: np.ndarray, offsets_h: Sequence[int], leads_h: Sequence[int],
+                where: str, need_truth: bool = True) -> None:
+    """ValueError naming ``where`` and the times when an init's inputs (init + offsets) or, if
+    ``need_truth``, a lead's verifying time (init + lead) are not in ``data_times``."""
+    have = pd.DatetimeIndex(data_times)
+    checks = [("input", o) for o in offsets_h] + ([("truth (valid time)", lead) for lead in leads_h]
+                                                  if need_truth else [])
+    for what, off in checks:
+        want = pd.DatetimeIndex(inits + off * HOUR)
+        missing = want[~want.isin(have)]
+        if len(missing):
+            span = f"{have.min()} .. {have.max()}" if len(have) else "no times"
+            raise ValueError(
+                f"{where}: {len(missing)} initialisation(s) lack their {what} at {off:+d} h, e.g. "
+                f"{[str(t) for t in missing[:3]]}; the data cover {span}. Narrow --init"
+                + (" or pass --beyond-data to forecast past the data" if what.startswith("truth") else "")
+            )
+
+
+def _var_attrs(name: str, source: xr.Dataset | None) -> dict[str, str]:
+    from pipelines.canonical import VARIABLES
+
+    attrs: dict[str, str] = {}
+    if name in VARIABLES:
+        units, long_name, standard = VARIABLES[name]
+        attrs = {"units": units, "long_name": long_name}
+        if standard:
+            attrs["standard_name"] = standard
+    if source is not None and name in source:
+        attrs.update({k: str(v) for k, v in source[name].attrs.items()
+                      if k in ("units", "long_name", "standard_name")})
+    return attrs
+
+
+def forecast_dataset(
+    fields: dict[Field, np.ndarray],
+    inits: np.ndarray,
+    leads_h: Sequence[int],
+    latitude: np.ndarray,
+    longitude: np.ndarray,
+    member: np.ndarray | None = None,
+    source: xr.Dataset | None = None,
+    attrs: dict[str, Any] | None = None,
+) -> xr.Dataset:
+    """Assemble the WB2-convention Dataset from arrays (T, L[, M], H, W) per (variable, level) field."""
+    lead_td = np.array([np.timedelta64(int(h), "h") for h in leads_h]).astype("timedelta64[ns]")
+    lead_dims = ("time", "prediction_timedelta", *(("member",) if member is not None else ()))
+    levels = sorted({lev for _, lev in fields if lev is not None})
+    coords: dict[str, Any] = {
+        "time": ("time", inits.astype("datetime64[ns]"),
+                 {"long_name": "initialisation time", "standard_name": "forecast_reference_time"}),
+        "prediction_timedelta": ("prediction_timedelta", lead_td,
+                                 {"long_name": "lead time", "standard_name": "forecast_period"}),
+        "latitude": ("latitude", np.asarray(latitude, np.float64),
+                     {"units": "degrees_north", "standard_name": "latitude", "long_name": "latitude"}),
+        "longitude": ("longitude", np.asarray(longitude, np.float64),
+                      {"units": "degrees_east", "standard_name": "longitude", "long_name": "longitude"}),
+    }
+    if member is not None:
+        coords["member"] = ("member", np.asarray(member), {"long_name": "ensemble member"})
+    if levels:
+        coords["level"] = ("level", np.asarray(levels, np.int64),
+                           {"units": "hPa", "long_name": "pressure level", "standard_name": "air_pressure"})
+    data: dict[str, Any] = {}
+    for name in dict.fromkeys(n for n, _ in fields):
+        mine = {lev: a for (n, lev), a in fields.items() if n == name}
+        if None in mine:
+            arr = np.asarray(mine[None], np.float32)
+            data[name] = ((*lead_dims, "latitude", "longitude"), arr, _var_attrs(name, source))
+        else:
+            first = next(iter(mine.values()))
+            arr = np.full((*first.shape[:-2], len(levels), *first.shape[-2:]), np.nan, np.float32)
+            for lev, a in mine.items():
+                arr[..., levels.index(lev), :, :] = a
+            data[name] = ((*lead_dims, "level", "latitude", "longitude"), arr, _var_attrs(name, source))
+    ds = xr.Dataset(data, coords=coords)
+    ds.attrs = {"Conventions": "CF-1.8", "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "code_version": code_version(), **(attrs or {})}
+    return ds.sortby(["latitude", "longitude"])
+
+
+def forecast_fields(ds: xr.Dataset) -> list[Field]:
+    """(variable, level) fields present in a forecast Dataset: levels that hold any finite value."""
+    out: list[Field] = []
+    for name, da in ds.data_vars.items():
+        if "prediction_timedelta" not in da.dims or str(name).endswith("_std"):
+            continue
+        if "level" in da.dims:
+            has = da.notnull().any([d for d in da.dims if d != "level"]).values
+            out += [(str(name), int(lev)) for lev, ok in zip(da["level"].values, has) if ok]
+        else:
+            out.append((str(name), None))
+    return out
+
+
+def write_forecast(ds: xr.Dataset, out: str | Path, overwrite: bool = False) -> Path:
+    """Write atomically: netCDF for ``*.nc``, else zarr (consolidated). Returns the path."""
+    from smoeweather.io import atomic_path
+
+    out = Path(out)
+    attrs = {k: (v if isinstance(v, str | int | float) else str(v)) for k, v in ds.attrs.items()}
+    ds = ds.assign_attrs(attrs)
+    with atomic_path(out, overwrite=overwrite) as tmp:
+        if out.suffix in (".nc", ".nc4"):
+            ds.to_netcdf(tmp)
+        else:
+            ds.to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)  # format 2 as the prepared stores
+    return out

@@ -1,0 +1,304 @@
+"""``smoe evaluate``: score forecast stores against a truth store, references beside the models.
+
+Every forecast (WeatherBench 2 conventions, see :mod:`smoeweather.forecast.output`) is matched with the
+truth at its VALID time ``time + prediction_timedelta``; all methods are scored on the same
+initialisations (those common to every forecast), so the table compares like with like. Scores per
+(method, field, lead): latitude-weighted RMSE (square root after the time mean) and bias of the
+deterministic forecast or ensemble mean / Gaussian μ, ACC against a day-of-year climatology (with
+``climatology``), and for ensembles the fair CRPS and the spread–skill ratio, for Gaussian forecasts the
+Gaussian CRPS. Unless ``references=False``, persistence (from the truth) and, with ``climatology``, the
+day-of-year climatology are added as methods for the same initialisations and leads.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from smoeweather.data.weather import Field, field_name, parse_fields
+from smoeweather.metrics import deterministic as det
+from smoeweather.metrics.weights import latitude_weights, weighted_mean
+
+METRICS = ("rmse", "bias", "acc", "crps", "spread_skill")
+UNITLESS = ("acc", "spread_skill")
+SPACE_TIME = ("time", "latitude", "longitude")
+
+
+def open_forecast(path: str | Path) -> xr.Dataset:
+    """A forecast store (zarr directory or netCDF), latitude ascending; ValueError if not a forecast."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"forecast {path} does not exist")
+    ds = xr.open_zarr(path) if path.is_dir() else xr.open_dataset(path)
+    for dim in ("time", "prediction_timedelta", "latitude", "longitude"):
+        if dim not in ds.dims:
+            raise ValueError(f"forecast {path}: missing dim {dim!r} (WeatherBench 2 layout: time = init, "
+                             f"prediction_timedelta, latitude, longitude); got {dict(ds.sizes)}")
+    return ds.sortby("latitude")
+
+
+def _forecast_kind(ds: xr.Dataset) -> str:
+    kind = ds.attrs.get("forecast_kind") or ("ensemble" if "member" in ds.dims else "deterministic")
+    if kind not in ("deterministic", "ensemble", "gaussian"):
+        raise ValueError(f"forecast_kind must be deterministic, ensemble or gaussian, got {kind!r}")
+    return str(kind)
+
+
+def _named(forecasts: Mapping[str, str | Path] | str | Path | Sequence[str | Path]) -> dict[str, Path]:
+    if isinstance(forecasts, Mapping):
+        return {str(k): Path(v) for k, v in forecasts.items()}
+    paths = [forecasts] if isinstance(forecasts, str | Path) else list(forecasts)
+    out: dict[str, Path] = {}
+    for p in map(Path, paths):
+        name = str(open_forecast(p).attrs.get("method") or p.stem)
+        if name in out:
+            name = f"{name} ({p.stem})" if f"{name} ({p.stem})" not in out else str(p)
+        out[name] = p
+    return out
+
+
+def _select(ds: xr.Dataset, f: Field, var: str | None = None) -> xr.DataArray:
+    da = ds[var or f[0]]
+    return da.sel(level=f[1], drop=True) if f[1] is not None else da
+
+
+def truth_at_valid_time(truth: xr.DataArray, time: np.ndarray, leads: np.ndarray) -> xr.DataArray:
+    """Truth (time, …) at valid times time + lead: (time = init, prediction_timedelta, …), NaN where the
+    truth lacks the valid time."""
+    valid = xr.DataArray(time[:, None] + leads[None, :], dims=("time", "prediction_timedelta"),
+                         coords={"time": time, "prediction_timedelta": leads})
+    t = truth.rename(time="valid_time")
+    needed = np.unique(valid.values)
+    t = t.reindex(valid_time=needed)  # NaN for valid times the truth does not hold
+    return t.sel(valid_time=valid).drop_vars("valid_time")
+
+
+def _check_grid(a: xr.Dataset | xr.DataArray, b: xr.Dataset | xr.DataArray, what: str) -> None:
+    for c in ("latitude", "longitude"):
+        x, y = a[c].values, b[c].values
+        if x.shape != y.shape or not np.allclose(x, y, atol=1e-4):
+            raise ValueError(f"{what}: {c} differs from the truth's ({len(x)} vs {len(y)} points); regrid first")
+
+
+def _scores_one(fc: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, clim: xr.DataArray | None,
+                w: xr.DataArray) -> dict[str, xr.DataArray]:
+    """Metric → DataArray over prediction_timedelta for one forecast field."""
+    da = _select(fc, f).astype(np.float64)
+    point = da.mean("member") if kind == "ensemble" else da
+    out = {
+        "rmse": det.rmse(point, truth, w, SPACE_TIME),
+        "bias": det.bias(point, truth, w, SPACE_TIME),
+    }
+    if clim is not None:
+        out["acc"] = det.acc(point, truth, clim, w, SPACE_TIME)
+    if kind == "ensemble":
+        from smoeweather.metrics import probabilistic  # noqa: PLC0415 - the post-processing helper's module
+
+        out["crps"] = weighted_mean(probabilistic.crps_ensemble(da, truth, estimator="fair"), SPACE_TIME, w)
+        if da.sizes["member"] > 1:
+            out["spread_skill"] = probabilistic.spread_skill_ratio(da, truth, w, SPACE_TIME)
+    elif kind == "gaussian":
+        from smoeweather.metrics import probabilistic  # noqa: PLC0415
+
+        sigma = _select(fc, f, f"{f[0]}_std").astype(np.float64)
+        out["crps"] = weighted_mean(probabilistic.crps_gaussian(da, sigma, truth), SPACE_TIME, w)
+    return {k: v.compute() for k, v in out.items()}
+
+
+def evaluate(
+    forecasts: Mapping[str, str | Path] | str | Path | Sequence[str | Path],
+    truth: str | Path | Sequence[str | Path],
+    climatology: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    references: bool = True,
+    climatology_years: tuple[int, int] | None = None,
+) -> xr.Dataset:
+    """Scores Dataset (vars ``rmse``, ``bias``, [``acc``, ``crps``, ``spread_skill``], ``n_time``) over dims
+    ``method``, ``field``, ``prediction_timedelta``; written to ``out_dir``/scores.{nc,json,md} if given.
+
+    ``forecasts``: {name: path}, one path or a list (names from ``attrs["method"]`` or the file name).
+    ``truth``: prepared store or canonical file(s). ``climatology``: a training store (day-of-year
+    climatology for ACC and the climatology reference).
+    """
+    from smoeweather.forecast.climatology import climatology_at, doy_climatology
+    from smoeweather.forecast.output import HOUR, code_version
+    from smoeweather.forecast.sources import describe, open_source
+
+    named = _named(forecasts)
+    if not named:
+        raise ValueError("evaluate needs at least one forecast")
+    truth_ds = open_source(truth)
+    where_truth = f"truth {describe(truth)}"
+    fcs = {n: open_forecast(p) for n, p in named.items()}
+    kinds = {n: _forecast_kind(ds) for n, ds in fcs.items()}
+    for n, ds in fcs.items():
+        _check_grid(ds, truth_ds, f"forecast {named[n]}")
+
+    # fields: those of the forecasts that the truth holds
+    from smoeweather.forecast.output import forecast_fields
+
+    fields: list[Field] = list(dict.fromkeys(f for ds in fcs.values() for f in forecast_fields(ds)))
+    levels = [int(v) for v in truth_ds["level"].values] if "level" in truth_ds.dims else []
+    in_truth = [f for f in fields if f[0] in truth_ds.data_vars and (f[1] is None or f[1] in levels)]
+    if len(in_truth) < len(fields):
+        warnings.warn(f"{where_truth} lacks {[field_name(f) for f in fields if f not in in_truth]}: not scored",
+                      stacklevel=2)
+    if not in_truth:
+        raise ValueError(f"{where_truth} holds none of the forecast fields {[field_name(f) for f in fields]}")
+    fields = in_truth
+    for f in fields:
+        if "member" in truth_ds[f[0]].dims:
+            raise ValueError(f"{where_truth}: {f[0]!r} has a member dim; the truth must be deterministic")
+
+    # like with like: the initialisations every forecast has; leads: the union
+    inits = np.array(sorted(set.intersection(*(set(ds["time"].values.astype("datetime64[ns]").tolist())
+                                               for ds in fcs.values()))), dtype="datetime64[ns]")
+    all_leads = np.concatenate([ds["prediction_timedelta"].values.astype("timedelta64[ns]") for ds in fcs.values()])
+    leads = np.unique(all_leads)
+    if len(inits) == 0:
+        raise ValueError(f"the forecasts {list(named)} share no initialisation time (coordinate 'time')")
+    tt = truth_ds["time"].values
+    valid = inits[:, None] + leads[None, :]
+    if not np.isin(valid, tt).any():
+        raise ValueError(
+            f"no valid time (time + prediction_timedelta) of the forecasts ({str(valid.min())[:16]} .. "
+            f"{str(valid.max())[:16]}) lies in the time coordinate of {where_truth} "
+            f"({str(tt.min())[:16]} .. {str(tt.max())[:16]})"
+        )
+
+    # reference forecasts for the same inits and leads
+    if references:
+        from smoeweather.forecast import make_forecast
+
+        names = [field_name(f) for f in fields]
+        leads_h = [int(v // HOUR) for v in leads]
+        ref_inits = inits[np.isin(inits, tt)]
+        if "persistence" not in fcs and len(ref_inits):
+            fcs["persistence"] = make_forecast("persistence", truth, ref_inits, leads_h=leads_h, fields=names,
+                                               beyond_data=True, progress=False)
+            kinds["persistence"] = "deterministic"
+            inits = ref_inits
+        elif "persistence" not in fcs:
+            warnings.warn(f"{where_truth} holds none of the initialisation times: no persistence", stacklevel=2)
+        if climatology is not None and "climatology" not in fcs:
+            fcs["climatology"] = make_forecast("climatology", truth, inits, leads_h=leads_h, fields=names,
+                                               climatology_from=climatology, climatology_years=climatology_years,
+                                               beyond_data=True, progress=False)
+            kinds["climatology"] = "deterministic"
+
+    w = latitude_weights(truth_ds["latitude"])
+    clim_fields: dict[Field, xr.DataArray] = {}
+    if climatology is not None:
+        from smoeweather.forecast.reference import training_fields
+
+        vt = xr.DataArray(inits[:, None] + leads[None, :], dims=("time", "prediction_timedelta"),
+                          coords={"time": inits, "prediction_timedelta": leads})
+        for f, da in training_fields(str(climatology), fields, climatology_years).items():
+            clim_fields[f] = climatology_at(doy_climatology(da), vt, f"climatology of {field_name(f)} "
+                                            f"from {climatology}").astype(np.float64)
+
+    methods = list(fcs)
+    shape = (len(methods), len(fields), len(leads))
+    arrays = {m: np.full(shape, np.nan) for m in METRICS}
+    n_time = np.zeros((len(fields), len(leads)), np.int64)
+    for j, f in enumerate(fields):
+        t = truth_at_valid_time(truth_ds[f[0]].sel(level=f[1], drop=True) if f[1] is not None else truth_ds[f[0]],
+                                inits, leads).astype(np.float64).load()
+        n_time[j] = t.notnull().any(["latitude", "longitude"]).sum("time").values
+        for i, m in enumerate(methods):
+            ds = fcs[m].sel(time=inits, prediction_timedelta=leads)  # KeyError-free: common inits, union leads
+            if f not in forecast_fields(ds):
+                continue
+            for metric, v in _scores_one(ds, kinds[m], f, t, clim_fields.get(f), w).items():
+                arrays[metric][i, j] = v.transpose("prediction_timedelta").values
+    units = [str(truth_ds[f[0]].attrs.get("units", "")) for f in fields]
+    field_names = [field_name(f) for f in fields]
+    coords = {"method": methods, "field": field_names, "prediction_timedelta": leads,
+              "units": ("field", units)}
+    data = {m: (("method", "field", "prediction_timedelta"), a) for m, a in arrays.items()
+            if not np.all(np.isnan(a))}
+    data["n_time"] = (("field", "prediction_timedelta"), n_time)
+    scores = xr.Dataset(data, coords=coords)
+    long = {"rmse": "latitude-weighted RMSE (sqrt after time mean)", "bias": "latitude-weighted mean error",
+            "acc": "anomaly correlation coefficient (WeatherBench 2)",
+            "crps": "latitude-weighted CRPS (fair for ensembles)",
+            "spread_skill": "spread-skill ratio", "n_time": "initialisations with truth"}
+    for k in scores.data_vars:
+        scores[k].attrs["long_name"] = long[k]
+        scores[k].attrs["units"] = "1" if k in (*UNITLESS, "n_time") else "units of the field (coordinate units)"
+    provenance = {
+        "truth": describe(truth),
+        "climatology": describe(climatology) if climatology is not None else None,
+        "forecasts": {n: str(p.resolve()) for n, p in named.items()},
+        "checkpoint_sha256": {n: fcs[n].attrs["checkpoint_sha256"] for n in named
+                              if "checkpoint_sha256" in fcs[n].attrs},
+        "inits": [str(inits.min()), str(inits.max()), int(len(inits))],
+        "code_version": code_version(),
+        "latitude_weights": "cos(lat)/mean(cos(lat))",
+    }
+    scores.attrs = {"provenance": json.dumps(provenance)}
+    if out_dir is not None:
+        write_scores(scores, out_dir)
+    return scores
+
+
+def _lead_label(td: np.timedelta64) -> str:
+    return f"{int(td // np.timedelta64(1, 'h'))}h"
+
+
+def scores_json(scores: xr.Dataset) -> dict[str, Any]:
+    """``{"scores": {method: {metric: {field: {"72h": value}}}}, "units": {field: unit}, "provenance"}``."""
+    out: dict[str, Any] = {}
+    metrics = [m for m in METRICS if m in scores]
+    for m in scores["method"].values.tolist():
+        out[m] = {}
+        for metric in metrics:
+            out[m][metric] = {}
+            for f in scores["field"].values.tolist():
+                vals = scores[metric].sel({"method": m, "field": f})
+                out[m][metric][f] = {_lead_label(td): (None if np.isnan(v) else float(v))
+                                     for td, v in zip(vals["prediction_timedelta"].values, vals.values)}
+    units = dict(zip(scores["field"].values.tolist(), scores["units"].values.tolist()))
+    return {"scores": out, "units": units, "provenance": json.loads(scores.attrs.get("provenance", "{}"))}
+
+
+def scores_markdown(scores: xr.Dataset) -> str:
+    """One markdown table per metric: rows = methods, columns = field × lead."""
+    fields = scores["field"].values.tolist()
+    units = dict(zip(fields, scores["units"].values.tolist()))
+    leads = [_lead_label(td) for td in scores["prediction_timedelta"].values]
+    lines: list[str] = []
+    for metric in (m for m in METRICS if m in scores):
+        lines += [f"**{metric}** ({scores[metric].attrs['long_name']})", ""]
+        cols = [f"{f} {lead}" + ("" if metric in UNITLESS else f" [{units[f]}]") for f in fields for lead in leads]
+        lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for m in scores["method"].values.tolist():
+            vals = scores[metric].sel({"method": m}).transpose("field", "prediction_timedelta").values.ravel()
+            lines.append(f"| {m} | " + " | ".join("–" if np.isnan(v) else f"{v:.4g}" for v in vals) + " |")
+        lines.append("")
+    n = scores["n_time"].values
+    lines.append(f"Initialisations scored per lead: {sorted(set(n.ravel().tolist()))}.")
+    return "\n".join(lines) + "\n"
+
+
+def write_scores(scores: xr.Dataset, out_dir: str | Path) -> Path:
+    """``out_dir``/scores.nc, scores.json, scores.md (each written atomically)."""
+    from smoeweather.io import atomic_path, write_json, write_text
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "scores.nc", overwrite=True) as tmp:
+        scores.to_netcdf(tmp)
+    write_json(out_dir / "scores.json", scores_json(scores))
+    write_text(out_dir / "scores.md", scores_markdown(scores))
+    return out_dir
+
+
+__all__ = ["evaluate", "open_forecast", "truth_at_valid_time", "scores_json", "scores_markdown", "write_scores",
+           "parse_fields"]
