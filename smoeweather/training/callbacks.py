@@ -1,7 +1,9 @@
-"""Small Lightning callbacks: per-batch reseeding (exact resume), throughput, the resolved config file."""
+"""Small Lightning callbacks: per-batch reseeding (exact resume), ``last.ckpt`` after every epoch, throughput,
+the resolved config file."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ import lightning as L
 import numpy as np
 import torch
 import yaml
+from lightning.pytorch.callbacks import Checkpoint
 
 from smoeweather.io import write_text
 
@@ -75,3 +78,45 @@ class SaveResolvedConfig(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
             write_text(self.output_dir / "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
+
+
+class LastCheckpoint(Checkpoint):
+    """Writes ``<dirpath>/last.ckpt`` at the end of every training epoch, after a validation inside an epoch,
+    and when fit ends (e.g. ``trainer.max_steps`` inside an epoch), whether or not val_loss improved.
+
+    Lightning's ``ModelCheckpoint(save_last=True)`` rewrites ``last.ckpt`` only when it saves a new top-k
+    checkpoint, so after non-improving epochs ``--resume last.ckpt`` silently restarted from an older state.
+    It is a :class:`Checkpoint`, so Lightning runs it after the other callbacks (and after the best-model
+    ``ModelCheckpoint`` listed before it): the file holds their up-to-date state. Written to a temporary
+    name and renamed by rank 0 (atomic); ``trainer.save_checkpoint`` is collective, so every rank calls it.
+    """
+
+    FILENAME = "last.ckpt"
+
+    def __init__(self, dirpath: str | Path) -> None:
+        self.dirpath = Path(dirpath)
+        self.last_model_path = ""
+        self._saved_step = -1
+
+    def _save(self, trainer: L.Trainer) -> None:
+        if trainer.state.fn != "fit" or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        if trainer.global_step == self._saved_step:
+            return
+        path = self.dirpath / self.FILENAME
+        tmp = self.dirpath / f".{self.FILENAME}.tmp"
+        trainer.save_checkpoint(tmp)
+        if trainer.is_global_zero:
+            os.replace(tmp, path)
+        trainer.strategy.barrier("LastCheckpoint")
+        self.last_model_path, self._saved_step = str(path), trainer.global_step
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer)  # after the epoch-end validation and EarlyStopping, like ModelCheckpoint
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.current.completed < trainer.num_training_batches:
+            self._save(trainer)  # validation inside an epoch (val_check_interval < 1)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer)

@@ -12,13 +12,48 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 SPLITS = ("train", "valid", "test")
 
 
+class SkippingSampler(DistributedSampler):
+    """:class:`DistributedSampler` that leaves out the first ``skip`` indices of its next epoch (once): the
+    part of an interrupted epoch that a resumed run has already trained on."""
+
+    skip: int = 0
+
+    def __iter__(self) -> Any:
+        indices = list(super().__iter__())
+        skip, self.skip = self.skip, 0
+        return iter(indices[skip:])
+
+
+class ResumableDataLoader(DataLoader):
+    """Training loader whose position inside the epoch goes into Lightning checkpoints (``state_dict``), so a
+    run resumed from a mid-epoch checkpoint (``trainer.max_steps`` inside an epoch, validation inside an
+    epoch) continues with the next unseen batch instead of restarting the epoch's order.
+
+    ``batches_done()`` is the number of batches of the current epoch already trained on (0 at an epoch end).
+    ``len()`` stays the full epoch: Lightning counts the skipped batches as done.
+    """
+
+    def __init__(self, *args: Any, batches_done: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches_done = batches_done
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches_done": int(self.batches_done())}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if not isinstance(self.sampler, SkippingSampler):
+            raise TypeError("ResumableDataLoader needs a SkippingSampler to resume inside an epoch")
+        self.sampler.skip = int(state.get("batches_done", 0)) * int(self.batch_size or 1)
+
+
 class SplitDataModule(L.LightningDataModule):
     """Train / valid / test loaders over the datasets returned by ``make_datasets()`` (built lazily in each
     process, so DDP ranks and DataLoader workers open their stores themselves).
 
     The training order is a :class:`DistributedSampler` with ``seed`` on every run, one process or many
     (num_replicas = world size): epoch e's permutation depends only on (seed, e). Consequences, both
-    tested: a run resumed from an epoch-end checkpoint sees the same batches as an uninterrupted one, and
+    tested: a run resumed from an epoch-end or a mid-epoch checkpoint (:class:`ResumableDataLoader`) sees the
+    same batches as an uninterrupted one, and
     N ranks with batch b see, step by step, exactly the samples one process with batch N·b sees.
     Lightning calls ``set_epoch`` on the sampler and shards the valid/test loaders itself.
     """
@@ -47,8 +82,9 @@ class SplitDataModule(L.LightningDataModule):
             raise ValueError(f"no {split!r} split; have {sorted(self.datasets)}")
         return self.datasets[split]
 
-    def _loader(self, split: str, sampler: DistributedSampler | None = None) -> DataLoader:
-        return DataLoader(
+    def _loader(self, split: str, sampler: DistributedSampler | None = None, **extra: Any) -> DataLoader:
+        cls = ResumableDataLoader if "batches_done" in extra else DataLoader
+        return cls(
             self.dataset(split),
             batch_size=self.batch_size,
             sampler=sampler,
@@ -57,15 +93,24 @@ class SplitDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             collate_fn=self.collate_fn,
             pin_memory=torch.cuda.is_available(),
+            **extra,
         )
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        sampler = DistributedSampler(
+        sampler = SkippingSampler(
             self.dataset("train"), num_replicas=world, rank=rank, shuffle=True, seed=self.seed, drop_last=True
         )
-        return self._loader("train", sampler)
+        return self._loader("train", sampler, batches_done=self._batches_done)
+
+    def _batches_done(self) -> int:
+        """Batches of the current training epoch already trained on; 0 once the epoch is complete."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        return 0 if done >= trainer.num_training_batches else int(done)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")
