@@ -40,7 +40,7 @@ def tiny_study(tmp_path: Path, store: str, **extra: object) -> Path:
         "data.test_period=[2000-03-21, 2000-04-09]",
         "data.variables=[geopotential_500, temperature_850, geopotential_250]", "data.lead_choices_h=[72, 120]",
         "model.width=8", "model.blocks=1", "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false",
-        "trainer.log_every_n_steps=1",
+        "trainer.log_every_n_steps=1", "data.cache=true",
     ]
     study = {
         "name": "tiny", "seeds": [0, 1], "steps": STEPS, "val_every_steps": 2, "baseline": "dense",
@@ -125,3 +125,17 @@ def test_bad_study_configs_are_clear_errors(tmp_path: Path, capsys: pytest.Captu
     assert "must divide steps" in capsys.readouterr().err
     assert main(["study", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["tiny_world", "gcm_16x3", "gcm_128x19"])
+def test_committed_study_configs_resolve(name: str, tmp_path: Path) -> None:
+    study = load_study(REPO / "configs/studies" / f"{name}.yaml")
+    assert len(study.seeds) >= 3 and study.baseline in {v.name for v in study.variants}
+    for variant in study.variants:
+        cfg = study.run_config(variant, study.seeds[-1], tmp_path)
+        assert cfg["trainer"]["max_steps"] == study.steps and cfg["trainer"]["max_time"] is None
+        assert cfg["seed"] == study.seeds[-1]
+    if name == "gcm_128x19":
+        smoe = study.run_config(study.variants[1], 0, tmp_path)["model"]
+        assert (smoe["width"], smoe["blocks"], smoe["smoe"]["placement"], smoe["smoe"]["gate_prior"]) == (
+            128, 19, "all", "land_sea")
