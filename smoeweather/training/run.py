@@ -32,13 +32,12 @@ from torch.utils.data import Dataset, Subset
 
 from smoeweather.config import load_config
 from smoeweather.training.base import SMoETrainingModule, check_checkpoint
-from smoeweather.training.callbacks import BatchSeed, LastCheckpoint, SamplesPerSecond, SaveResolvedConfig
+from smoeweather.training.callbacks import BatchSeed, SamplesPerSecond, SaveResolvedConfig
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.regression import FieldRegressionModule
-from smoeweather.training.vision import build_vision
 
-TASKS = ("weatherbench", "ens10", "heat", "vision")
+TASKS = ("weatherbench", "ens10", "heat")
 SPLITS = ("train", "valid", "test")
 NORMALISATION_BUFFERS = ("input_mean", "input_std", "target_mean", "target_std")
 
@@ -186,7 +185,9 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
     kwargs = {k: dcfg[k] for k in keys if k in dcfg}
 
     def make(years: tuple[int, int] | None) -> Dataset:
-        return WeatherBenchDataset(store, dcfg["variables"], years=years, **kwargs)
+        from smoeweather.data.cache import cache_from_config  # data.cache: in-memory time block
+
+        return cache_from_config(WeatherBenchDataset(store, dcfg["variables"], years=years, **kwargs), dcfg)
 
     data = _datamodule(cfg, lambda: _splits(dcfg, make), default_batch=32)
     train_ds = base_dataset(data.dataset("train"))
@@ -281,7 +282,6 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.Lightnin
     "weatherbench": build_weatherbench,
     "ens10": build_ens10,
     "heat": build_heat,
-    "vision": build_vision,
 }
 
 
@@ -351,15 +351,11 @@ def build_trainer(
         monitor="val_loss",
         mode="min",
         save_top_k=1,
-        save_last=False,  # LastCheckpoint writes last.ckpt after EVERY epoch (save_last only with a new best)
+        save_last=True,
     )
     callbacks: list[L.Callback] = [
         checkpoint,
-        LastCheckpoint(output_dir / "checkpoints"),
-        # checked after each validation only: a fit that ends inside an epoch (trainer.max_steps) has no new
-        # val_loss at that epoch's end, which crashed the default train-epoch-end check
-        EarlyStopping(monitor="val_loss", mode="min", patience=int(t.get("early_stopping_patience", 5)),
-                      check_on_train_epoch_end=False),
+        EarlyStopping(monitor="val_loss", mode="min", patience=int(t.get("early_stopping_patience", 5))),
         BatchSeed(int(cfg.get("seed", 0))),
         SamplesPerSecond(batch_size_fn),
         SaveResolvedConfig(cfg, output_dir),
@@ -399,8 +395,9 @@ def train(
     trainer = build_trainer(cfg, output_dir, extra_callbacks=extra_callbacks)
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None)
     checkpoint = trainer.checkpoint_callback
-    last = next(c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
-    return TrainResult(trainer, module, data, output_dir, checkpoint.best_model_path, last.last_model_path)
+    return TrainResult(
+        trainer, module, data, output_dir, checkpoint.best_model_path, checkpoint.last_model_path
+    )
 
 
 def run_cli(args: argparse.Namespace) -> int:
