@@ -32,12 +32,13 @@ from torch.utils.data import Dataset, Subset
 
 from smoeweather.config import load_config
 from smoeweather.training.base import SMoETrainingModule, check_checkpoint
-from smoeweather.training.callbacks import BatchSeed, SamplesPerSecond, SaveResolvedConfig
+from smoeweather.training.callbacks import BatchSeed, LastCheckpoint, SamplesPerSecond, SaveResolvedConfig
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.regression import FieldRegressionModule
+from smoeweather.training.vision import build_vision
 
-TASKS = ("weatherbench", "ens10", "heat")
+TASKS = ("weatherbench", "ens10", "heat", "vision")
 SPLITS = ("train", "valid", "test")
 NORMALISATION_BUFFERS = ("input_mean", "input_std", "target_mean", "target_std")
 
@@ -282,6 +283,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.Lightnin
     "weatherbench": build_weatherbench,
     "ens10": build_ens10,
     "heat": build_heat,
+    "vision": build_vision,
 }
 
 
@@ -351,11 +353,15 @@ def build_trainer(
         monitor="val_loss",
         mode="min",
         save_top_k=1,
-        save_last=True,
+        save_last=False,  # LastCheckpoint writes last.ckpt after EVERY epoch (save_last only with a new best)
     )
     callbacks: list[L.Callback] = [
         checkpoint,
-        EarlyStopping(monitor="val_loss", mode="min", patience=int(t.get("early_stopping_patience", 5))),
+        LastCheckpoint(output_dir / "checkpoints"),
+        # checked after each validation only: a fit that ends inside an epoch (trainer.max_steps) has no new
+        # val_loss at that epoch's end, which crashed the default train-epoch-end check
+        EarlyStopping(monitor="val_loss", mode="min", patience=int(t.get("early_stopping_patience", 5)),
+                      check_on_train_epoch_end=False),
         BatchSeed(int(cfg.get("seed", 0))),
         SamplesPerSecond(batch_size_fn),
         SaveResolvedConfig(cfg, output_dir),
@@ -395,9 +401,8 @@ def train(
     trainer = build_trainer(cfg, output_dir, extra_callbacks=extra_callbacks)
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None)
     checkpoint = trainer.checkpoint_callback
-    return TrainResult(
-        trainer, module, data, output_dir, checkpoint.best_model_path, checkpoint.last_model_path
-    )
+    last = next(c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
+    return TrainResult(trainer, module, data, output_dir, checkpoint.best_model_path, last.last_model_path)
 
 
 def run_cli(args: argparse.Namespace) -> int:
