@@ -139,6 +139,7 @@ COORD_RENAMES = {
     "nav_lat": "latitude",
     "nav_lon": "longitude",
     "isobaricInhPa": "level",
+    "isobaricInPa": "level",
     "pressure_level": "level",
     "plev": "level",
     "number": "member",
@@ -440,6 +441,10 @@ def canonicalize(
 # --------------------------------------------------------------------------------------- validation
 
 
+def _level(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)
+
+
 def present_levels(da: xr.DataArray) -> xr.DataArray:
     """Boolean per ``level``: True where the variable holds any data (all-NaN levels are absent,
     as after merging sources with different level sets). All True for variables without levels."""
@@ -511,19 +516,22 @@ def _check_levels(
         if "level" not in da.dims or wanted is None:
             out[name] = da
             continue
-        wanted = [int(x) for x in wanted]
         # a level "exists" for a variable when it holds data (merged sources leave all-NaN levels)
         if need_data:
             has_data = present_levels(da).values
         else:
             has_data = np.ones(da.sizes["level"], dtype=bool)
-        have = [int(lv) for lv, ok in zip(da["level"].values, has_data) if ok]
-        lacking = [x for x in wanted if x not in have]
+        values = da["level"].values.astype(float)
+        index, lacking = [], []
+        for x in wanted:  # float levels (0.1 hPa) compared with a tolerance far below any level spacing
+            hit = [i for i in np.flatnonzero(np.isclose(values, float(x), rtol=1e-6, atol=1e-9)) if has_data[i]]
+            (index if hit else lacking).append(hit[0] if hit else x)
         if lacking:
+            have = [_level(lv) for lv, ok in zip(values, has_data) if ok]
             raise DataError(
                 f"{where}: variable '{name}' lacks level(s) {lacking} hPa; available levels: {have}"
             )
-        out[name] = da.sel(level=wanted)
+        out[name] = da.isel(level=index)
     return xr.Dataset(out, attrs=ds.attrs)
 
 

@@ -42,7 +42,11 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     )
     prep.add_argument("--variables", nargs="+", default=None, help="canonical variable names (default: all)")
     prep.add_argument(
-        "--levels", type=int, nargs="+", default=None, help="pressure levels in hPa (default: all)"
+        "--levels",
+        type=float,
+        nargs="+",
+        default=None,
+        help="pressure levels in hPa, e.g. 500 850 or 0.1 1 (default: all)",
     )
     prep.add_argument("--time-chunk", type=int, default=4, help="time steps per zarr chunk (default 4)")
     prep.add_argument(
@@ -57,6 +61,13 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     )
     prep.add_argument(
         "--members", type=int, choices=[5, 10], default=None, help="ens10: ensemble members kept (default 10)"
+    )
+    prep.add_argument(
+        "--fill-policy",
+        choices=["error", "zero", "mean", "nearest"],
+        default="error",
+        help="NaNs in the source: refuse and write nothing (default), or fill with zero, the field mean or "
+        "the nearest valid point",
     )
     prep.add_argument("--overwrite", action="store_true", help="replace an existing store")
     prep.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -112,6 +123,7 @@ def run_data_command(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             truth=args.truth,
             members=args.members,
+            fill_policy=args.fill_policy,
         )
         return 0
     if args.data_verb == "world":

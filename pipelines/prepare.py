@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -106,6 +107,14 @@ def _compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
             with ProgressBar(dt=1.0):
                 return dask.compute(obj)[0]
         return dask.compute(obj)[0]
+    if isinstance(obj, list):  # several collections, computed together (shared reads)
+        futures = client.compute(obj)
+        if progress:
+            from distributed import progress as show_progress
+
+            show_progress(futures)
+            print(flush=True)
+        return client.gather(futures)
     from distributed import progress as show_progress
 
     future = client.compute(obj)
@@ -124,6 +133,109 @@ def dask_time_chunk(ds: xr.Dataset, time_chunk: int, target_bytes: float = 16e6)
     return time_chunk * max(1, int(target_bytes // (per_step * time_chunk)))
 
 
+FINGERPRINT_ATTR = "source_fingerprint"
+HASH_BELOW_BYTES = 1 << 20  # files smaller than this are fingerprinted by content, larger by size + mtime
+
+
+def _fingerprint_files(paths: Sequence[Path]) -> dict[str, Any]:
+    entries = []
+    for p in sorted(paths):
+        st = p.stat()
+        if st.st_size < HASH_BELOW_BYTES:
+            entries.append([str(p), st.st_size, "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest()])
+        else:
+            entries.append([str(p), st.st_size, f"mtime_ns:{st.st_mtime_ns}"])
+    return {"files": len(entries), "sha256": hashlib.sha256(json.dumps(entries).encode()).hexdigest()}
+
+
+def source_fingerprint(source: Source) -> dict[str, Any] | None:
+    """Fingerprint of every local file under ``source`` (files, globs, folders, zarr stores): per file its
+    size plus its content hash (files < 1 MiB) or its modification time. None for remote URLs, which
+    cannot be fingerprinted cheaply (a changed remote source is not detected)."""
+    items = [source] if isinstance(source, str | Path) else list(source)
+    if any("://" in str(s) for s in items):
+        return None
+    paths: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            paths.extend(p for p in path.rglob("*") if p.is_file())
+        else:
+            paths.extend(resolve_sources(item))
+    return _fingerprint_files(paths)
+
+
+def _stored_fingerprint(store: Path) -> Any:
+    try:
+        raw = zarr.open_group(str(store), mode="r").attrs.get(FINGERPRINT_ATTR)
+    except Exception:  # noqa: BLE001 - unreadable: no fingerprint
+        return None
+    return json.loads(raw) if isinstance(raw, str) else None
+
+
+def _level_label(level: Any) -> str:
+    f = float(level)
+    return f"{int(f)}" if f.is_integer() else f"{f:g}"
+
+
+def split_partial_levels(ds: xr.Dataset, where: str) -> xr.Dataset:
+    """Keep only real fields: a variable that holds data on only some levels of the shared ``level`` axis
+    (merged sources, e.g. ``z500`` + ``t850`` in one netCDF) is stored as one 2-D variable per present level,
+    ``<name>_<level>`` (attrs ``canonical_name``, ``level``), instead of all-NaN ``<name>@<other level>``.
+
+    Absent levels are found on the first time step (merges make a field absent at every time); NaNs at
+    other times are caught by the NaN check while writing. Reads one time step of each such variable.
+    """
+    leveled = [n for n, v in ds.data_vars.items() if "level" in v.dims]
+    if len(leveled) < 2:
+        return ds
+    first = ds[leveled].isel(time=0) if "time" in ds.dims else ds[leveled]
+    present = {n: first[n].notnull().any([d for d in first[n].dims if d != "level"]) for n in leveled}
+    present = dict(zip(present, dask.compute(*present.values())))
+    partial = [n for n in leveled if not bool(present[n].all())]
+    if not partial:
+        return ds
+    out = ds.drop_vars(partial)
+    for name in partial:
+        da = ds[name]
+        for i in np.flatnonzero(present[name].values):
+            level = da["level"].values[i]
+            flat = f"{name}_{_level_label(level)}"
+            if flat in ds.variables:
+                raise DataError(f"{where}: variable {flat!r} exists and also as {name!r} at {level} hPa")
+            attrs = {**da.attrs, "canonical_name": str(name), "level": float(level), "level_units": "hPa"}
+            out[flat] = da.isel(level=i, drop=True).assign_attrs(attrs)
+    if not any("level" in v.dims for v in out.data_vars.values()):
+        out = out.drop_vars("level")
+    out.attrs["partial_levels"] = (
+        f"variables {partial} hold data on only some levels; stored per level as <name>_<level>"
+    )
+    return out
+
+
+def _nan_count_graph(ds: xr.Dataset) -> dict[str, xr.DataArray]:
+    """Lazy NaN counts per floating variable (per ``level`` where present)."""
+    out = {}
+    for name, da in ds.data_vars.items():
+        if np.issubdtype(da.dtype, np.floating):
+            out[str(name)] = da.isnull().sum([d for d in da.dims if d != "level"])
+    return out
+
+
+def _nan_report(counts: dict[str, xr.DataArray], ds: xr.Dataset) -> str:
+    """'temperature' @850 hPa: 12 of 2048 values, ... (only the fields with NaNs)."""
+    parts = []
+    for name, count in counts.items():
+        per_field = ds[name].size // max(int(count.size), 1)
+        if "level" in count.dims:
+            for level, c in zip(count["level"].values, count.values):
+                if int(c):
+                    parts.append(f"'{name}' @{_level_label(level)} hPa: {int(c)} of {per_field} values")
+        elif int(count):
+            parts.append(f"'{name}': {int(count)} of {per_field} values")
+    return ", ".join(parts)
+
+
 def write_store(
     make_dataset: Callable[[], xr.Dataset],
     out: str | Path,
@@ -135,19 +247,37 @@ def write_store(
     overwrite: bool = False,
     scheduler: str | None = None,
     progress: bool = True,
+    fill_policy: str = "error",
+    fingerprint: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``make_dataset()`` (a lazy canonical Dataset) to ``out`` with statistics, atomically.
 
-    Idempotent: when ``out`` exists and records the same ``args`` it prints "up to date" and returns;
-    when it records other arguments (or none) it raises FileExistsError naming the path, unless
-    ``overwrite``.
+    NaNs are counted chunk by chunk in the same pass that writes the data (bounded memory): with
+    ``fill_policy="error"`` any NaN raises DataError with the counts per variable and level and nothing
+    is written; "zero", "mean", "nearest" fill them (see ``pipelines.canonical.fill_nans``) and record the
+    counts in ``attrs["nan_filled"]``. Variables present on only some levels are split per level
+    (``split_partial_levels``).
+
+    Idempotent: when ``out`` exists and records the same ``args`` and source ``fingerprint`` it prints
+    "up to date" and returns; other arguments, or a source that changed since, raise FileExistsError
+    naming the path, unless ``overwrite``.
     """
+    from pipelines.canonical import FILL_POLICIES, fill_nans
+
     out = Path(out)
+    if fill_policy not in FILL_POLICIES:
+        raise DataError(f"fill_policy {fill_policy!r} is not known; expected one of {FILL_POLICIES}")
     args = json.loads(json.dumps(args))  # normalise tuples → lists for the comparison
+    fingerprint = json.loads(json.dumps(fingerprint)) if fingerprint is not None else None
     if out.exists() and not overwrite:
         if stored_args(out) == args:
-            print(f"{out}: up to date (same arguments; pass --overwrite to rebuild)")
-            return out
+            if _stored_fingerprint(out) == fingerprint:
+                print(f"{out}: up to date (same arguments and unchanged source; pass --overwrite to rebuild)")
+                return out
+            raise FileExistsError(
+                f"{out}: the source {source} changed since this store was written (its fingerprint of file "
+                "sizes, contents or modification times differs); pass --overwrite to rebuild it"
+            )
         raise FileExistsError(
             f"{out} already exists (written with other arguments or not by smoe); "
             "pass --overwrite to replace it"
@@ -155,11 +285,15 @@ def write_store(
     ds = make_dataset()
     if train_years is not None:  # fail before writing anything
         select_years(ds, train_years, "training years")
-    steps = dask_time_chunk(ds, time_chunk)
+    ds = split_partial_levels(ds, source)
+    steps = dask_time_chunk(ds, time_chunk) if "time" in ds.dims else time_chunk
     ds = ds.chunk({d: (steps if d == "time" else -1) for d in ds.dims})
     for name, var in ds.data_vars.items():  # analysis-ready: plain float32, no CF packing
         if np.issubdtype(var.dtype, np.floating) or var.encoding.get("scale_factor") is not None:
             ds[name] = var.astype(np.float32)
+    counts = _nan_count_graph(ds)
+    if fill_policy != "error":
+        ds = fill_nans(ds, fill_policy)
     for name, var in ds.variables.items():
         if name in ds.data_vars:
             var.encoding = {"chunks": tuple(time_chunk if d == "time" else var.sizes[d] for d in var.dims)}
@@ -169,6 +303,7 @@ def write_store(
         {
             "source": source,
             ARGS_ATTR: json.dumps(args, sort_keys=True),
+            FINGERPRINT_ATTR: json.dumps(fingerprint, sort_keys=True),
             "code_version": code_version(),
             "written_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "statistics_group": "statistics",
@@ -176,8 +311,18 @@ def write_store(
     )
     with atomic_path(out, overwrite=overwrite) as tmp, dask_client(scheduler) as client:
         delayed = ds.to_zarr(tmp, mode="w", compute=False, consolidated=False, zarr_format=2)
-        _compute(delayed, client, progress, f"writing {out}")
-        written = xr.open_zarr(tmp, consolidated=False, chunks={"time": steps})
+        names = list(counts)
+        _, *values = _compute([delayed, *counts.values()], client, progress, f"writing {out} (checking NaNs)")
+        counts = dict(zip(names, values))
+        report = _nan_report(counts, ds)
+        if report and fill_policy == "error":
+            raise DataError(
+                f"{source}: NaN values found ({report}); nothing was written to {out}. Expected none, or "
+                "pass --fill-policy nearest (SST-style land gaps), mean or zero"
+            )
+        if report:
+            zarr.open_group(str(tmp), mode="r+", zarr_format=2).attrs["nan_filled"] = f"{fill_policy}: {report}"
+        written = xr.open_zarr(tmp, consolidated=False, chunks={"time": steps} if "time" in ds.dims else {})
         stats = _compute(
             compute_statistics(written, train_years),
             client,
@@ -237,7 +382,7 @@ def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | Non
             if stored_args(str(source)) is not None:  # a store written by `smoe data prepare`
                 return xr.open_zarr(str(source))
             return open_source("wb2", str(source))
-        return open_source("cds", resolve_sources(source))
+        return open_source("cds", resolve_sources(source), check_nans=False)
     if kind == "cmip6":
         return open_source("cmip6", resolve_sources(source, "*.nc"), check_nans=False)
     raise DataError(f"kind {kind!r} has no reader here; choose from {KINDS}")
@@ -304,11 +449,17 @@ def _open_ens10(
     return add_truth(ds, verifying, where)
 
 
+def level_value(p: float | int | str) -> int | float:
+    """A pressure level (hPa) as int when integral (500), else float (0.1)."""
+    f = float(p)
+    return int(f) if f.is_integer() else f
+
+
 def select(
     ds: xr.Dataset,
     years: Sequence[int] | None = None,
     variables: Sequence[str] | None = None,
-    levels: Sequence[int] | None = None,
+    levels: Sequence[float] | None = None,
     source: str = "input",
 ) -> xr.Dataset:
     """Subset a canonical Dataset; DataError naming what is missing and what is available."""
@@ -320,11 +471,16 @@ def select(
     if levels:
         if "level" not in ds.dims:
             raise DataError(f"{source}: levels {list(levels)} requested but the data has no level dimension")
-        have = [int(p) for p in ds["level"].values]
-        missing = [int(p) for p in levels if int(p) not in have]
+        have = ds["level"].values.astype(float)
+        picked, missing = [], []
+        for p in levels:  # float levels (0.1 hPa …) compared with a tolerance far below level spacing
+            hit = np.flatnonzero(np.isclose(have, float(p), rtol=1e-6, atol=1e-9))
+            (picked if hit.size else missing).append(int(hit[0]) if hit.size else level_value(p))
         if missing:
-            raise DataError(f"{source}: levels {missing} hPa not found; available: {have}")
-        ds = ds.sel(level=[int(p) for p in levels])
+            raise DataError(
+                f"{source}: levels {missing} hPa not found; available: {[level_value(x) for x in have]}"
+            )
+        ds = ds.isel(level=picked)
     if years:
         span = (int(years[0]), int(years[-1]))
         ds = select_years(ds, span, f"{source}: years")
@@ -338,7 +494,7 @@ def prepare(
     grid: float | None = 5.625,
     years: Sequence[int] | None = None,
     variables: Sequence[str] | None = None,
-    levels: Sequence[int] | None = None,
+    levels: Sequence[float] | None = None,
     scheduler: str | None = None,
     overwrite: bool = False,
     train_years: tuple[int, int] | None = None,
@@ -347,6 +503,7 @@ def prepare(
     progress: bool = True,
     truth: Source | None = None,
     members: int | None = None,
+    fill_policy: str = "error",
 ) -> Path:
     """Prepare an analysis-ready zarr store from a raw ``source`` (file(s), glob, folder, store or fsspec URL).
 
@@ -358,7 +515,9 @@ def prepare(
     a source that does not cover the globe raises DataError); ``train_years``: inclusive range for the
     statistics (default: all selected years). ens10 only: ``truth`` (a prepared ERA5 store or any era5
     source) is brought onto the forecast grid and stored as ``<name>_truth`` at the valid time (init +
-    48 h); ``members`` 5 or 10 (default 10).
+    48 h); ``members`` 5 or 10 (default 10). ``fill_policy``: what to do with NaNs (see ``write_store``:
+    "error" refuses and writes nothing). The store records a fingerprint of the source files, so a
+    changed source is never reported "up to date".
     """
     if kind not in KINDS:
         raise DataError(f"unknown kind {kind!r}; choose from {KINDS}")
@@ -373,10 +532,11 @@ def prepare(
         "grid": grid,
         "years": list(years) if years else None,
         "variables": list(variables) if variables else None,
-        "levels": [int(p) for p in levels] if levels else None,
+        "levels": [level_value(p) for p in levels] if levels else None,
         "train_years": list(train_years) if train_years else None,
         "format": fmt,
         "time_chunk": time_chunk,
+        "fill_policy": fill_policy,
     }
     if kind == "ens10":
         args.update(truth=None if truth is None else _normalise_source(truth), members=members)
@@ -399,6 +559,11 @@ def prepare(
         overwrite=overwrite,
         scheduler=scheduler,
         progress=progress,
+        fill_policy=fill_policy,
+        fingerprint={
+            "source": source_fingerprint(source),
+            **({"truth": source_fingerprint(truth)} if truth is not None else {}),
+        },
     )
 
 

@@ -16,6 +16,7 @@ import xarray as xr
 
 import pipelines
 from pipelines import atomic
+from pipelines.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = dict(scheduler="threads", progress=False)
@@ -107,3 +108,156 @@ def test_overwrite_success_leaves_no_sibling(tmp_path: Path) -> None:
         _store(tmp, 2.0)
     np.testing.assert_array_equal(xr.open_zarr(target)["x"].values, np.full(3, 2.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
+
+
+# ------------------------------------------------------------------------------ helpers: tiny sources
+
+LAT10, LON10 = np.arange(-90.0, 91.0, 10.0), np.arange(0.0, 360.0, 10.0)  # the 10° GRIB grid of fake_layouts
+
+
+def _field(value: float, seed: int = 0) -> np.ndarray:
+    """A (19, 36) north-first field: ``value`` plus a reproducible pattern (exact in 24-bit GRIB packing
+    to ~1e-3 of its range, see ``_grib_tol``)."""
+    rng = np.random.default_rng(seed)
+    return value + rng.standard_normal((19, 36))
+
+
+def _grib_tol(values: np.ndarray) -> float:
+    """GRIB1 simple packing with 24 bits: quantisation step = range / 2**24 (half of it per value),
+    plus float32 rounding of the decoded value (eps32 * |max|)."""
+    span = float(np.ptp(values))
+    return span / 2**24 + np.finfo(np.float32).eps * float(np.abs(values).max())
+
+
+def _msg(short: str = "t", level: int | None = 850, **keys: object) -> dict:
+    base = {"shortName": short, "dataDate": 20200101, "dataTime": 0}
+    if level is not None:
+        base.update(typeOfLevel=keys.pop("typeOfLevel", "isobaricInhPa"), level=level)
+    return {**base, **keys}
+
+
+def _prepare(source, out: Path, **kwargs):  # noqa: ANN001, ANN202
+    from pipelines.prepare import prepare
+
+    return prepare("era5", source, out, grid=None, **{**FAST, **kwargs})
+
+
+# ------------------------------------------------------------------------------ §2 forecast steps
+
+
+def test_era5_grib_with_only_step_96h_is_labelled_with_its_valid_time(tmp_path: Path) -> None:
+    from fake_layouts import write_grib
+
+    values = _field(250.0)
+    write_grib(tmp_path / "fc.grib", [_msg(stepRange="96", values=values)])
+    ds = xr.open_zarr(_prepare(tmp_path / "fc.grib", tmp_path / "s.zarr", fmt="cds"))
+    # init 2020-01-01 00Z + 96 h: the valid time, never the start date (a silent 96 h shift before)
+    np.testing.assert_array_equal(ds["time"].values, np.array(["2020-01-05T00:00"], "datetime64[ns]"))
+    assert "prediction_timedelta" not in ds.dims
+    got = ds["temperature"].sel(level=850).isel(time=0).values
+    np.testing.assert_allclose(got, values[::-1], rtol=0, atol=_grib_tol(values))  # north-first → ascending
+
+
+def test_era5_grib_steps_0_and_3h_become_two_valid_times(tmp_path: Path) -> None:
+    from fake_layouts import write_grib
+
+    fields = {s: _field(250.0 + s, seed=s) for s in (0, 3)}
+    write_grib(tmp_path / "fc.grib", [_msg(stepRange=str(s), values=v) for s, v in fields.items()])
+    ds = xr.open_zarr(_prepare(tmp_path / "fc.grib", tmp_path / "s.zarr", fmt="cds"))
+    expected = np.array(["2020-01-01T00:00", "2020-01-01T03:00"], "datetime64[ns]")
+    np.testing.assert_array_equal(ds["time"].values, expected)
+    assert ds["temperature"].dims == ("time", "level", "latitude", "longitude")
+    for i, s in enumerate((0, 3)):
+        got = ds["temperature"].isel(time=i, level=0).values
+        np.testing.assert_allclose(got, fields[s][::-1], rtol=0, atol=_grib_tol(fields[s]))
+
+
+def test_era5_grib_ambiguous_inits_times_steps_refused(tmp_path: Path) -> None:
+    from fake_layouts import write_grib
+
+    msgs = [_msg(dataTime=h * 100, stepRange=str(s), values=_field(250.0)) for h in (0, 12) for s in (0, 12)]
+    write_grib(tmp_path / "fc.grib", msgs)
+    with pytest.raises(DataError, match=r"fc\.grib.*duplicated valid times"):
+        _prepare(tmp_path / "fc.grib", tmp_path / "s.zarr", fmt="cds")
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_era5_grib_inits_times_steps_mapping_uniquely_are_valid_times(tmp_path: Path) -> None:
+    from fake_layouts import write_grib
+
+    msgs = [_msg(dataTime=h * 100, stepRange=str(s), values=_field(h + s)) for h in (0, 6) for s in (0, 3)]
+    write_grib(tmp_path / "fc.grib", msgs)
+    ds = xr.open_zarr(_prepare(tmp_path / "fc.grib", tmp_path / "s.zarr", fmt="cds"))
+    hours = (ds["time"].values - np.datetime64("2020-01-01")) / np.timedelta64(1, "h")
+    np.testing.assert_array_equal(hours, [0, 3, 6, 9])
+    for h in (0, 3, 6, 9):  # the field written for init + step is found at that valid time
+        want = _field(h)[::-1]
+        np.testing.assert_allclose(
+            ds["temperature"].sel(time=f"2020-01-01T{h:02d}", level=850).values, want, atol=_grib_tol(want)
+        )
+
+
+def test_ens10_grib_keeps_init_time_and_lead(tmp_path: Path) -> None:
+    from fake_layouts import write_grib
+
+    from pipelines.readers.cds import open_cds_file
+
+    write_grib(tmp_path / "fc.grib", [_msg(stepRange="96", values=_field(250.0))])
+    ds = open_cds_file(tmp_path / "fc.grib", source="ens10")
+    np.testing.assert_array_equal(ds["time"].values, np.array(["2020-01-01"], "datetime64[ns]"))
+    np.testing.assert_array_equal(ds["prediction_timedelta"].values, [np.timedelta64(96, "h")])
+
+
+# ------------------------------------------------------------------------------ §2 levels in Pa
+
+
+def test_levels_in_pa_become_hpa_floats_next_to_hpa_levels_cli(tmp_path: Path) -> None:
+    from fake_layouts import write_grib
+
+    from smoeweather.cli import main
+
+    fields = {("isobaricInPa", 1): _field(200.0, 1), ("isobaricInPa", 50): _field(210.0, 2)}
+    fields[("isobaricInhPa", 850)] = _field(280.0, 3)
+    write_grib(tmp_path / "pl.grib", [_msg(level=lv, typeOfLevel=t, values=v) for (t, lv), v in fields.items()])
+    out = tmp_path / "s.zarr"
+    args = ["data", "prepare", "era5", "--source", str(tmp_path / "pl.grib"), "--out", str(out), "--format", "cds"]
+    assert main([*args, "--native-grid", "--levels", "0.01", "850", "--scheduler", "threads", "--quiet"]) == 0
+    ds = xr.open_zarr(out)
+    np.testing.assert_array_equal(ds["level"].values, [0.01, 850.0])  # 1 Pa = 0.01 hPa, float levels
+    assert ds["level"].attrs["units"] == "hPa"
+    for level, key in ((0.01, ("isobaricInPa", 1)), (850.0, ("isobaricInhPa", 850))):
+        want = fields[key][::-1]
+        np.testing.assert_allclose(ds["temperature"].sel(level=level).isel(time=0).values, want, atol=_grib_tol(want))
+
+
+# ------------------------------------------------------------------------------ §2 control + perturbed
+
+
+def test_control_and_perturbed_members_in_one_grib(tmp_path: Path) -> None:
+    from fake_layouts import write_grib
+
+    msgs = [
+        _msg(type="cf" if n == 0 else "pf", number=n, stepRange="24", values=_field(250.0 + n, n)) for n in range(3)
+    ]
+    write_grib(tmp_path / "ens.grib", msgs)
+    ds = xr.open_zarr(_prepare(tmp_path / "ens.grib", tmp_path / "s.zarr", fmt="cds"))
+    np.testing.assert_array_equal(ds["member"].values, [0, 1, 2])
+    for n in range(3):  # member 0 is the control forecast
+        want = _field(250.0 + n, n)[::-1]
+        got = ds["temperature"].sel(member=n, level=850).isel(time=0).values
+        np.testing.assert_allclose(got, want, rtol=0, atol=_grib_tol(want))
+
+    from pipelines.readers import open_ens10
+
+    msgs = [
+        _msg(type="cf" if n == 0 else "pf", number=n, stepRange=str(s), values=_field(250.0 + n, n))
+        for n in range(10)
+        for s in (0, 24, 48)
+    ]
+    write_grib(tmp_path / "output.pl.20200101", msgs)
+    ens = open_ens10(tmp_path / "output.pl.20200101", members=5)
+    np.testing.assert_array_equal(ens["member"].values, [0, 1, 2, 3, 4])
+    want = _field(250.0, 0)[::-1]
+    np.testing.assert_allclose(
+        ens["temperature"].sel(member=0, level=850).isel(time=0).values, want, atol=_grib_tol(want)
+    )

@@ -85,9 +85,11 @@ def test_weatherbench_folder_values_statistics_provenance(tmp_path: Path) -> Non
     t = xr.concat([w["t"] for w in written["temperature"]], "time")
     np.testing.assert_array_equal(ds["temperature"].values, t.values)
     z = xr.concat([w["z"] for w in written["geopotential_500"]], "time")
-    np.testing.assert_array_equal(ds["geopotential"].sel(level=500).values, z.values)
-    assert ds["geopotential"].sel(level=[850, 1000]).isnull().all()  # absent levels of a merged folder stay NaN
-    assert np.isfinite(stats["geopotential"].sel(statistic="mean", level=500))
+    np.testing.assert_array_equal(ds["geopotential_500"].values, z.values)
+    # only real fields: geopotential exists at 500 hPa only, so no all-NaN geopotential@850/1000 (issue 7)
+    assert "geopotential" not in ds and ds["geopotential_500"].attrs["canonical_name"] == "geopotential"
+    assert ds["geopotential_500"].attrs["level"] == 500 and "level" not in ds["geopotential_500"].dims
+    assert bool(np.isfinite(stats.to_array()).all())  # no NaN statistics anywhere
     t2m = xr.concat([w["t2m"] for w in written["2m_temperature"]], "time")
     np.testing.assert_array_equal(ds["2m_temperature"].values, t2m.values)
     const = written["constants"][0]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+import pandas as pd
 import xarray as xr
 
 from pipelines.canonical import canonicalize, validate
@@ -32,13 +34,85 @@ def _open_grib(path) -> list[xr.Dataset]:
     return parts
 
 
+def _data_types(part: xr.Dataset) -> set[str]:
+    return {str(v.attrs.get("GRIB_dataType", "")) for v in part.data_vars.values()}
+
+
+def _members(part: xr.Dataset) -> xr.Dataset:
+    """Ensemble messages (dataType cf/pf) keep ``number`` as a dim (control = 0, cfgrib gives it as a
+    scalar in its own Dataset); deterministic ones (an/fc) drop cfgrib's scalar ``number``."""
+    if "number" not in part.variables or "number" in part.dims:
+        return part
+    if _data_types(part) & {"cf", "pf"}:
+        return part.expand_dims("number")
+    return part.drop_vars("number")
+
+
+def _valid_times(part: xr.Dataset, path: object) -> xr.Dataset:
+    """Analysis view (``prepare era5``): forecast steps become VALID times ``time = init + step``.
+
+    One init × several steps, several inits × one step, or several × several when every (init, step)
+    pair gives a distinct valid time; anything else is ambiguous and raises DataError naming the file.
+    """
+    if "step" not in part.variables:
+        return part.expand_dims("time") if "time" in part.variables and "time" not in part.dims else part
+    init = part["time"].values.reshape(-1)
+    step = part["step"].values.reshape(-1)
+    valid = (init[:, None] + step[None, :]).reshape(-1)
+    if pd.Index(valid).has_duplicates:
+        raise DataError(
+            f"{path}: {init.size} initialisation time(s) x {step.size} forecast step(s) "
+            f"({[str(pd.Timedelta(x)) for x in step]}) give duplicated valid times; expected analyses or "
+            "forecast fields that map one-to-one to valid times (prepare forecasts with kind ens10)"
+        )
+    part = part.drop_vars("valid_time", errors="ignore")
+    for dim in ("time", "step"):
+        if dim not in part.dims:
+            part = part.expand_dims(dim)
+    part = part.stack(valid=("time", "step")).drop_vars(["valid", "time", "step"])
+    part = part.assign_coords(valid=("valid", valid)).rename({"valid": "time"}).sortby("time")
+    part["time"].attrs = {"long_name": "valid time (initialisation + forecast step)"}
+    return part
+
+
+def _forecast_times(part: xr.Dataset) -> xr.Dataset:
+    """Forecast view (ens10, WeatherBench 2 convention): ``time`` = initialisation and ``step`` (→
+    ``prediction_timedelta``) as dims, even when the file holds only one of either."""
+    part = part.drop_vars("valid_time", errors="ignore")
+    if "step" not in part.variables:
+        part = part.assign_coords(step=np.timedelta64(0, "ns"))
+    for dim in ("time", "step"):
+        if dim not in part.dims:
+            part = part.expand_dims(dim)
+    return part
+
+
+def _grib_parts(path, source: str) -> list[xr.Dataset]:
+    """cfgrib's Datasets of one GRIB file, each with members and times in canonical meaning."""
+    parts = []
+    for part in _open_grib(path):
+        part = _members(part)
+        part = _forecast_times(part) if source == "ens10" else _valid_times(part, path)
+        parts.append(canonicalize(part, source=source))
+    return parts
+
+
+def _merge(parts: list[xr.Dataset], path: object) -> xr.Dataset:
+    try:
+        return xr.merge(parts, compat="no_conflicts", join="outer", combine_attrs="drop_conflicts")
+    except (ValueError, xr.MergeError) as err:
+        raise DataError(
+            f"{path}: the GRIB messages do not combine into one Dataset ({err}); expected one grid and "
+            "no two messages for the same variable, level, member and time"
+        ) from err
+
+
 def open_cds_file(path: PathLike, source: str = "cds") -> xr.Dataset:
     """Open one CDS GRIB or netCDF file as a canonical Dataset (values loaded and checked)."""
     (p,) = resolve_sources(path)
     fmt = sniff_format(p)
     if fmt == "grib":
-        parts = [canonicalize(part, source=source) for part in _open_grib(p)]
-        ds = xr.merge(parts, compat="no_conflicts", join="outer", combine_attrs="drop_conflicts")
+        ds = _merge(_grib_parts(p, source), p)
     else:
         ds = canonicalize(open_netcdf(p), source=source)
     ds = load_checked(ds, p)
@@ -51,6 +125,7 @@ def open_cds(
     variables: Sequence[str] | None = None,
     levels: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
     fill_policy: str = "error",
+    check_nans: bool = True,
 ) -> xr.Dataset:
     """Open CDS GRIB/netCDF file(s) and combine them along ``time``.
 
@@ -58,7 +133,8 @@ def open_cds(
     per variable as for ``z500``/``t850`` files); both are checked and
     selected by ``validate``, which also rejects duplicated/non-monotonic times and NaNs
     (``fill_policy``). Files are loaded into memory: CDS downloads are meant to be modest; big
-    archives belong in the WB2/ARCO zarr reader.
+    archives belong in the WB2/ARCO zarr reader. ``check_nans=False`` leaves the NaN check to the
+    caller (``smoe data prepare`` counts NaNs chunk by chunk while writing).
     """
     files = resolve_sources(paths)
     parts = [open_cds_file(p) for p in files]
@@ -75,4 +151,6 @@ def open_cds(
         ds = ds.sortby("time") if ds.indexes["time"].is_unique else ds
     ds.attrs["source_files"] = ", ".join(str(p) for p in files)
     where = files[0] if len(files) == 1 else f"{files[0].parent}/{{{', '.join(p.name for p in files)}}}"
-    return validate(ds, path=where, variables=variables, levels=levels, fill_policy=fill_policy)
+    return validate(
+        ds, path=where, variables=variables, levels=levels, fill_policy=fill_policy, check_nans=check_nans
+    )

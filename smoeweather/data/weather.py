@@ -24,7 +24,7 @@ import xarray as xr
 import zarr
 from torch.utils.data import DataLoader, Dataset
 
-Field = tuple[str, int | None]  # (canonical variable name, level in hPa or None)
+Field = tuple[str, int | float | None]  # (canonical variable name, level in hPa or None)
 DEFAULT_CONSTANTS = ("land_sea_mask", "geopotential_at_surface", "latitude")
 DEFAULT_LEAD_CHOICES_H = tuple(range(6, 121, 6))
 HOUR = np.timedelta64(1, "h")
@@ -36,11 +36,24 @@ def parse_fields(fields: Sequence[Any]) -> list[Field]:
     for f in fields:
         if isinstance(f, str):
             name, _, level = f.rpartition("_")
-            out.append((name, int(level)) if name and level.isdigit() else (f, None))
+            out.append((name, _level(level)) if name and _is_number(level) else (f, None))
         else:
             name, level = f
-            out.append((str(name), None if level is None else int(level)))
+            out.append((str(name), None if level is None else _level(level)))
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return float(text) >= 0 and text.replace(".", "", 1).isdigit()
+    except ValueError:
+        return False
+
+
+def _level(value: Any) -> int | float:
+    """A pressure level (hPa): int when integral (500), float otherwise (0.1)."""
+    f = float(value)
+    return int(f) if f.is_integer() else f
 
 
 def field_name(field: Field) -> str:
@@ -75,15 +88,37 @@ class StoreReader:
 
 
 def _stat(stats: xr.Dataset, field: Field, which: str, store: str) -> float:
+    """One statistic of ``field`` from a statistics Dataset; ValueError when it is missing or unavailable."""
+    if not int(stats.attrs.get("available", 1)):
+        raise ValueError(
+            f"statistics of {store} are unavailable ({stats.attrs.get('unavailable_reason', 'no reason given')});"
+            " pass stats= (e.g. the training store's statistics group)"
+        )
     name, level = field
-    if name not in stats.data_vars:
+    flat = flat_name(field)
+    if name in stats.data_vars and (level is None or "level" in stats[name].dims):
+        v = stats[name].sel(statistic=which)
+        if level is not None:
+            v = v.sel(level=level)
+    elif level is not None and flat in stats.data_vars:  # stored per level (see split_partial_levels)
+        v = stats[flat].sel(statistic=which)
+    else:
         raise ValueError(
             f"statistics of {store} have no variable {name!r}; available: {sorted(stats.data_vars)}"
         )
-    v = stats[name].sel(statistic=which)
-    if level is not None:
-        v = v.sel(level=level)
-    return float(v)
+    value = float(v)
+    if not np.isfinite(value):
+        raise ValueError(f"statistics of {store}: {which} of {field_name(field)} is {value}; expected a number")
+    return value
+
+
+def flat_name(field: Field) -> str:
+    """Name of a field stored as its own 2-D variable (``geopotential_500``, ``temperature_0.1``)."""
+    name, level = field
+    if level is None:
+        return name
+    f = float(level)
+    return f"{name}_{int(f) if f.is_integer() else f'{f:g}'}"
 
 
 class WeatherBenchDataset(Dataset):
@@ -138,10 +173,11 @@ class WeatherBenchDataset(Dataset):
             self.times = ds["time"].values
             self.latitude = ds["latitude"].values.astype(np.float64)
             self.longitude = ds["longitude"].values.astype(np.float64)
-            levels = [int(p) for p in ds["level"].values] if "level" in ds.dims else []
+            levels = [_level(p) for p in ds["level"].values] if "level" in ds.dims else []
             self._check_fields(ds, levels)
             self._level_index = {p: i for i, p in enumerate(levels)}
             self._has_level = {name: "level" in ds[name].dims for name in ds.data_vars}
+            self._array_of = {f: self._array_name(ds, f) for f in self.variables + self.target_variables}
             self._has_member = {name: "member" in ds[name].dims for name in ds.data_vars}
             if self.member is not None and not 0 <= self.member < ds.sizes.get("member", 0):
                 raise ValueError(
@@ -168,8 +204,20 @@ class WeatherBenchDataset(Dataset):
         self._constants_cache: np.ndarray | None = None
 
     # ---- setup -------------------------------------------------------------------------------------
+    @staticmethod
+    def _array_name(ds: xr.Dataset, field: Field) -> str:
+        """The store variable holding ``field``: ``name`` (with a level dim) or ``name_level`` (2-D)."""
+        name, level = field
+        if level is not None and name not in ds.data_vars:
+            return flat_name(field)
+        return name
+
     def _check_fields(self, ds: xr.Dataset, levels: list[int]) -> None:
         for name, level in self.variables + self.target_variables:
+            if level is not None and name not in ds.data_vars and flat_name((name, level)) in ds.data_vars:
+                if "time" not in ds[flat_name((name, level))].dims:
+                    raise ValueError(f"{self.store}: {flat_name((name, level))!r} is time-invariant")
+                continue  # a field stored per level (variables with data on only some levels)
             if name not in ds.data_vars:
                 raise ValueError(
                     f"{self.store}: variable {name!r} not found; available: {sorted(ds.data_vars)}"
@@ -261,8 +309,8 @@ class WeatherBenchDataset(Dataset):
         lo, hi = int(idx.min()), int(idx.max()) + 1
         out = np.empty((len(idx), len(fields), *self.grid), np.float32)
         by_name: dict[str, list[int]] = {}
-        for c, (name, _) in enumerate(fields):
-            by_name.setdefault(name, []).append(c)
+        for c, field in enumerate(fields):
+            by_name.setdefault(self._array_of[field], []).append(c)
         for name, channels in by_name.items():
             block = np.asarray(self._reader.array(name)[lo:hi])[idx - lo]
             if self._has_member[name]:
