@@ -98,6 +98,12 @@ def forecast_and_truth(forecast: str | Path, truth: Any, field: str, lead: str |
     return fc, tr, kind
 
 
+def pretty_units(units: str) -> str:
+    """CF/ECMWF unit strings for labels: ``m**2 s**-2`` → ``m² s⁻²``."""
+    sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+    return " ".join(p.split("**")[0] + p.split("**")[1].translate(sup) if "**" in p else p for p in units.split())
+
+
 def _sorted(da: xr.DataArray) -> xr.DataArray:
     """Latitude ascending, longitude in [0, 360) ascending (what the maps expect)."""
     da = da.assign_coords(longitude=np.mod(da["longitude"], 360.0))
@@ -129,12 +135,12 @@ def plot_forecast(forecast: str | Path, truth: Any, field: str, lead: str | int,
     from smoeweather.forecast.output import parse_lead
 
     lead_h = parse_lead(lead)
-    units = fc.attrs.get("units", "")
+    units = pretty_units(fc.attrs.get("units", ""))
     f, t = fc.isel(time=0), tr.isel(time=0)
     t0 = fc["time"].values[0]
     valid = t0 + np.timedelta64(lead_h, "h")
     lo, hi = float(min(f.min(), t.min())), float(max(f.max(), t.max()))
-    fig = plt.figure(figsize=(16, 4.6))
+    fig = plt.figure(figsize=(16, 4.3), layout="constrained")
     label = f"{field} [{units}]"
     _panel(fig, 131, f, f"forecast ({kind})", label, cmap="viridis", vmin=lo, vmax=hi)
     _panel(fig, 132, t, "truth", label, cmap="viridis", vmin=lo, vmax=hi)
@@ -155,12 +161,12 @@ def plot_error(forecast: str | Path, truth: Any, field: str, lead: str | int, ou
 
     fc, tr, kind = forecast_and_truth(forecast, truth, field, lead, init)
     lead_h = parse_lead(lead)
-    units = fc.attrs.get("units", "")
+    units = pretty_units(fc.attrs.get("units", ""))
     err = fc - tr
     label = name or Path(forecast).stem
     if init is not None:
         t0 = fc["time"].values[0]
-        fig = plt.figure(figsize=(9, 5))
+        fig = plt.figure(figsize=(9, 5), layout="constrained")
         v = _symmetric(err.values)
         _panel(fig, 111, err.isel(time=0), f"{label} ({kind}) − truth: {field}, init {_stamp(t0)}, lead {lead_h} h",
                f"error [{units}]", cmap="RdBu_r", vmin=-v, vmax=v)
@@ -170,7 +176,7 @@ def plot_error(forecast: str | Path, truth: Any, field: str, lead: str | int, ou
     first, last = _stamp(fc["time"].values[0]), _stamp(fc["time"].values[-1])
     bias = err.mean("time")
     rmse = np.sqrt((err**2).mean("time"))
-    fig = plt.figure(figsize=(15, 5))
+    fig = plt.figure(figsize=(13, 4.4), layout="constrained")
     v = _symmetric(bias.values)
     _panel(fig, 121, bias, "time-mean error (bias)", f"bias [{units}]", cmap="RdBu_r", vmin=-v, vmax=v)
     _panel(fig, 122, rmse, "root-mean-square error", f"RMSE [{units}]", cmap="magma_r", vmin=0)

@@ -3,7 +3,7 @@ one line per method).
 
 ``scores.nc``: data variables named by metric (``rmse``, ``bias``, ``acc``, ``crps``, ...) over dims
 ``method``, ``field``, ``prediction_timedelta``. Units of the fields come from ``scores.json`` beside it
-(``{"units": {field: unit}}``) or the variables' ``units`` attributes.
+(``{"units": {field: unit}}``), a ``units`` coordinate along ``field`` or ``units_<field>`` attributes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from smoeweather.plotting.cartography import save_png  # noqa: E402
+from smoeweather.plotting.fields import pretty_units  # noqa: E402
 
 DIMENSIONLESS = {"acc", "spread_skill", "spread_skill_ratio", "efi", "skill_score"}
 LABELS = {"rmse": "RMSE", "bias": "bias (forecast − truth)", "acc": "anomaly correlation (ACC)",
@@ -50,6 +51,9 @@ def open_scores(path: str | Path) -> tuple[xr.Dataset, dict[str, str]]:
     sidecar = path.with_suffix(".json")
     if sidecar.is_file():
         units = dict(json.loads(sidecar.read_text()).get("units", {}))
+    if "units" in ds.coords and ds["units"].dims == ("field",):  # a units coordinate along field
+        for f, u in zip(ds["field"].values, ds["units"].values):
+            units.setdefault(str(f), str(u))
     for f in ds["field"].values:
         units.setdefault(str(f), str(ds.attrs.get(f"units_{f}", "")))
     return ds, units
@@ -74,11 +78,11 @@ def plot_scores(path: str | Path, out_dir: str | Path) -> list[Path]:
         fig, axes = plt.subplots(1, len(fields), figsize=(4.6 * len(fields), 3.8), squeeze=False)
         for ax, field in zip(axes[0], fields):
             for method in methods:
-                y = da.sel(method=method, field=field).values.astype(float)
+                y = da.sel({"method": method, "field": field}).values.astype(float)  # dict: sel has a method= arg
                 if np.all(np.isnan(y)):
                     continue
                 ax.plot(leads, y, label=method, **style[method])
-            unit = "1" if metric in DIMENSIONLESS else units.get(field, "")
+            unit = "1" if metric in DIMENSIONLESS else pretty_units(units.get(field, ""))
             ax.set_title(field, fontsize=10)
             ax.set_xlabel("lead time [h]")
             ax.set_ylabel(f"{LABELS.get(metric, metric)} [{unit}]" if unit else LABELS.get(metric, metric))

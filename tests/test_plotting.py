@@ -1,0 +1,229 @@
+"""Maps and plots (`smoe plot`): routing values against the checkpoint's gate tensor, the land-sea prior
+against the model's own initialisation, forecast/error alignment, valid PNG/netCDF files, and no network
+access by cartopy (its downloader is replaced by one that fails)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import xarray as xr
+
+pytest.importorskip("cartopy")
+
+from smoeweather.cli import main  # noqa: E402
+from smoeweather.models.registry import build_weather_model, synthetic_land_sea_mask  # noqa: E402
+from smoeweather.plotting import cartography, routing  # noqa: E402
+from smoeweather.plotting.fields import forecast_and_truth  # noqa: E402
+from smoeweather.training.base import FORMAT_VERSION, METADATA_KEY  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+H, W = 16, 32
+
+
+@pytest.fixture(autouse=True)
+def no_download(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt by cartopy to fetch a file fails the test."""
+    import cartopy.io
+
+    def refuse(self, target_path, format_dict):  # noqa: ANN001
+        raise AssertionError(f"cartopy tried to download {target_path}")
+
+    monkeypatch.setattr(cartopy.io.Downloader, "acquire_resource", refuse)
+
+
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5_000
+
+
+def write_lsm(path: Path) -> np.ndarray:
+    lsm = synthetic_land_sea_mask(H, W).numpy().astype(np.float32) * 0.9 + 0.05  # fractions around 0.5
+    lat, lon = routing.regular_grid(H, W)
+    xr.Dataset({"land_sea_mask": (("latitude", "longitude"), lsm)},
+               coords={"latitude": lat, "longitude": lon}).to_netcdf(path)
+    return lsm
+
+
+def smoe_config(store: Path) -> dict:
+    return {
+        "task": "weatherbench", "seed": 0, "data": {"store": str(store)},
+        "model": {"name": "resnet", "width": 4, "blocks": 1, "dropout": 0.0, "grid": [H, W],
+                  "smoe": {"placement": "all", "experts_factor": 2, "gate_prior": "land_sea",
+                           "prior_strength": 1.0}},
+    }
+
+
+def write_checkpoint(tmp_path: Path, lat: np.ndarray) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A `smoe train`-format checkpoint of a tiny SMoE ResNet with a perturbed ("trained") gate.
+
+    Returns (checkpoint, gate tensor (|E|, H, W) in the model's row order, land fraction (H, W))."""
+    from smoeweather.training.checkpoint import _weatherbench_module
+
+    lsm = write_lsm(tmp_path / "lsm.nc")
+    _, lon = routing.regular_grid(H, W)
+    meta = {"task": "weatherbench", "config": smoe_config(tmp_path / "lsm.nc"),
+            "channel_names": ["a", "b", "c"], "target_names": ["geopotential_500"],
+            "latitude": lat.tolist(), "longitude": lon.tolist(),
+            "normalisation": {"input_mean": [0.0] * 3, "input_std": [1.0] * 3,
+                              "target_mean": [0.0], "target_std": [1.0]}}
+    module = _weatherbench_module(meta)
+    (name, gate), = [(k, g) for k, g in module.model.net.gates.items()]
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(gate.weight.shape, generator=torch.Generator().manual_seed(1)))
+    path = tmp_path / "smoe.ckpt"
+    torch.save({"state_dict": module.state_dict(), METADATA_KEY: {"format_version": FORMAT_VERSION, **meta}}, path)
+    return path, gate.weight.detach().numpy().copy(), lsm
+
+
+def test_cell_edges_cover_globe_without_seam() -> None:
+    lat, lon = routing.regular_grid(32, 64)
+    np.testing.assert_allclose(lat[[0, -1]], [-87.1875, 87.1875])
+    lat_e, lon_e = cartography.cell_edges(lat, -90, 90), cartography.cell_edges(lon)
+    np.testing.assert_allclose(lat_e[[0, -1]], [-90.0, 90.0])
+    assert lon_e[-1] - lon_e[0] == pytest.approx(360.0, abs=1e-12)  # last column meets the first
+    with pytest.raises(ValueError, match="ascending"):
+        cartography.check_global_grid(lat[::-1], lon)
+
+
+def test_coastline_is_the_packaged_file() -> None:
+    cartography.offline_cartopy()
+    from cartopy.io import shapereader
+
+    path = Path(shapereader.natural_earth("110m", "physical", "coastline"))
+    assert path.resolve() == cartography.COASTLINE_SHP.resolve()
+    assert len(list(shapereader.Reader(path).geometries())) > 100
+
+
+def test_routing_netcdf_equals_gate_argmax_and_topk(tmp_path: Path) -> None:
+    lat, _ = routing.regular_grid(H, W)
+    ckpt, scores, lsm = write_checkpoint(tmp_path, lat)
+    from smoeweather.training.checkpoint import load_trained
+
+    trained = load_trained(ckpt)
+    (r,) = routing.gate_routings(trained.model, trained.metadata, trained.config)
+    path = routing.write_netcdf(routing.routing_dataset(r, {"source_checkpoint": str(ckpt)}), tmp_path / "r.nc")
+    ds = xr.load_dataset(path)
+    n, e = scores.shape[0], 4  # |E| = 2 × width, E = width
+    assert ds.attrs["Conventions"] == "CF-1.8" and ds["latitude"].attrs["units"] == "degrees_north"
+    assert (ds.attrs["num_experts"], ds.attrs["num_selected"]) == (n, e)
+    # independent numpy computation from the checkpoint tensor
+    raw = torch.load(ckpt, weights_only=False)["state_dict"]
+    (d,) = [v.numpy() for k, v in raw.items() if k.endswith("weight") and "gates" in k]
+    np.testing.assert_array_equal(d, scores)
+    np.testing.assert_array_equal(ds["gate_scores"].values, d)
+    np.testing.assert_array_equal(ds["dominant_expert"].values, d.argmax(axis=0))
+    top_np = np.sort(np.argpartition(-d, e - 1, axis=0)[:e], axis=0)
+    np.testing.assert_array_equal(np.sort(ds["top_experts"].values, axis=0), top_np)
+    s = -np.sort(-d, axis=0)
+    np.testing.assert_array_equal(ds["routing_margin"].values, (s[e - 1] - s[e]).astype(np.float32))
+    # usage: every location selects E experts and the area weights sum to 1 → Σ usage = E
+    assert ds["expert_usage_area"].sum().item() == pytest.approx(e, rel=1e-12)
+    assert ds["expert_dominant_area"].sum().item() == pytest.approx(1.0, rel=1e-12)
+    # prior: the land fraction thresholded at 0.5, and the experts outside the prior's group
+    np.testing.assert_array_equal(ds["prior_category"].values, (lsm > 0.5).astype(int))
+    group = np.arange(n) * 2 // n
+    outside = (group[top_np] != (lsm > 0.5)[None]).sum(axis=0)
+    np.testing.assert_array_equal(ds["n_experts_outside_prior_group"].values, outside)
+    n_sets = len({tuple(top_np[:, i, j]) for i in range(H) for j in range(W)})
+    assert ds.attrs["n_distinct_sets"] == n_sets
+
+
+def test_prior_map_is_the_models_initial_routing(tmp_path: Path) -> None:
+    """An untrained model built with the mask routes exactly the prior's expert group everywhere."""
+    lsm = write_lsm(tmp_path / "lsm.nc")
+    cfg = smoe_config(tmp_path / "lsm.nc")
+    model = build_weather_model({**cfg["model"], "in_channels": 3, "out_channels": 1},
+                                land_sea_prior=torch.as_tensor(lsm))
+    lat, lon = routing.regular_grid(H, W)
+    (r,) = routing.gate_routings(model, {"latitude": lat, "longitude": lon}, cfg)
+    ds = routing.routing_dataset(r)
+    assert int(ds["n_experts_outside_prior_group"].max()) == 0
+    assert ds.attrs["n_distinct_sets"] == 2
+    np.testing.assert_array_equal(ds["routing_region"].values == 1, lsm > 0.5)  # sea covers more area: set 0
+
+
+def test_north_to_south_grid_is_flipped(tmp_path: Path) -> None:
+    lat, lon = routing.regular_grid(H, W)
+    model = build_weather_model({"name": "resnet", "in_channels": 3, "out_channels": 1, "width": 4, "blocks": 1,
+                                 "grid": [H, W], "smoe": {"placement": "first"}})
+    (gate,) = model.gates.values()
+    (r,) = routing.gate_routings(model, {"latitude": lat[::-1], "longitude": lon}, {})
+    assert np.all(np.diff(r.latitude) > 0)
+    np.testing.assert_array_equal(r.scores, gate.weight.detach().numpy()[:, ::-1])
+
+
+def test_dense_checkpoint_is_a_clear_error() -> None:
+    model = build_weather_model({"name": "resnet", "in_channels": 3, "out_channels": 1, "width": 4, "blocks": 1,
+                                 "grid": [H, W]})
+    with pytest.raises(ValueError, match="no SMoE tensor-routing gate"):
+        routing.gate_routings(model)
+
+
+@pytest.mark.slow
+def test_smoe_plot_routing_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    lat, _ = routing.regular_grid(H, W)
+    ckpt, _, _ = write_checkpoint(tmp_path, lat)
+    assert main(["plot", "routing", str(ckpt), "--out", str(tmp_path / "maps")]) == 0
+    gate = f"E8_H{H}_W{W}"
+    kinds = ("dominant", "regions", "margin", "prior", "outside_prior", "usage")
+    assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == sorted(
+        [f"routing_{gate}.nc"] + [f"routing_{gate}_{k}.png" for k in kinds])
+    assert all(is_png(tmp_path / "maps" / f"routing_{gate}_{k}.png") for k in kinds)
+    assert xr.load_dataset(tmp_path / "maps" / f"routing_{gate}.nc")["dominant_expert"].shape == (H, W)
+    assert main(["plot", "routing", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path)]) == 2
+    assert "missing.ckpt" in capsys.readouterr().err
+
+
+def make_stores(tmp_path: Path, offset: float = 3.0) -> tuple[Path, Path]:
+    """Truth store (6-hourly, 3 days) and a forecast = truth at the valid time + ``offset`` K."""
+    lat, lon = routing.regular_grid(H, W)
+    times = pd.date_range("2003-01-01", periods=16, freq="6h")
+    rng = np.random.default_rng(0)
+    t = 250 + rng.normal(size=(len(times), 1, H, W)).astype(np.float32)
+    truth = xr.Dataset({"temperature": (("time", "level", "latitude", "longitude"), t, {"units": "K"})},
+                       coords={"time": times, "level": [850], "latitude": lat, "longitude": lon})
+    truth.to_zarr(tmp_path / "truth.zarr")
+    inits = times[:4:2]
+    leads = np.array([24, 48], "timedelta64[h]").astype("timedelta64[ns]")
+    fc = np.stack([[truth["temperature"].sel(time=i + lt).values + offset for lt in leads] for i in inits])
+    ds = xr.Dataset({"temperature": (("time", "prediction_timedelta", "level", "latitude", "longitude"), fc,
+                                     {"units": "K"})},
+                    coords={"time": inits, "prediction_timedelta": leads, "level": [850], "latitude": lat,
+                            "longitude": lon}, attrs={"forecast_kind": "deterministic"})
+    ds.to_zarr(tmp_path / "fc.zarr")
+    return tmp_path / "fc.zarr", tmp_path / "truth.zarr"
+
+
+def test_forecast_and_truth_align_at_valid_time(tmp_path: Path) -> None:
+    fc_path, truth_path = make_stores(tmp_path, offset=3.0)
+    fc, tr, kind = forecast_and_truth(fc_path, truth_path, "temperature_850", "48h")
+    assert kind == "deterministic" and fc.sizes["time"] == 2
+    np.testing.assert_allclose((fc - tr).values, 3.0, rtol=0, atol=4 * np.finfo(np.float32).eps * 256)
+    with pytest.raises(ValueError, match="no lead 72 h"):
+        forecast_and_truth(fc_path, truth_path, "temperature_850", "72h")
+    with pytest.raises(ValueError, match="no level 500"):
+        forecast_and_truth(fc_path, truth_path, "temperature_500", "24h")
+
+
+@pytest.mark.slow
+def test_smoe_plot_forecast_error_scores_cli(tmp_path: Path) -> None:
+    fc_path, truth_path = make_stores(tmp_path)
+    out = tmp_path / "maps"
+    common = ["--truth", str(truth_path), "--field", "temperature_850", "--lead", "24h", "--out", str(out)]
+    assert main(["plot", "forecast", str(fc_path), *common, "--init", "2003-01-01T12"]) == 0
+    assert main(["plot", "error", str(fc_path), *common]) == 0
+    assert is_png(out / "forecast_temperature_850_24h_20030101T12.png")
+    assert is_png(out / "error_temperature_850_24h_mean.png")
+    leads = np.array([24, 72], "timedelta64[h]").astype("timedelta64[ns]")
+    scores = xr.Dataset({"rmse": (("method", "field", "prediction_timedelta"), np.arange(8.0).reshape(2, 2, 2))},
+                        coords={"method": ["smoe", "persistence"], "field": ["geopotential_500", "temperature_850"],
+                                "prediction_timedelta": leads})
+    scores.to_netcdf(tmp_path / "scores.nc")
+    (tmp_path / "scores.json").write_text(json.dumps({"units": {"geopotential_500": "m**2 s**-2",
+                                                                 "temperature_850": "K"}}))
+    assert main(["plot", "scores", str(tmp_path / "scores.nc"), "--out", str(out)]) == 0
+    assert is_png(out / "scores_rmse.png")
