@@ -9,8 +9,10 @@ VERBS: tuple[str, ...] = (
     "heat",
     "data",
     "train",
-    "skill",
+    "forecast",
+    "evaluate",
     "plot",
     "demo",
     "study",
+    "vision",
 )

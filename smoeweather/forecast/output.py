@@ -72,8 +72,8 @@ def check_times(data_times: np.ndarray, inits: np.ndarray, offsets_h: Sequence[i
         if len(missing):
             span = f"{have.min()} .. {have.max()}" if len(have) else "no times"
             raise ValueError(
-                f"{where}: {len(missing)} initialisation(s) lack their {what} at {off:+d} h, e.g. "
-                f"{[str(t) for t in missing[:3]]}; the data cover {span}. Narrow --init"
+                f"{where}: {len(missing)} initialisation(s) lack their {what} at init {off:+d} h: missing "
+                f"times such as {[str(t) for t in missing[:3]]}; the data cover {span}. Narrow --init"
                 + (" or pass --beyond-data to forecast past the data" if what.startswith("truth") else "")
             )
 
