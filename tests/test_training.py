@@ -366,27 +366,3 @@ def test_ddp_two_processes_equal_one_process_with_combined_batch(
 def test_unknown_task_is_an_error() -> None:
     with pytest.raises(ValueError, match="task must be one of"):
         build({"task": "nowcasting"})
-
-
-def test_skill_evaluation_persistence_matches_xarray(stores: dict[str, str], tmp_path: Path) -> None:
-    from smoeweather.experiments.skill import evaluate_checkpoint, markdown
-
-    cfg = tiny_config(REPO / "configs/weatherbench/world_dense.yaml", stores, tmp_path)
-    result = evaluate_checkpoint(train(cfg).last_checkpoint, leads_h=(24,))
-    scores = result["scores"]["24h"]
-    assert "persistence" in markdown([result])
-    truth = xr.open_zarr(stores["world"])["geopotential"].sel(level=500).load()
-    start, end = (np.datetime64(str(v)) for v in PERIODS["test_period"])
-    lead = np.timedelta64(24, "h")
-    inits = [
-        t
-        for t in truth.time.values
-        if t - np.timedelta64(12, "h") >= truth.time.values[0] and t >= start and t + lead <= end
-    ]
-    err = truth.sel(time=[t + lead for t in inits]).values - truth.sel(time=inits).values
-    w = np.cos(np.deg2rad(truth.latitude.values))
-    w = (w / w.mean())[:, None]
-    expected = float(np.sqrt((err**2 * w).mean(axis=(1, 2)).mean()))
-    assert scores["n_test"] == len(inits)
-    assert scores["persistence"]["geopotential_500"] == pytest.approx(expected, rel=1e-4)
-    assert np.isfinite(scores["model"]["temperature_850"]) and scores["climatology"]["geopotential_500"] > 0
