@@ -111,11 +111,20 @@ class LastCheckpoint(Checkpoint):
         trainer.strategy.barrier("LastCheckpoint")
         self.last_model_path, self._saved_step = str(path), trainer.global_step
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # the last step of a fit that stops inside an epoch (max_steps): saved HERE, while Lightning's loops
+        # still record the epoch as running, so a resume continues the epoch instead of starting the next one
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if 0 < trainer.max_steps <= trainer.global_step and done < trainer.num_training_batches:
+            self._save(trainer)
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._save(trainer)  # after the epoch-end validation and EarlyStopping, like ModelCheckpoint
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.fit_loop.epoch_loop.batch_progress.current.completed < trainer.num_training_batches:
+        if trainer.fit_loop.epoch_loop.batch_progress.current.processed < trainer.num_training_batches:
             self._save(trainer)  # validation inside an epoch (val_check_interval < 1)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

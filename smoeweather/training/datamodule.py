@@ -109,7 +109,7 @@ class SplitDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 0
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # set before on_train_batch_end
         return 0 if done >= trainer.num_training_batches else int(done)
 
     def val_dataloader(self) -> DataLoader:
