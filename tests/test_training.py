@@ -366,3 +366,35 @@ def test_ddp_two_processes_equal_one_process_with_combined_batch(
 def test_unknown_task_is_an_error() -> None:
     with pytest.raises(ValueError, match="task must be one of"):
         build({"task": "nowcasting"})
+
+
+# ---- resume: last.ckpt after every epoch, mid-epoch, DDP -------------------------------------------------------
+HEAT = REPO / "configs/heat/smoe.yaml"
+# lr 0.3 on the tiny heat SMoE makes epoch 2 worse than epoch 1 (asserted below): a non-improving epoch
+NON_IMPROVING = ("training.lr=0.3", "trainer.limit_train_batches=3")
+
+
+def _epoch_step(ckpt: str | Path) -> tuple[int, int]:
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    return int(state["epoch"]), int(state["global_step"])
+
+
+def test_last_checkpoint_is_written_after_a_non_improving_epoch(stores: dict[str, str], tmp_path: Path) -> None:
+    full = train(tiny_config(HEAT, stores, tmp_path / "full", (*NON_IMPROVING, "trainer.max_epochs=4")))
+    part = train(tiny_config(HEAT, stores, tmp_path / "part", (*NON_IMPROVING, "trainer.max_epochs=3")))
+    assert Path(part.best_checkpoint).name == "best-epoch=001.ckpt", "epoch 2 must not improve on epoch 1"
+    assert _epoch_step(part.last_checkpoint) == (2, 9)  # the state after epoch 2, not the best (epoch 1)
+    resumed = train(tiny_config(HEAT, stores, tmp_path / "part", (*NON_IMPROVING, "trainer.max_epochs=4")),
+                    resume=part.last_checkpoint)
+    assert resumed.trainer.global_step == full.trainer.global_step == 12
+    _assert_same(_params(full.last_checkpoint), _params(resumed.last_checkpoint))
+
+
+def test_resume_inside_an_epoch_equals_uninterrupted(stores: dict[str, str], tmp_path: Path) -> None:
+    extra = ("trainer.limit_train_batches=4", "trainer.max_epochs=2")
+    full = train(tiny_config(HEAT, stores, tmp_path / "full", extra))
+    part = train(tiny_config(HEAT, stores, tmp_path / "part", (*extra, "trainer.max_steps=2")))  # no crash
+    assert _epoch_step(part.last_checkpoint) == (0, 2)
+    resumed = train(tiny_config(HEAT, stores, tmp_path / "part", extra), resume=part.last_checkpoint)
+    assert resumed.trainer.global_step == full.trainer.global_step == 8
+    _assert_same(_params(full.last_checkpoint), _params(resumed.last_checkpoint))
