@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
@@ -139,7 +140,7 @@ def _msg(short: str = "t", level: int | None = 850, **keys: object) -> dict:
 def _prepare(source, out: Path, **kwargs):  # noqa: ANN001, ANN202
     from pipelines.prepare import prepare
 
-    return prepare("era5", source, out, grid=None, **{**FAST, **kwargs})
+    return prepare("era5", source, out, **{"grid": None, **FAST, **kwargs})
 
 
 # ------------------------------------------------------------------------------ §2 forecast steps
@@ -261,3 +262,168 @@ def test_control_and_perturbed_members_in_one_grib(tmp_path: Path) -> None:
     np.testing.assert_allclose(
         ens["temperature"].sel(member=0, level=850).isel(time=0).values, want, atol=_grib_tol(want)
     )
+
+
+# ------------------------------------------------------------------------------ §2 NaNs, every source
+
+
+def _nc(path: Path, times: pd.DatetimeIndex, names: dict[str, float], seed: int = 0) -> xr.Dataset:
+    """A netCDF on the 10° grid (latitude ascending) with ERA5 short names, e.g. {"z500": 5e4, "t850": 280}."""
+    rng = np.random.default_rng(seed)
+    shape = (len(times), LAT10.size, LON10.size)
+    units = {"z": "m**2 s**-2", "t": "K"}
+    data = {
+        n: (("time", "latitude", "longitude"), v + rng.standard_normal(shape), {"units": units[n[0]]})
+        for n, v in names.items()
+    }
+    ds = xr.Dataset(data, coords={"time": times, "latitude": LAT10, "longitude": LON10})
+    ds.to_netcdf(path)
+    return ds
+
+
+def _with_nans(ds: xr.Dataset, name: str, n: int = 12) -> xr.Dataset:
+    """``ds`` with ``n`` NaNs in the first time step of ``name`` (first row of its last two dims)."""
+    ds = ds.copy(deep=True)
+    values = ds[name].values
+    index = (0,) * (values.ndim - 2)
+    values[index][0, :n] = np.nan
+    ds[name].values = values
+    return ds
+
+
+def test_nan_refused_with_counts_and_nothing_written_weatherbench(tmp_path: Path) -> None:
+    from fake_layouts import write_weatherbench
+
+    root = tmp_path / "5.625deg"
+    write_weatherbench(root, years=(1979,), steps=3)
+    path = root / "2m_temperature" / "2m_temperature_1979_5.625deg.nc"
+    ds = _with_nans(xr.load_dataset(path), "t2m")
+    path.unlink()
+    ds.to_netcdf(path)
+    out = tmp_path / "wb.zarr"
+    with pytest.raises(DataError, match=r"'2m_temperature': 12 of 6144 values.*nothing was written"):
+        _prepare(root, out, grid=5.625)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["5.625deg"]  # no temporary left
+    filled = xr.open_zarr(_prepare(root, out, grid=5.625, fill_policy="zero"))
+    assert int(filled["2m_temperature"].isnull().sum()) == 0
+    assert int((filled["2m_temperature"] == 0).sum()) == 12 and "2m_temperature': 12" in filled.attrs["nan_filled"]
+
+
+def test_nan_refused_wb2_store_per_level(tmp_path: Path) -> None:
+    from fake_layouts import wb2_dataset
+
+    src = tmp_path / "src.zarr"
+    _with_nans(wb2_dataset(times=8), "geopotential").to_zarr(src, consolidated=True, zarr_format=2)
+    with pytest.raises(DataError, match=r"'geopotential' @500 hPa: 12 of 16384 values"):
+        _prepare(src, tmp_path / "s.zarr", fmt="wb2")
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_nan_refused_cmip6(tmp_path: Path) -> None:
+    from fake_layouts import write_cmip6
+
+    paths, _ = write_cmip6(tmp_path / "raw", variable="tas", files=1)
+    ds = xr.load_dataset(paths[0], decode_times=False)
+    paths[0].unlink()
+    _with_nans(ds, "tas").to_netcdf(paths[0])
+    from pipelines.prepare import prepare
+
+    with pytest.raises(DataError, match=r"'2m_temperature': 12 of"):
+        prepare("cmip6", tmp_path / "raw", tmp_path / "s.zarr", grid=None, **FAST)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_nan_refused_training_config_sources(tmp_path: Path) -> None:
+    from smoeweather.training.run import ensure_store
+
+    times = pd.date_range("2000-01-01", periods=4, freq="6h")
+    src = _nc(tmp_path / "in.nc", times, {"t850": 280.0})
+    canonical = src.rename(t850="temperature")
+    _with_nans(canonical, "temperature").to_netcdf(tmp_path / "canonical.nc")
+    store = tmp_path / "s.zarr"
+    with pytest.raises(DataError, match=r"'temperature': 12 of"):
+        ensure_store({"store": str(store), "sources": [str(tmp_path / "canonical.nc")]})
+    assert not store.exists()
+
+
+# ------------------------------------------------------------------------------ §2 variables on different levels
+
+
+def test_variables_on_different_levels_keep_only_real_fields(tmp_path: Path) -> None:
+    from smoeweather.data.weather import WeatherBenchDataset
+
+    times = pd.date_range("2000-01-01", periods=4, freq="6h")
+    src = _nc(tmp_path / "zt.nc", times, {"z500": 5.4e4, "t850": 280.0})
+    ds = xr.open_zarr(_prepare(tmp_path / "zt.nc", tmp_path / "s.zarr", fmt="cds"))
+    stats = xr.open_zarr(tmp_path / "s.zarr", group="statistics").load()
+    assert sorted(ds.data_vars) == ["geopotential_500", "temperature_850"] and "level" not in ds.dims
+    assert int(ds.to_array().isnull().sum()) == 0 and bool(np.isfinite(stats.to_array()).all())
+    np.testing.assert_array_equal(ds["temperature_850"].values, src["t850"].values.astype(np.float32))
+    data = WeatherBenchDataset(
+        tmp_path / "s.zarr", [("geopotential", 500), "temperature_850"], input_offsets_h=(0,), lead_h=6, constants=()
+    )
+    x, _ = data[0]
+    t = src["t850"].values[0]
+    # float32 normalisation of ~280 K values: a few ulps of 280 relative to std ≈ 1
+    tol = 4 * np.finfo(np.float32).eps * 300 / float(stats["temperature_850"].sel(statistic="std"))
+    want = (t - float(stats["temperature_850"].sel(statistic="mean"))) / float(
+        stats["temperature_850"].sel(statistic="std")
+    )
+    np.testing.assert_allclose(x[1].numpy(), want, rtol=0, atol=tol)
+
+
+# ------------------------------------------------------------------------------ §2 statistics
+
+
+@pytest.mark.parametrize(("freq", "label"), [("12h", "12h"), ("1D", "1D"), ("MS", "1 month")])
+def test_diff_std_at_the_data_own_step(freq: str, label: str) -> None:
+    from pipelines.statistics import compute_statistics
+
+    times = pd.date_range("2000-01-01", periods=14, freq=freq)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((14, 3, 4)).cumsum(axis=0)
+    ds = xr.Dataset({"x": (("time", "latitude", "longitude"), x)}, coords={"time": times})
+    stats = compute_statistics(ds).compute()
+    want = np.diff(x, axis=0).std()
+    # float64 reductions over n = 156 values: error ≲ n * eps64 relative
+    np.testing.assert_allclose(float(stats["x"].sel(statistic="diff_std")), want, rtol=156 * np.finfo(float).eps)
+    assert stats.attrs["diff_step"] == label and stats.attrs["available"] == 1
+
+
+def test_irregular_steps_say_why_diff_std_is_missing() -> None:
+    from pipelines.statistics import compute_statistics
+
+    times = pd.DatetimeIndex(["2000-01-03", "2000-01-06", "2000-01-10", "2000-01-13"])  # twice weekly
+    ds = xr.Dataset({"x": (("time", "latitude"), np.arange(8.0).reshape(4, 2))}, coords={"time": times})
+    stats = compute_statistics(ds).compute()
+    assert np.isnan(float(stats["x"].sel(statistic="diff_std"))) and "irregular" in stats.attrs["diff_std_note"]
+
+
+def test_one_time_step_prepares_and_statistics_are_marked_unavailable(tmp_path: Path) -> None:
+    from smoeweather.data.weather import _stat
+
+    _nc(tmp_path / "one.nc", pd.date_range("2000-01-01", periods=1), {"t850": 280.0})
+    out = _prepare(tmp_path / "one.nc", tmp_path / "s.zarr", fmt="cds")
+    ds, stats = xr.open_zarr(out), xr.open_zarr(out, group="statistics")
+    assert ds.sizes["time"] == 1 and stats.attrs["available"] == 0
+    assert "1 time step" in stats.attrs["unavailable_reason"]
+    with pytest.raises(ValueError, match="statistics of .* are unavailable"):  # readers refuse NaN statistics
+        _stat(stats.load(), ("temperature", 850), "mean", str(out))
+
+
+# ------------------------------------------------------------------------------ §2 stale stores
+
+
+def test_changed_source_is_not_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    times = pd.date_range("2000-01-01", periods=4, freq="6h")
+    _nc(tmp_path / "a.nc", times, {"t850": 280.0})
+    out = _prepare(tmp_path / "a.nc", tmp_path / "s.zarr", fmt="cds")
+    capsys.readouterr()
+    _prepare(tmp_path / "a.nc", out, fmt="cds")
+    assert "up to date" in capsys.readouterr().out
+    new = _nc(tmp_path / "a.nc", times, {"t850": 290.0}, seed=1)  # same size, new values
+    with pytest.raises(FileExistsError, match="changed since this store was written"):
+        _prepare(tmp_path / "a.nc", out, fmt="cds")
+    _prepare(tmp_path / "a.nc", out, fmt="cds", overwrite=True)
+    got = xr.open_zarr(out)["temperature"].sel(level=850).values
+    np.testing.assert_array_equal(got, new["t850"].values.astype(np.float32))
