@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xarray as xr
 import yaml
 from scipy import stats
 
@@ -44,7 +45,7 @@ def tiny_study(tmp_path: Path, store: str, **extra: object) -> Path:
     ]
     study = {
         "name": "tiny", "seeds": [0, 1], "steps": STEPS, "val_every_steps": 2, "baseline": "dense",
-        "overrides": common, "scoring": "skill",
+        "overrides": common, "scoring": "forecast",
         "variants": {
             "dense": {"config": str(REPO / "configs/weatherbench/world_dense.yaml")},
             "smoe_all_prior": {"config": str(REPO / "configs/weatherbench/world_smoe_all_prior.yaml")},
@@ -72,6 +73,19 @@ def test_tiny_study_end_to_end_then_resume(world_store: str, tmp_path: Path) -> 
             assert r["scores"][lead]["geopotential_500"] > 10.0
             assert 0.0 < r["scores"][lead]["temperature_850"] < 100.0
     assert "Paired difference" in (out / "study.md").read_text()
+    # the score is the latitude-weighted RMSE (sqrt after the time mean) of the written forecast vs the truth
+    run = out / "runs/dense/seed1"
+    fc = xr.open_zarr(run / "forecast.zarr")["geopotential"].sel(level=500, drop=True)
+    truth = xr.open_zarr(world_store)["geopotential"].sel(level=500, drop=True)
+    lead = np.timedelta64(72, "h")
+    f = fc.sel(prediction_timedelta=lead).astype("f8")
+    t = truth.sel(time=f["time"] + lead).assign_coords(time=f["time"]).astype("f8")
+    w = np.cos(np.deg2rad(truth["latitude"]))
+    mse = ((f - t) ** 2).weighted(w / w.mean()).mean(["latitude", "longitude"]).mean("time")
+    got = next(r for r in result["runs"] if (r["variant"], r["seed"]) == ("dense", 1))["scores"]["72h"]
+    # float32 forecast values (~5e4 m² s⁻²) and errors: relative 1e-5 covers the float32 rounding
+    assert got["geopotential_500"] == pytest.approx(float(np.sqrt(mse)), rel=1e-5)
+    assert result["references"]["persistence"]["72h"]["geopotential_500"] > 0
     # equal-step budget: the resolved run config has no wall-clock or early-stop limit
     cfg = yaml.safe_load((out / "runs/smoe_all_prior/seed1/config.yaml").read_text())
     assert cfg["trainer"]["max_steps"] == STEPS and cfg["trainer"]["max_time"] is None and cfg["seed"] == 1

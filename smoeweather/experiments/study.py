@@ -151,8 +151,11 @@ def _forecast_api() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 
 def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: list[int], targets: list[str],
-                        work: Path) -> dict[str, dict[str, float]]:
-    """RMSE (physical units) via ``smoe forecast`` + ``smoe evaluate``: {"72h": {target: rmse}}."""
+                        work: Path) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
+    """RMSE (physical units) via :func:`smoeweather.forecast.run_forecast` (initialisations every 12 h of the
+    test period whose longest lead verifies inside it) and :func:`smoeweather.metrics.evaluate.evaluate`
+    against the data store; returns ({"72h": {target: rmse}}, {"persistence": {"72h": {target: rmse}}}).
+    The forecast and ``scores.{nc,json,md}`` stay in ``work``."""
     api = _forecast_api()
     if api is None:
         raise ValueError("scoring 'forecast' needs smoeweather.forecast.run_forecast and "
@@ -163,17 +166,26 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
     if period is None:
         years = dcfg["test_years"]
         period = [f"{years[0]}-01-01", f"{years[-1]}-12-31T18:00"]
-    # initialisations whose longest lead still verifies inside the test period
     end = np.datetime64(str(period[1])) - np.timedelta64(max(leads_h), "h")
     fc = run_forecast(str(checkpoint), dcfg["store"], init=(str(period[0]), str(end)), every="12h",
-                      leads_h=tuple(leads_h), out=work / "forecast.zarr")
-    scores = evaluate({"model": Path(fc)}, dcfg["store"])
-    rmse = scores["rmse"].sel(method="model")
-    out: dict[str, dict[str, float]] = {}
-    for lead in leads_h:
-        at = rmse.sel(prediction_timedelta=np.timedelta64(lead, "h"))
-        out[f"{lead}h"] = {t: float(at.sel(field=t)) for t in targets}
-    return out
+                      leads_h=tuple(leads_h), out=work / "forecast.zarr", progress=False)
+    scores = evaluate({"model": Path(fc)}, dcfg["store"], out_dir=work / "scores")
+    out: dict[str, dict[str, dict[str, float]]] = {"model": {}, "persistence": {}}
+    # positional lookups: plain index arrays, independent of how the coordinates are indexed
+    methods = [str(m) for m in scores["method"].values]
+    fields = [str(f) for f in scores["field"].values]
+    leads = list(scores["prediction_timedelta"].values.astype("timedelta64[h]").astype(int))
+    missing = [t for t in targets if t not in fields] + [h for h in leads_h if h not in leads]
+    if missing:
+        raise ValueError(f"{checkpoint}: the evaluation has no scores for {missing}")
+    rmse = scores["rmse"].transpose("method", "field", "prediction_timedelta").values
+    for method in out:
+        if method in methods:
+            m = methods.index(method)
+            out[method] = {f"{h}h": {t: float(rmse[m, fields.index(t), leads.index(h)]) for t in targets}
+                           for h in leads_h}
+    model = out.pop("model")
+    return model, {k: v for k, v in out.items() if v}
 
 
 def score_with_skill(checkpoint: str | Path, leads_h: list[int], targets: list[str]
@@ -298,7 +310,7 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     mode = _scoring_mode(study)
     refs: dict[str, Any] = {}
     if mode == "forecast":
-        scores = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
+        scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
     else:
         scores, refs = score_with_skill(best, study.leads_h, study.targets)
     record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": str(best),
