@@ -213,7 +213,8 @@ def test_forecast_and_truth_align_at_valid_time(tmp_path: Path) -> None:
 def test_smoe_plot_forecast_error_scores_cli(tmp_path: Path) -> None:
     fc_path, truth_path = make_stores(tmp_path)
     out = tmp_path / "maps"
-    common = ["--truth", str(truth_path), "--field", "temperature_850", "--lead", "24h", "--out", str(out)]
+    common = ["--truth", str(truth_path), "--field", "temperature_850", "--lead", "24h", "--out", str(out),
+              "--projection", "platecarree"]
     assert main(["plot", "forecast", str(fc_path), *common, "--init", "2003-01-01T12"]) == 0
     assert main(["plot", "error", str(fc_path), *common]) == 0
     assert is_png(out / "forecast_temperature_850_24h_20030101T12.png")

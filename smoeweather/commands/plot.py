@@ -19,15 +19,18 @@ NAME = "plot"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     plot = sub.add_parser("plot", help="maps of routing, forecasts and errors; score-vs-lead curves")
     verbs = plot.add_subparsers(dest="plot_verb", required=True)
+    maps = argparse.ArgumentParser(add_help=False)
+    maps.add_argument("--projection", choices=("robinson", "platecarree"), default="robinson",
+                      help="map projection (default robinson)")
     r = verbs.add_parser("routing", help="per SMoE gate: dominant expert, regions, margin, land-sea prior, "
-                                         "usage histogram (PNG) and the routing as netCDF")
+                                         "usage histogram (PNG) and the routing as netCDF", parents=[maps])
     r.add_argument("checkpoint", type=Path, help="a weatherbench or ens10 checkpoint of `smoe train`")
     r.add_argument("--out", required=True, type=Path, help="output folder")
     r.add_argument("--land-sea", type=Path, default=None,
                    help="store or netCDF with land_sea_mask/lsm to rebuild the prior (default: the training store)")
     for verb, text in (("forecast", "forecast, truth and their difference at one init and lead"),
                        ("error", "error map at one init, or time-mean error and RMSE maps over all inits")):
-        p = verbs.add_parser(verb, help=text)
+        p = verbs.add_parser(verb, help=text, parents=[maps])
         p.add_argument("forecast", type=Path, help="forecast store of `smoe forecast` (zarr or netCDF)")
         p.add_argument("--truth", required=True, help="prepared store or canonical netCDF file(s)")
         p.add_argument("--field", required=True, help="e.g. geopotential_500, temperature_850, 2m_temperature")
@@ -53,17 +56,19 @@ def run(args: argparse.Namespace) -> int:
     if args.plot_verb == "routing":
         from smoeweather.plotting.routing import plot_routing
 
-        result = plot_routing(args.checkpoint, args.out, args.land_sea)
+        result = plot_routing(args.checkpoint, args.out, args.land_sea, proj=args.projection)
         print(json.dumps(result["gates"], indent=2))
         paths = result["netcdf"] + result["png"]
     elif args.plot_verb == "forecast":
         from smoeweather.plotting.fields import plot_forecast
 
-        paths = [plot_forecast(args.forecast, args.truth, args.field, args.lead, args.init, args.out, args.name)]
+        paths = [plot_forecast(args.forecast, args.truth, args.field, args.lead, args.init, args.out, args.name,
+                               proj=args.projection)]
     elif args.plot_verb == "error":
         from smoeweather.plotting.fields import plot_error
 
-        paths = [plot_error(args.forecast, args.truth, args.field, args.lead, args.out, args.init, args.name)]
+        paths = [plot_error(args.forecast, args.truth, args.field, args.lead, args.out, args.init, args.name,
+                            proj=args.projection)]
     else:
         from smoeweather.plotting.scores import plot_scores
 

@@ -120,8 +120,21 @@ def draw_field(
     # a white halo keeps the coastline visible on dark and light colours alike
     halo = [patheffects.withStroke(linewidth=1.8, foreground="white")]
     ax.coastlines(resolution="110m", color=coastline_color, linewidth=0.7, path_effects=halo)
-    ax.gridlines(linewidth=0.3, color="0.5", alpha=0.6, xlocs=range(-180, 181, 60), ylocs=range(-90, 91, 30))
+    graticule(ax)
     return mesh
+
+
+def graticule(ax: Any, dlon: int = 60, dlat: int = 30) -> None:
+    """Thin meridians and parallels. Drawn as plain lines: cartopy's ``gridlines()`` costs ~4 s per
+    Robinson map, these cost milliseconds and look the same without labels."""
+    import cartopy.crs as ccrs
+
+    style = dict(color="0.5", linewidth=0.3, alpha=0.6, transform=ccrs.PlateCarree(), zorder=3)
+    dense_lon, dense_lat = np.linspace(-180, 180, 361), np.linspace(-90, 90, 181)
+    for lat in range(-90 + dlat, 90, dlat):
+        ax.plot(dense_lon, np.full_like(dense_lon, lat), **style)
+    for lon in range(-180, 180, dlon):
+        ax.plot(np.full_like(dense_lat, lon), dense_lat, **style)
 
 
 def save_png(fig: plt.Figure, path: str | Path, dpi: int = 130) -> Path:

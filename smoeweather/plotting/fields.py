@@ -110,8 +110,9 @@ def _sorted(da: xr.DataArray) -> xr.DataArray:
     return da.sortby(["latitude", "longitude"])
 
 
-def _panel(fig: plt.Figure, pos: Any, da: xr.DataArray, title: str, label: str, **kwargs: Any) -> None:
-    ax = global_axes(fig, pos)
+def _panel(fig: plt.Figure, pos: Any, da: xr.DataArray, title: str, label: str, proj: str = "robinson",
+           **kwargs: Any) -> None:
+    ax = global_axes(fig, pos, proj=proj)
     da = _sorted(da)
     mesh = draw_field(ax, da.values, da["latitude"].values, da["longitude"].values, **kwargs)
     ax.set_title(title, fontsize=10)
@@ -129,7 +130,7 @@ def _symmetric(values: np.ndarray) -> float:
 
 
 def plot_forecast(forecast: str | Path, truth: Any, field: str, lead: str | int, init: str, out_dir: str | Path,
-                  name: str | None = None) -> Path:
+                  name: str | None = None, proj: str = "robinson") -> Path:
     """Forecast, truth and forecast − truth for one init and lead: a three-panel PNG in ``out_dir``."""
     fc, tr, kind = forecast_and_truth(forecast, truth, field, lead, init)
     from smoeweather.forecast.output import parse_lead
@@ -142,11 +143,11 @@ def plot_forecast(forecast: str | Path, truth: Any, field: str, lead: str | int,
     lo, hi = float(min(f.min(), t.min())), float(max(f.max(), t.max()))
     fig = plt.figure(figsize=(16, 4.3), layout="constrained")
     label = f"{field} [{units}]"
-    _panel(fig, 131, f, f"forecast ({kind})", label, cmap="viridis", vmin=lo, vmax=hi)
-    _panel(fig, 132, t, "truth", label, cmap="viridis", vmin=lo, vmax=hi)
+    _panel(fig, 131, f, f"forecast ({kind})", label, proj=proj, cmap="viridis", vmin=lo, vmax=hi)
+    _panel(fig, 132, t, "truth", label, proj=proj, cmap="viridis", vmin=lo, vmax=hi)
     d = f - t
     v = _symmetric(d.values)
-    _panel(fig, 133, d, "forecast − truth", f"difference [{units}]", cmap="RdBu_r", vmin=-v, vmax=v)
+    _panel(fig, 133, d, "forecast − truth", f"difference [{units}]", proj=proj, cmap="RdBu_r", vmin=-v, vmax=v)
     fig.suptitle(f"{name or Path(forecast).stem}: {field}, init {_stamp(t0)}, lead {lead_h} h, "
                  f"valid {_stamp(valid)}", fontsize=12)
     out = Path(out_dir) / f"forecast_{field}_{lead_h}h_{pd.Timestamp(t0).strftime('%Y%m%dT%H')}.png"
@@ -154,7 +155,7 @@ def plot_forecast(forecast: str | Path, truth: Any, field: str, lead: str | int,
 
 
 def plot_error(forecast: str | Path, truth: Any, field: str, lead: str | int, out_dir: str | Path,
-               init: str | None = None, name: str | None = None) -> Path:
+               init: str | None = None, name: str | None = None, proj: str = "robinson") -> Path:
     """Error maps at one lead: for one ``init`` the error forecast − truth; otherwise, over all inits of
     the store, the time-mean error (bias) and the root-mean-square error per grid point."""
     from smoeweather.forecast.output import parse_lead
@@ -169,7 +170,7 @@ def plot_error(forecast: str | Path, truth: Any, field: str, lead: str | int, ou
         fig = plt.figure(figsize=(9, 5), layout="constrained")
         v = _symmetric(err.values)
         _panel(fig, 111, err.isel(time=0), f"{label} ({kind}) − truth: {field}, init {_stamp(t0)}, lead {lead_h} h",
-               f"error [{units}]", cmap="RdBu_r", vmin=-v, vmax=v)
+               f"error [{units}]", proj=proj, cmap="RdBu_r", vmin=-v, vmax=v)
         out = Path(out_dir) / f"error_{field}_{lead_h}h_{pd.Timestamp(t0).strftime('%Y%m%dT%H')}.png"
         return save_png(fig, out)
     n = fc.sizes["time"]
@@ -178,7 +179,7 @@ def plot_error(forecast: str | Path, truth: Any, field: str, lead: str | int, ou
     rmse = np.sqrt((err**2).mean("time"))
     fig = plt.figure(figsize=(13, 4.4), layout="constrained")
     v = _symmetric(bias.values)
-    _panel(fig, 121, bias, "time-mean error (bias)", f"bias [{units}]", cmap="RdBu_r", vmin=-v, vmax=v)
-    _panel(fig, 122, rmse, "root-mean-square error", f"RMSE [{units}]", cmap="magma_r", vmin=0)
+    _panel(fig, 121, bias, "time-mean error (bias)", f"bias [{units}]", proj=proj, cmap="RdBu_r", vmin=-v, vmax=v)
+    _panel(fig, 122, rmse, "root-mean-square error", f"RMSE [{units}]", proj=proj, cmap="magma_r", vmin=0)
     fig.suptitle(f"{label} ({kind}) − truth: {field}, lead {lead_h} h, {n} inits {first} … {last}", fontsize=12)
     return save_png(fig, Path(out_dir) / f"error_{field}_{lead_h}h_mean.png")

@@ -333,18 +333,18 @@ def _categorical(values: np.ndarray, weights: np.ndarray, labels: dict[int, str]
     return mapped, cmap, norm, handles
 
 
-def _map_figure(title: str) -> tuple[plt.Figure, Any]:
+def _map_figure(title: str, proj: str = "robinson") -> tuple[plt.Figure, Any]:
     fig = plt.figure(figsize=(11, 5.2))
-    ax = global_axes(fig)
+    ax = global_axes(fig, proj=proj)
     ax.set_title(title, fontsize=11)
     return fig, ax
 
 
 def plot_categorical_map(values: np.ndarray, latitude: np.ndarray, longitude: np.ndarray, title: str,
                          path: str | Path, legend_title: str, labels: dict[int, str] | None = None,
-                         colours: dict[int, str] | None = None) -> Path:
+                         colours: dict[int, str] | None = None, proj: str = "robinson") -> Path:
     """A categorical (lat, lon) map with a legend (class, % of the globe's area); ``colours``: class → colour."""
-    fig, ax = _map_figure(title)
+    fig, ax = _map_figure(title, proj)
     weights = area_weights(latitude, len(longitude))
     mapped, cmap, norm, handles = _categorical(values, weights, labels, colours_of=colours)
     draw_field(ax, mapped, latitude, longitude, cmap=cmap, norm=norm)
@@ -355,10 +355,10 @@ def plot_categorical_map(values: np.ndarray, latitude: np.ndarray, longitude: np
 
 def plot_continuous_map(values: np.ndarray, latitude: np.ndarray, longitude: np.ndarray, title: str,
                         path: str | Path, label: str, cmap: str = "viridis", discrete: int | None = None,
-                        **kwargs: Any) -> Path:
+                        proj: str = "robinson", **kwargs: Any) -> Path:
     """A continuous (lat, lon) map with a horizontal colour bar labelled ``label`` (quantity [unit]);
     ``discrete=n`` draws the integer values 0..n as n+1 colour steps."""
-    fig, ax = _map_figure(title)
+    fig, ax = _map_figure(title, proj)
     if discrete is not None:
         kwargs["norm"] = BoundaryNorm(np.arange(discrete + 2) - 0.5, plt.get_cmap(cmap).N)
     mesh = draw_field(ax, values, latitude, longitude, cmap=cmap, **kwargs)
@@ -399,7 +399,7 @@ def plot_usage(ds: xr.Dataset, title: str, path: str | Path) -> Path:
     return save_png(fig, path)
 
 
-def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "") -> list[Path]:
+def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "", proj: str = "robinson") -> list[Path]:
     """All maps of one gate's routing Dataset (from :func:`routing_dataset`) into ``out_dir``; returns paths."""
     out_dir = Path(out_dir)
     g, n, e = ds.attrs["gate"], ds.attrs["num_experts"], ds.attrs["num_selected"]
@@ -407,16 +407,16 @@ def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "") -> list[Path
     head = f"{label}gate {g} (|E|={n}, E={e})"
     paths = [
         plot_categorical_map(ds["dominant_expert"].values, lat, lon, f"{head}: dominant (top-1) expert",
-                             out_dir / f"routing_{g}_dominant.png", "expert (% of area)"),
+                             out_dir / f"routing_{g}_dominant.png", "expert (% of area)", proj=proj),
         plot_categorical_map(ds["routing_region"].values, lat, lon,
                              f"{head}: regions of equal top-E set ({ds.attrs['n_distinct_sets']} distinct sets)",
-                             out_dir / f"routing_{g}_regions.png", "top-E set (% of area)"),
+                             out_dir / f"routing_{g}_regions.png", "top-E set (% of area)", proj=proj),
     ]
     if e < n:
         paths.append(plot_continuous_map(
             ds["routing_margin"].values, lat, lon,
             f"{head}: routing margin (score of E-th − (E+1)-th expert)",
-            out_dir / f"routing_{g}_margin.png", "routing margin [gate-score units]", cmap="magma"))
+            out_dir / f"routing_{g}_margin.png", "routing margin [gate-score units]", cmap="magma", proj=proj))
     if "prior_category" in ds:
         group = ds["expert_prior_group"].values
         labels = {k: f"{name}: experts {np.flatnonzero(group == k).min()}–{np.flatnonzero(group == k).max()}"
@@ -425,17 +425,18 @@ def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "") -> list[Path
             ds["prior_category"].values, lat, lon,
             f"{head}: land-sea prior at initialisation (land fraction > 0.5)",
             out_dir / f"routing_{g}_prior.png", "prior category", labels,
-            colours={0: "#6baed6", 1: "#c7a26b"} if labels else None))
+            colours={0: "#6baed6", 1: "#c7a26b"} if labels else None, proj=proj))
         paths.append(plot_continuous_map(
             ds["n_experts_outside_prior_group"].values, lat, lon,
             f"{head}: selected experts outside the prior's group (0 = routing as initialised)",
             out_dir / f"routing_{g}_outside_prior.png", f"experts outside the prior's group (of E = {e})",
-            cmap="viridis", discrete=e))
+            cmap="viridis", discrete=e, proj=proj))
     paths.append(plot_usage(ds, f"{head}: expert usage", out_dir / f"routing_{g}_usage.png"))
     return paths
 
 
-def plot_routing(checkpoint: str | Path, out_dir: str | Path, land_sea: str | Path | None = None) -> dict[str, Any]:
+def plot_routing(checkpoint: str | Path, out_dir: str | Path, land_sea: str | Path | None = None,
+                 proj: str = "robinson") -> dict[str, Any]:
     """``smoe plot routing``: maps, usage histogram and netCDF of every gate of a trained checkpoint.
 
     Returns {"netcdf": [paths], "png": [paths], "gates": {name: {"n_distinct_sets", ...}}}.
@@ -453,7 +454,7 @@ def plot_routing(checkpoint: str | Path, out_dir: str | Path, land_sea: str | Pa
     for r in routings:
         ds = routing_dataset(r, provenance)
         result["netcdf"].append(str(write_netcdf(ds, out_dir / f"routing_{r.name}.nc")))
-        result["png"] += [str(p) for p in plot_gate(ds, out_dir, label=f"{run_name}, ")]
+        result["png"] += [str(p) for p in plot_gate(ds, out_dir, label=f"{run_name}, ", proj=proj)]
         summary = {"n_distinct_sets": int(ds.attrs["n_distinct_sets"]),
                    "experts_dominant_somewhere": int((ds["expert_dominant_area"] > 0).sum()),
                    "experts_used": int((ds["expert_usage_area"] > 0).sum()),
