@@ -17,6 +17,15 @@ For every :class:`~smoeweather.nn.smoe.SpatialMoE2d` layer (name = its module pa
 * ``rc_loss``, ``flagged``: mean over the epoch's training batches of the layer's RC loss
   (``last_rc_loss``) and of its misrouted (flagged) fraction of selections (``last_misrouted_fraction``).
 
+With ``error_scale=True`` (or ``training.diagnose_error_scale: true`` in the run's config) the error signal
+dL/dy arriving at each layer is also measured every training batch (a gradient hook on the layer output):
+
+* ``threshold_out``: the per-sample q-quantile of |dL/dy| (the RC label threshold) expressed in the units
+  the layer's ``tolerance`` is given in (output units of a mean-reduced MSE: |dL/dy| · N / (2 · loss
+  scale), N = elements of y), averaged over batches — compare it with ``tolerance`` (1e-5);
+* ``flagged_no_tol``: the fraction of selections above the q-quantile alone (what ``flagged`` would be
+  with tolerance 0).
+
 Layout metrics need an input-independent :class:`~smoeweather.nn.gates.TensorRoutingGate`; layers with
 other gates get only ``rc_loss`` and ``flagged``. The values of every epoch are also kept in
 ``callback.history`` (a list of {"epoch", "layer", metric: value}).
@@ -31,7 +40,7 @@ import lightning as L
 import torch
 
 from smoeweather.nn.gates import TensorRoutingGate
-from smoeweather.nn.smoe import SpatialMoE2d
+from smoeweather.nn.smoe import SpatialMoE2d, quantile_threshold
 
 
 def top_sets(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -89,8 +98,10 @@ class RoutingDiagnostics(L.Callback):
     mask of ``data.store`` when ``model.smoe.gate_prior == "land_sea"``).
     """
 
-    def __init__(self, prior: torch.Tensor | None = None) -> None:
+    def __init__(self, prior: torch.Tensor | None = None, error_scale: bool | None = None) -> None:
         self.prior = prior
+        self.error_scale = error_scale
+        self._hooks: list[Any] = []
         self.history: list[dict[str, Any]] = []
         self._layers: dict[str, SpatialMoE2d] = {}
         self._previous: dict[str, torch.Tensor] = {}
@@ -110,6 +121,12 @@ class RoutingDiagnostics(L.Callback):
             return
         if self.prior is None:
             self.prior = _prior_from_config(pl_module)
+        if self.error_scale is None:
+            cfg = getattr(pl_module, "metadata", {}).get("config") or {}
+            self.error_scale = bool((cfg.get("training") or {}).get("diagnose_error_scale", False))
+        if self.error_scale and not self._hooks:
+            for name, layer in self._layers.items():
+                self._hooks.append(layer.register_forward_hook(self._watch_error(name)))
         for name, layer in self._layers.items():
             if isinstance(layer.gate, TensorRoutingGate):
                 self._previous[name] = top_sets(layer.gate.weight, layer.num_selected)
@@ -127,6 +144,30 @@ class RoutingDiagnostics(L.Callback):
             for key, value in (("rc_loss", layer.last_rc_loss), ("flagged", layer.last_misrouted_fraction)):
                 if value is not None:  # device tensors: summed without a host sync per batch
                     sums[key] = sums.get(key, 0.0) + value.detach().float()
+
+    def _watch_error(self, name: str) -> Any:
+        """Forward hook that puts a gradient hook on the layer output y (B, E·F, H, W)."""
+
+        def on_grad(grad: torch.Tensor, layer: SpatialMoE2d) -> None:
+            g = grad.detach().abs().float()
+            b, _, h, w = g.shape
+            error = g.view(b, layer.num_selected, layer.out_per_expert, h, w).sum(2)  # |dL/dy| per slot
+            threshold = quantile_threshold(error, layer.quantile)  # (B, 1, 1, 1), error-signal units
+            to_out = g.numel() / (2.0 * layer.loss_scale)  # error-signal units -> tolerance units
+            sums = self._sums.setdefault(name, {})
+            sums["threshold_out"] = sums.get("threshold_out", 0.0) + threshold.mean() * to_out
+            sums["flagged_no_tol"] = sums.get("flagged_no_tol", 0.0) + (error > threshold).float().mean()
+
+        def hook(layer: SpatialMoE2d, inputs: Any, output: torch.Tensor) -> None:
+            if layer.training and output.requires_grad:
+                output.register_hook(lambda grad: on_grad(grad, layer))
+
+        return hook
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
 
     def epoch_metrics(self) -> dict[str, dict[str, Any]]:
         """{layer: {metric: value}} for the current state (changes relative to the last call)."""

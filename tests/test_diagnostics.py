@@ -1,0 +1,115 @@
+"""Routing diagnostics: closed forms of the layout metrics, the error-scale measurement against the layer's
+own RC labels, and the callback inside a real (tiny) training run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pipelines.prepare import write_store
+from pipelines.world import simulate_world
+from smoeweather.config import load_config
+from smoeweather.nn.smoe import SpatialMoE2d
+from smoeweather.training.diagnostics import RoutingDiagnostics, routing_layout, top_sets
+from smoeweather.training.run import build, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_layout_metrics_closed_form() -> None:
+    # |E| = 4, k = 2 on a 1×2 grid: location 0 selects {0, 1} (scores 3, 2 | 1, 0), location 1 selects {2, 3}
+    scores = torch.tensor([[3.0, 0.0], [2.0, 1.0], [1.0, 5.0], [0.0, 4.0]]).view(4, 1, 2)
+    out = routing_layout(scores, 2, prior=torch.tensor([[0, 1]]))  # sea → experts {0, 1}, land → {2, 3}
+    assert out["margin"] == pytest.approx(((2 - 1) + (4 - 1)) / 2)
+    assert out["usage"] == [0.5, 0.5, 0.5, 0.5] and out["unused"] == 0.0
+    assert out["prior_agreement"] == 1.0
+    p = torch.softmax(torch.tensor([3.0, 2.0, 1.0, 0.0]), 0)
+    h0 = float(-(p * p.log()).sum())
+    p1 = torch.softmax(torch.tensor([0.0, 1.0, 5.0, 4.0]), 0)
+    h1 = float(-(p1 * p1.log()).sum())
+    assert out["entropy"] == pytest.approx((h0 + h1) / 2 / math.log(4), rel=1e-6)
+    flipped = routing_layout(scores, 2, prior=torch.tensor([[1, 0]]))
+    assert flipped["prior_agreement"] == 0.0
+    assert routing_layout(torch.zeros(4, 3, 3), 2)["entropy"] == pytest.approx(1.0, rel=1e-6)
+    assert torch.equal(top_sets(scores, 2)[:, 0, 0], torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 1e-5, 0.3])
+def test_error_scale_matches_the_layers_own_labels(tolerance: float) -> None:
+    """One SMoE layer as the whole model with a mean-squared error: dL/dy = 2 (y − t) / N, so the threshold in
+    tolerance units is the q-quantile of |y − t| itself, and the layer's flagged fraction is the hook's
+    fraction with tolerance 0 only when the tolerance is 0."""
+    torch.manual_seed(0)
+    layer = SpatialMoE2d(3, 4, 1, grid=(8, 16), rc=True, damping=None, tolerance=tolerance)
+    cb = RoutingDiagnostics(error_scale=True)
+    cb._layers = {"smoe": layer}
+    handle = layer.register_forward_hook(cb._watch_error("smoe"))
+    x, t = torch.randn(5, 3, 8, 16), torch.randn(5, 1, 8, 16)
+    y = layer(x)
+    torch.nn.functional.mse_loss(y, t).backward()
+    handle.remove()
+    err = (y - t).detach().abs().reshape(5, -1)
+    k = math.ceil(layer.quantile * err.shape[1])
+    expected = err.kthvalue(k, dim=1).values.mean()
+    # float32: a handful of ops on values O(1)
+    assert float(cb._sums["smoe"]["threshold_out"]) == pytest.approx(float(expected), rel=1e-5)
+    no_tol = float(cb._sums["smoe"]["flagged_no_tol"])
+    assert no_tol == pytest.approx(1 - k / err.shape[1], abs=1.0 / err.shape[1])  # ties are measure-zero
+    flagged = float(layer.last_misrouted_fraction)
+    if tolerance == 0.0:
+        assert flagged == no_tol
+    else:
+        assert flagged <= no_tol
+    if tolerance == 0.3:
+        assert flagged < no_tol  # O(1) errors: a 0.3 slack removes a visible share of the flags
+
+
+@pytest.fixture(scope="module")
+def world_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("world") / "world.zarr"
+    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
+    write_store(lambda: ds, path, args={"test": "diagnostics"}, train_years=None, source="test", time_chunk=8,
+                scheduler="synchronous", progress=False)
+    return str(path)
+
+
+def test_callback_in_training_logs_every_layer(world_store: str, tmp_path: Path) -> None:
+    overrides = [
+        f"data.store={world_store}", "data.world=null", "data.num_workers=0", "data.batch_size=4",
+        "data.train_years=null", "data.valid_years=null", "data.test_years=null",
+        "data.train_period=[2000-01-01, 2000-02-29T18:00]", "data.valid_period=[2000-03-01, 2000-03-20]",
+        "data.test_period=[2000-03-21, 2000-04-09]", "data.variables=[geopotential_500, temperature_850]",
+        "data.lead_choices_h=[24]", "model.width=8", "model.blocks=1", "trainer.max_epochs=2",
+        "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.max_time=null",
+        "trainer.enable_progress_bar=false", "training.diagnose_error_scale=true", f"output_dir={tmp_path}",
+    ]
+    cfg = load_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml", overrides)
+    L.seed_everything(0, workers=True, verbose=False)
+    _, module0 = build(cfg)  # the same seeded init train() builds
+    gate0 = next(iter(module0.model.net.gates.values())).weight.detach().clone()
+    result = train(cfg)
+    cb = next(c for c in result.trainer.callbacks if isinstance(c, RoutingDiagnostics))
+    layers = {h["layer"] for h in cb.history}
+    assert layers == {"blocks.0.block1.layer", "blocks.0.block2.layer"}
+    first = [h for h in cb.history if h["epoch"] == 0]
+    gate1 = next(iter(result.module.model.net.gates.values())).weight.detach()
+    assert len(result.trainer.callbacks) and result.trainer.current_epoch == 2
+    # epoch-0 change: independent recomputation needs the gate after epoch 0; with shared gates both layers
+    # report the same value, and it is a fraction of the 32×64 grid
+    for h in first:
+        assert h["changed"] * 32 * 64 == pytest.approx(round(h["changed"] * 32 * 64))
+        assert 0.0 <= h["flagged"] <= h["flagged_no_tol"] <= 1.0
+        assert h["threshold_out"] > 0 and h["rc_loss"] > 0
+        assert h["prior_agreement"] <= 1.0 and h["unused"] == 0.0
+    total_changed = float((top_sets(gate1, 8) != top_sets(gate0, 8)).any(0).float().mean())
+    assert total_changed <= sum(h["changed"] for h in cb.history if h["layer"] == "blocks.0.block1.layer")
+    metrics = pd.read_csv(next((tmp_path / "logs").rglob("metrics.csv")))
+    cols = [c for c in metrics.columns if c.startswith("routing/blocks.0.block1.layer/")]
+    assert {"routing/blocks.0.block1.layer/flagged", "routing/blocks.0.block1.layer/changed"} <= set(cols)
+    assert np.isfinite(metrics["routing/blocks.0.block1.layer/flagged"].dropna()).all()
