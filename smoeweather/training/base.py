@@ -18,6 +18,9 @@ def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
     return torch.stack([t.reshape(()) for t in terms]).sum() if terms else None
 
 
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+"""``training.optimizer`` choices."""
+
 FORMAT_VERSION = 1
 """Version of the ``checkpoint["smoeweather"]`` payload; bump it when the layout changes."""
 METADATA_KEY = "smoeweather"
@@ -60,7 +63,8 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
 
     Adds the auxiliary routing losses (× ``aux_weight``) to the task loss (the RC loss and damping act
     inside the SMoE layers' backward), keeps the SMoE loss scale in sync with an fp16 GradScaler, logs the
-    RC loss, uses Adam with ReduceLROnPlateau on ``val_loss``. ``freeze_batchnorm`` keeps every BatchNorm
+    RC loss, uses Adam (or plain SGD, ``optimizer="sgd"``: updates linear in the gradient, which tests of
+    gradient reduction need) with ReduceLROnPlateau on ``val_loss``. ``freeze_batchnorm`` keeps every BatchNorm
     in eval mode (running statistics, affine parameters still trained): per-rank batch statistics then no
     longer differ between DDP and one process.
     """
@@ -74,8 +78,12 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         aux_weight: float = 0.01,
         freeze_batchnorm: bool = False,
         metadata: dict[str, Any] | None = None,
+        optimizer: str = "adam",
     ) -> None:
         super().__init__()
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        self.optimizer_name = optimizer
         self.model = model
         self.lr, self.plateau_factor, self.plateau_patience = (
             float(lr),
@@ -118,7 +126,8 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
             self.log("train_rc", rc, on_step=False, on_epoch=True, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=self.lr)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = OPTIMIZERS[self.optimizer_name](params, lr=self.lr)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, factor=self.plateau_factor, patience=self.plateau_patience
         )

@@ -159,6 +159,7 @@ def _module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         "plateau_patience": int(t.get("plateau_patience", 2)),
         "aux_weight": float(t.get("aux_weight", 0.01)),
         "freeze_batchnorm": bool(t.get("freeze_batchnorm", False)),
+        "optimizer": str(t.get("optimizer", "adam")),
     }
 
 
@@ -274,6 +275,7 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
         plateau_factor=t["plateau_factor"],
         plateau_patience=t["plateau_patience"],
         aux_weight=t["aux_weight"],
+        optimizer=t["optimizer"],
         metadata={"task": "heat", "config": cfg},
     )
     return data, module
