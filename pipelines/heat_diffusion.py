@@ -10,6 +10,15 @@ The generator follows the paper and the reference code:
 * initial field U(0, 0.1) plus n ∈ {1, 2, 3} heat drops of value 1.0 per region type;
 * each step convolves the field with every stencil and takes each pixel from its own region's result.
 
+Two generator variants (``generator=``):
+
+* ``reference`` — the reference code's choices exactly: ONE drop count n per run shared by all region
+  types, drop cells drawn WITH replacement (so two drops may coincide), the field simulated in float64
+  and stored as float32; used with the reference's region map (``heat/mask.npy``, loaded with
+  :func:`load_region_mask`) and its diffusivity order (type 0 → 0.0025, 1 → 0.025, 2 → 0.25).
+* ``project`` (the original variant of this package) — a separate n per region type, drops without
+  replacement, float32 simulation.
+
 All runs of a batch are simulated at once (torch conv2d over a batch of fields), not one by one.
 """
 
@@ -27,7 +36,40 @@ from tqdm.auto import tqdm
 from smoeweather.io import atomic_path
 
 DIFFUSIVITIES = (0.25, 0.025, 0.0025)
+REFERENCE_DIFFUSIVITIES = (0.0025, 0.025, 0.25)  # the order the reference README passes them
 SPLITS = ("train", "val", "test")
+GENERATORS = ("project", "reference")
+
+
+def load_region_mask(path: str | Path, num_regions: int | None = None) -> np.ndarray:
+    """Region map from a user-supplied ``.npy`` file (e.g. the reference's ``heat/mask.npy``): (S, S) int8.
+
+    The file must hold a square 2-D integer array (or floats with integral values) whose values are the
+    region types 0..R−1, each present at least once; ``num_regions`` (if given) must equal R.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"region mask {path} does not exist (expected a .npy file of region types)")
+    try:
+        mask = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise ValueError(f"region mask {path} is not a readable .npy array: {err}") from err
+    if mask.ndim != 2 or mask.shape[0] != mask.shape[1] or mask.size == 0:
+        raise ValueError(f"region mask {path} must be a square 2-D array (S, S), got shape {mask.shape}")
+    if not (np.issubdtype(mask.dtype, np.integer) or np.issubdtype(mask.dtype, np.floating)):
+        raise ValueError(f"region mask {path} must hold integer region types, got dtype {mask.dtype}")
+    if np.issubdtype(mask.dtype, np.floating) and not (np.isfinite(mask).all() and (mask == np.round(mask)).all()):
+        raise ValueError(f"region mask {path} holds non-integral values; expected region types 0..R-1")
+    types = np.unique(mask).astype(np.int64)
+    if types[0] != 0 or not np.array_equal(types, np.arange(types.size)):
+        raise ValueError(f"region mask {path} must use the region types 0..R-1 each at least once, "
+                         f"got {types.tolist()}")
+    if num_regions is not None and types.size != num_regions:
+        raise ValueError(f"region mask {path} has {types.size} region types, expected {num_regions} "
+                         f"(one per diffusivity)")
+    if types.size > 127:
+        raise ValueError(f"region mask {path} has {types.size} region types; at most 127 are supported")
+    return mask.astype(np.int8)
 
 
 def region_map(
@@ -48,9 +90,9 @@ def region_map(
     return regions
 
 
-def stencils(diffusivities: tuple[float, ...] = DIFFUSIVITIES) -> np.ndarray:
-    """Five-point diffusion stencils, one per region: (R, 3, 3) float32."""
-    out = np.zeros((len(diffusivities), 3, 3), dtype=np.float32)
+def stencils(diffusivities: tuple[float, ...] = DIFFUSIVITIES, dtype: type = np.float32) -> np.ndarray:
+    """Five-point diffusion stencils, one per region: (R, 3, 3) of ``dtype`` (float32 by default)."""
+    out = np.zeros((len(diffusivities), 3, 3), dtype=dtype)
     for r, d in enumerate(diffusivities):
         out[r] = [[0, d, 0], [d, 1 - 4 * d, d], [0, d, 0]]
     return out
@@ -76,18 +118,36 @@ def initial_states(num_runs: int, regions: np.ndarray, rng: np.random.Generator)
     return fields
 
 
+def initial_states_reference(num_runs: int, regions: np.ndarray, rng: np.random.Generator,
+                             max_drops: int = 3) -> np.ndarray:
+    """(num_runs, S, S) float64 as the reference generator draws them: U(0, 0.1), then ONE drop count
+    n ∈ {1..max_drops} per run shared by every region type, n cells per type drawn with replacement."""
+    fields = np.empty((num_runs, *regions.shape), dtype=np.float64)
+    cells = [np.argwhere(regions == r) for r in range(int(regions.max()) + 1)]
+    for n in range(num_runs):
+        fields[n] = rng.uniform(0.0, 0.1, regions.shape)
+        count = int(rng.integers(1, max_drops, endpoint=True))
+        for where in cells:
+            drops = rng.choice(where, size=count)  # with replacement, as the reference
+            fields[n][drops[:, 0], drops[:, 1]] = 1.0
+    return fields
+
+
 def simulate(
     initial: np.ndarray, regions: np.ndarray, steps: int, diffusivities: tuple[float, ...] = DIFFUSIVITIES
 ) -> np.ndarray:
-    """Run ``steps`` steps from (N, S, S) initial fields; returns (N, steps + 1, S, S) float32."""
-    kernels = torch.from_numpy(stencils(diffusivities))
+    """Run ``steps`` steps from (N, S, S) initial fields; returns (N, steps + 1, S, S) float32.
+
+    The simulation runs in the dtype of ``initial`` (float32 or float64); frames are stored as float32.
+    """
+    kernels = torch.from_numpy(stencils(diffusivities, dtype=initial.dtype))
     region_t = torch.from_numpy(regions.astype(np.int64))
     field = torch.from_numpy(initial).unsqueeze(1)
-    frames = [field]
+    frames = [field.float()]
     with torch.no_grad():
         for _ in range(steps):
             field = diffusion_step(field, region_t, kernels)
-            frames.append(field)
+            frames.append(field.float())
     return torch.cat(frames, dim=1).numpy()
 
 
@@ -114,8 +174,16 @@ def generate(
     overwrite: bool = False,
     batch_runs: int = 50,
     progress: bool = True,
+    generator: str = "project",
+    mask: str | Path | np.ndarray | None = None,
+    diffusivities: tuple[float, ...] | list[float] | None = None,
 ) -> Path:
     """Generate the heat-diffusion dataset into a zarr store (atomically).
+
+    ``generator``: ``project`` or ``reference`` (see the module docstring). ``mask``: a region map — a
+    path to a ``.npy`` file or an (S, S) array — instead of drawing one with :func:`region_map` (``size``
+    is then the mask's). ``diffusivities``: one per region type; default :data:`DIFFUSIVITIES`, or
+    :data:`REFERENCE_DIFFUSIVITIES` for the reference generator.
 
     Store layout (zarr v2, consolidated): ``heat`` (run, step, y, x) float32, one run per chunk, with
     coordinate ``split`` (run) = 0 train / 1 val / 2 test (CF flag_values); ``region`` (y, x) int8;
@@ -126,38 +194,57 @@ def generate(
             raise ValueError(f"--{name} must be ≥ 1, got {value}")
     if val_runs < 1 or test_runs < 1:
         raise ValueError(f"--val-runs and --test-runs must be ≥ 1, got {val_runs}, {test_runs}")
+    if generator not in GENERATORS:
+        raise ValueError(f"--generator must be one of {', '.join(GENERATORS)}, got {generator!r}")
+    if diffusivities is None:
+        diffusivities = REFERENCE_DIFFUSIVITIES if generator == "reference" else DIFFUSIVITIES
+    diffusivities = tuple(float(d) for d in diffusivities)
     out = Path(out)
-    regions = region_map(size, seed=seed)
+    mask_source = "preferential attachment (region_map)"
+    if mask is None:
+        regions = region_map(size, num_regions=len(diffusivities), seed=seed)
+    elif isinstance(mask, np.ndarray):
+        regions, mask_source = mask.astype(np.int8), "array"
+    else:
+        regions, mask_source = load_region_mask(mask, num_regions=len(diffusivities)), str(mask)
+    if int(regions.max()) + 1 != len(diffusivities):
+        raise ValueError(f"the region map has {int(regions.max()) + 1} types but {len(diffusivities)} "
+                         f"diffusivities were given")
+    size = int(regions.shape[0])
+    draw = initial_states_reference if generator == "reference" else initial_states
+    attrs = {
+        "title": "Location-dependent heat diffusion (Dryden & Hoefler 2022, §3.1)",
+        "seed": seed,
+        "steps": steps,
+        "size": size,
+        "runs_train": runs,
+        "runs_val": val_runs,
+        "runs_test": test_runs,
+        "boundary": "zero (Dirichlet)",
+        "generator": generator,
+        "region_map": mask_source,
+        "Conventions": "CF-1.8",
+    }
     counts = {"train": runs, "val": val_runs, "test": test_runs}
     total = sum(counts.values())
     with atomic_path(out, overwrite=overwrite) as tmp:
         first = True
         bar = tqdm(total=total, desc=f"heat diffusion → {out.name}", unit="run", disable=not progress)
         for split, n, rng in _split_batches(counts, seed, batch_runs):
-            frames = simulate(initial_states(n, regions, rng), regions, steps)
+            frames = simulate(draw(n, regions, rng), regions, steps, diffusivities)
             ds = xr.Dataset(
                 {"heat": (("run", "step", "y", "x"), frames)},
                 coords={"split": ("run", np.full(n, SPLITS.index(split), dtype=np.int8))},
             )
             ds["split"].attrs = {"flag_values": [0, 1, 2], "flag_meanings": " ".join(SPLITS)}
             ds["heat"].attrs = {"long_name": "temperature", "units": "1"}
+            ds.attrs = attrs  # every write: an append would otherwise replace the store's attributes
             if first:
                 ds = ds.assign(
                     region=(("y", "x"), regions),
-                    stencil=(("region_type", "ky", "kx"), stencils()),
-                    diffusivity=(("region_type",), np.asarray(DIFFUSIVITIES, dtype=np.float32)),
+                    stencil=(("region_type", "ky", "kx"), stencils(diffusivities)),
+                    diffusivity=(("region_type",), np.asarray(diffusivities, dtype=np.float32)),
                 )
-                ds.attrs = {
-                    "title": "Location-dependent heat diffusion (Dryden & Hoefler 2022, §3.1)",
-                    "seed": seed,
-                    "steps": steps,
-                    "size": size,
-                    "runs_train": runs,
-                    "runs_val": val_runs,
-                    "runs_test": test_runs,
-                    "boundary": "zero (Dirichlet)",
-                    "Conventions": "CF-1.8",
-                }
                 encoding = {"heat": {"chunks": (1, steps + 1, size, size)}}
                 ds.to_zarr(tmp, mode="w", encoding=encoding, consolidated=True, zarr_format=2)
                 first = False

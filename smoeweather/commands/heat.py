@@ -20,9 +20,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--size", type=int, default=64, help="grid size S (S×S, default 64)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the region map and the splits")
     gen.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    gen.add_argument("--generator", choices=("project", "reference"), default="project",
+                     help="reference: the reference code's drop and float64 choices (default project)")
+    gen.add_argument("--mask", type=Path, default=None,
+                     help="region map .npy (S×S ints 0..R-1, e.g. the reference heat/mask.npy); overrides --size")
+    gen.add_argument("--diffusivities", type=float, nargs="+", default=None,
+                     help="one per region type (default 0.25 0.025 0.0025; reference: 0.0025 0.025 0.25)")
     bench = verbs.add_parser("benchmark", help="train SMoE, baselines and ablations; write the results table")
     bench.add_argument("--out", required=True, type=Path, help="output directory")
     bench.add_argument("--quick", action="store_true", help="small data, few epochs (< 10 min on 2 cores)")
+    bench.add_argument("--protocol", choices=("reference", "project"), default=None,
+                       help="reference (default: the reference code's selection, generator and init) or project")
     bench.add_argument("--config", type=Path, default=None, help="benchmark YAML (default configs/heat/benchmark.yaml)")
     bench.add_argument("--only", default=None, type=lambda s: [r for r in s.split(",") if r],
                        help="comma-separated rows to run (e.g. smoe,conv)")

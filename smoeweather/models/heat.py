@@ -33,6 +33,22 @@ class SumChannels(nn.Module):
         return x.sum(dim=1, keepdim=True)
 
 
+def reference_init(model: nn.Module) -> nn.Module:
+    """The reference code's ``--initialization default`` on ``model`` (in place; returns it).
+
+    Every Conv2d / Linear weight gets Kaiming-uniform with the ReLU gain (bound sqrt(6 / fan_in)) except
+    the LAST one (in module order), which gets the linear gain (bound sqrt(3 / fan_in)) — the reference
+    names its output layer ``*_end``; biases are zeroed. For the one-layer SMoE the experts are that last
+    layer (linear gain); the tensor-routing gate is not a Conv2d and keeps its own init.
+    """
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    for i, layer in enumerate(layers):
+        nn.init.kaiming_uniform_(layer.weight, nonlinearity="linear" if i == len(layers) - 1 else "relu")
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
+    return model
+
+
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of parameter elements (shared tensors counted once); ``trainable_only``: requiring grad."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
@@ -131,7 +147,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def build_heat_model(name: str, size: int = 64, **overrides: Any) -> nn.Module:
+def build_heat_model(name: str, size: int = 64, init: str = "torch", **overrides: Any) -> nn.Module:
     """The heat-diffusion benchmark model ``name`` (one of :data:`HEAT_MODELS`) for an S×S grid, S=``size``.
 
     Returns a module mapping (B, 1, S, S) → (B, 1, S, S). ``overrides`` are keyword arguments of that
@@ -139,7 +155,12 @@ def build_heat_model(name: str, size: int = 64, **overrides: Any) -> nn.Module:
     SpatialMoE2d with |E|=3, E=1, 3×3 experts without bias, unweighted, q=0.3, and the row's RC/damping
     setting and gate; conv/coordconv/condconv/lrlcn have ``layers`` (default 3) 3×3 layers with
     ``hidden``=12 filters, BatchNorm and ReLU; vit/vmoe have one block, patch 4, dim 128, 4 heads.
+    ``init``: ``torch`` (each module's own init) or ``reference`` (:func:`reference_init`, the reference
+    code's heat runs: linear gain on the last layer, i.e. on the SMoE experts).
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown heat model {name!r}; expected one of {', '.join(HEAT_MODELS)}")
-    return _BUILDERS[name](size, **overrides)
+    if init not in ("torch", "reference"):
+        raise ValueError(f"init must be 'torch' or 'reference', got {init!r}")
+    model = _BUILDERS[name](size, **overrides)
+    return reference_init(model) if init == "reference" else model
