@@ -133,6 +133,7 @@ VARIABLE_RENAMES: dict[str, dict[str, str]] = {
     "ens10": CDS_NAMES,
     "cmip6": CMIP6_NAMES,
 }
+ALL_KNOWN_NAMES = {**CMIP6_NAMES, **WEATHERBENCH_NAMES}  # no short name appears in two tables
 COORD_RENAMES = {
     "lat": "latitude",
     "lon": "longitude",
@@ -267,8 +268,8 @@ def _rename_coords(ds: xr.Dataset) -> xr.Dataset:
 def _rename_variables(ds: xr.Dataset, source: str) -> xr.Dataset:
     if source == "auto":
         table = {**CMIP6_NAMES, **WEATHERBENCH_NAMES}
-    else:
-        table = VARIABLE_RENAMES[source]
+    else:  # the source's own names first, then every other known name (a CMIP `tas` read as CDS …)
+        table = {**ALL_KNOWN_NAMES, **VARIABLE_RENAMES[source]} if VARIABLE_RENAMES[source] else {}
     renames: dict[str, str] = {}
     for name in ds.data_vars:
         if name in VARIABLES:
@@ -402,6 +403,25 @@ def _set_attrs(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
+def _refuse_unknown(ds: xr.Dataset, source: str, where: str) -> xr.Dataset:
+    """Sources with a name table: a field whose name maps to no canonical variable is refused (never
+    stored under its raw name); unknown helper variables without a latitude/longitude grid are dropped."""
+    if source in ("auto", "wb2"):
+        return ds
+    unknown, helpers = [], []
+    for name, da in ds.data_vars.items():
+        if str(name) in VARIABLES or "@" in str(name):
+            continue
+        (unknown if {"latitude", "longitude"} <= set(da.dims) else helpers).append(str(name))
+    if unknown:
+        raise DataError(
+            f"{where}: variable(s) {unknown} have no canonical (WeatherBench 2) name for source '{source}'; "
+            f"known source names: {sorted(ALL_KNOWN_NAMES)}; expected one of these (or the canonical names "
+            f"{sorted(VARIABLES)})"
+        )
+    return ds.drop_vars(helpers)
+
+
 def canonicalize(
     ds: xr.Dataset,
     source: str = "auto",
@@ -420,6 +440,8 @@ def canonicalize(
     ds = _drop_bookkeeping(ds)
     ds = _rename_coords(ds)
     ds = _rename_variables(ds, source)
+    where = _where(ds.encoding.get("source") or (provenance or {}).get("source_files"))
+    ds = _refuse_unknown(ds, source, where)
     ds = _expand_level_suffixes(ds)
     ds = _normalise_level(ds)
     ds = _normalise_lat_lon(ds)

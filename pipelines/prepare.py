@@ -21,6 +21,7 @@ import datetime as dt
 import hashlib
 import json
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,21 @@ def dask_client(scheduler: str | None) -> Iterator[Any]:
             yield client
 
 
+PROGRESS_INTERVAL_S = 0.1
+
+
+def _progress_then_settle(show_progress: Callable[..., Any], futures: Any) -> None:
+    """distributed's text progress bar, then a pause of a few of its refresh intervals.
+
+    The bar is fed by a ``Scheduler.feed`` coroutine that only notices the bar has closed its comm at its
+    next write; a cluster shut down while that coroutine sleeps cancels it, and distributed logs an
+    ``asyncio.CancelledError`` traceback on a successful run. Waiting a few intervals lets it end cleanly.
+    """
+    show_progress(futures, interval=f"{int(PROGRESS_INTERVAL_S * 1000)}ms")
+    print(flush=True)
+    time.sleep(5 * PROGRESS_INTERVAL_S)
+
+
 def _compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
     """Compute a dask collection with a progress bar, on ``client`` when given."""
     if progress:
@@ -112,15 +128,13 @@ def _compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
         if progress:
             from distributed import progress as show_progress
 
-            show_progress(futures)
-            print(flush=True)
+            _progress_then_settle(show_progress, futures)
         return client.gather(futures)
     from distributed import progress as show_progress
 
     future = client.compute(obj)
     if progress:
-        show_progress(future)
-        print(flush=True)
+        _progress_then_settle(show_progress, future)
     return future.result()
 
 
@@ -339,6 +353,26 @@ def write_store(
 Source = str | Path | Sequence[str | Path]
 
 
+def _cds_hint(folder: Path) -> str:
+    """A hint when ``folder`` directly holds GRIB/netCDF files (CDS downloads), else ""."""
+    from pipelines.readers._files import sniff_format
+
+    found = 0
+    for p in sorted(folder.iterdir())[:200]:
+        if p.is_file() and not p.name.endswith((".idx", ".tmp")):
+            try:
+                sniff_format(p)
+                found += 1
+            except (DataError, OSError):
+                continue
+    if not found:
+        return ""
+    return (
+        f"; it holds {found} GRIB/netCDF file(s) directly: if they are Climate Data Store downloads, pass "
+        "--format cds"
+    )
+
+
 def _open_weatherbench(root: str | Path, years: Sequence[int] | None) -> xr.Dataset:
     """Every variable folder of a WeatherBench v1 resolution root, for ``years`` (default: all found)."""
     from pipelines.readers import open_weatherbench
@@ -348,7 +382,10 @@ def _open_weatherbench(root: str | Path, years: Sequence[int] | None) -> xr.Data
         raise DataError(f"--source {root}: not a folder; expected a WeatherBench v1 root (e.g. .../5.625deg)")
     files = sorted(root.glob("*/*_[0-9][0-9][0-9][0-9]_*.nc"))
     if not files:
-        raise DataError(f"--source {root}: no '<folder>/<name>_<year>_<grid>.nc' files (WeatherBench v1 layout)")
+        raise DataError(
+            f"--source {root}: no '<folder>/<name>_<year>_<grid>.nc' files (WeatherBench v1 layout, the guess for "
+            f"a folder without --format){_cds_hint(root)}"
+        )
     grids = {f.stem.rsplit("_", 1)[-1] for f in files}
     if len(grids) > 1:
         raise DataError(f"--source {root}: files of several grids {sorted(grids)}; expected one resolution")

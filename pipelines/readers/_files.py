@@ -98,6 +98,11 @@ def check_grib(path: Path) -> int:
 
 def open_netcdf(path: Path, **kwargs: object) -> xr.Dataset:
     """``xr.open_dataset`` with a ``DataError`` naming the file when it is truncated or corrupt."""
+    if sniff_format(Path(path)) == "grib":  # xarray would pick cfgrib and write an index beside the file
+        raise DataError(
+            f"{path}: a GRIB file where netCDF was expected; GRIB from the CDS or ENS-10 is read by "
+            "`smoe data prepare era5 --format cds` or `smoe data prepare ens10`"
+        )
     try:
         ds = xr.open_dataset(path, **kwargs)
     except (OSError, ValueError, RuntimeError) as err:
