@@ -11,6 +11,7 @@ VERBS: tuple[str, ...] = (
     "train",
     "forecast",
     "evaluate",
+    "postprocess",
     "plot",
     "demo",
     "study",
