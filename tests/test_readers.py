@@ -222,6 +222,40 @@ def test_truncated_grib_and_netcdf(shared_data, tmp_path):
         open_source("cds", text)
 
 
+def test_truncated_grib_and_netcdf_written_here(tmp_path):
+    """The same refusals without ../shared: the broken files are written by the test."""
+    from fake_layouts import write_grib
+
+    rng = np.random.default_rng(0)
+    msgs = [
+        {"shortName": "t", "typeOfLevel": "isobaricInhPa", "level": lv, "dataDate": 20200101, "dataTime": 0,
+         "values": 250 + rng.standard_normal((19, 36))}
+        for lv in (250, 500, 700, 850)
+    ]
+    whole = tmp_path / "whole.grib"
+    write_grib(whole, msgs)
+    data = whole.read_bytes()
+    size = len(data) // 4  # four messages of equal length
+    for name, n, message in (("cut.grib", 100, 1), ("half.grib", 2 * size + size // 2, 3)):
+        (tmp_path / name).write_bytes(data[:n])
+        with pytest.raises(DataError, match=rf"{name}: truncated or corrupt GRIB file \(message {message}"):
+            open_source("cds", tmp_path / name)
+    times = pd.date_range("2000-01-01", periods=40, freq="6h")
+    ds = xr.Dataset(
+        {"tas": (("time", "lat", "lon"), 280 + rng.standard_normal((40, 19, 36)), {"units": "K"})},
+        coords={"time": times, "lat": np.arange(-90.0, 91.0, 10.0), "lon": np.arange(0.0, 360.0, 10.0)},
+    )
+    ds.to_netcdf(tmp_path / "whole.nc")
+    data = (tmp_path / "whole.nc").read_bytes()
+    for n in (2000, len(data) // 2):
+        nc = tmp_path / f"cut{n}.nc"
+        nc.write_bytes(data[:n])
+        with pytest.raises(DataError, match=rf"cut{n}.nc: (cannot read netCDF|data unreadable)"):
+            open_source("cds", nc)
+        with pytest.raises(DataError, match=rf"cut{n}.nc: (cannot read netCDF|data unreadable)"):
+            open_source("cmip6", nc).load()
+
+
 def test_cds_netcdf_new_layout(tmp_path):
     raw = write_cds_netcdf(tmp_path / "era5_pl.nc")
     ds = open_source("cds", tmp_path / "era5_pl.nc")
