@@ -89,6 +89,17 @@ def test_cell_edges_cover_globe_without_seam() -> None:
         cartography.check_global_grid(lat[::-1], lon)
 
 
+def test_map_edge_falls_on_a_cell_edge() -> None:
+    """No cell is cut by the map's edge (central longitude + 180°), for the 5.625° grid and a U-Net level."""
+    for lon in (routing.regular_grid(32, 64)[1], routing._coarsen(routing.regular_grid(32, 64)[1], 4)):
+        central = cartography.central_longitude_for(lon)
+        edges = cartography.cell_edges(lon)
+        assert abs(central) <= np.diff(lon)[0] / 2 + 1e-12
+        gap = np.abs((edges - (central + 180.0) + 180.0) % 360.0 - 180.0)
+        assert gap.min() < 1e-9
+    np.testing.assert_array_equal(cartography.refine_edges(np.array([0.0, 1.0, 3.0]), 2), [0, 0.5, 1, 2, 3])
+
+
 def test_coastline_is_the_packaged_file() -> None:
     cartography.offline_cartopy()
     from cartopy.io import shapereader

@@ -49,16 +49,29 @@ def offline_cartopy() -> Any:
     return cartopy
 
 
-def projection(name: str = "robinson") -> Any:
-    """A cartopy CRS by name: ``robinson`` (equal-area-ish, for global maps) or ``platecarree``."""
+def projection(name: str = "robinson", central_longitude: float = 0.0) -> Any:
+    """A cartopy CRS by name: ``robinson`` (for global maps) or ``platecarree``."""
     offline_cartopy()
     import cartopy.crs as ccrs
 
     if name == "robinson":
-        return ccrs.Robinson(central_longitude=0)
+        return ccrs.Robinson(central_longitude=central_longitude)
     if name == "platecarree":
-        return ccrs.PlateCarree(central_longitude=0)
+        return ccrs.PlateCarree(central_longitude=central_longitude)
     raise ValueError(f"projection must be one of {PROJECTIONS}, got {name!r}")
+
+
+def central_longitude_for(longitude: np.ndarray | None) -> float:
+    """Central longitude within half a cell of 0° that puts the map's edge (central + 180°) on a cell edge.
+
+    A cell cut by the map edge is split by cartopy and drawn with thin white gaps at the limb; with the
+    edge on a cell boundary no cell is cut (5.625° grid: 2.8125°E; 22.5° U-Net level: −2.8125°E).
+    """
+    if longitude is None or len(longitude) < 2:
+        return 0.0
+    edges = cell_edges(np.asarray(longitude, dtype=np.float64))
+    offsets = (edges - 180.0 + 180.0) % 360.0 - 180.0  # candidate central longitudes in [-180, 180)
+    return float(offsets[np.argmin(np.abs(offsets))])
 
 
 def cell_edges(centres: np.ndarray, lo: float | None = None, hi: float | None = None) -> np.ndarray:
@@ -74,6 +87,16 @@ def cell_edges(centres: np.ndarray, lo: float | None = None, hi: float | None = 
     return np.clip(edges, lo if lo is not None else -np.inf, hi if hi is not None else np.inf)
 
 
+def refine_edges(edges: np.ndarray, k: int) -> np.ndarray:
+    """Each of the N intervals of ``edges`` (N+1,) split into ``k`` equal parts: (N·k+1,)."""
+    if k <= 1:
+        return np.asarray(edges, dtype=np.float64)
+    e = np.asarray(edges, dtype=np.float64)
+    fractions = np.arange(k) / k
+    inner = (e[:-1, None] + np.diff(e)[:, None] * fractions[None]).reshape(-1)
+    return np.concatenate([inner, e[-1:]])
+
+
 def check_global_grid(latitude: np.ndarray, longitude: np.ndarray, name: str = "field") -> None:
     """ValueError unless latitude ascends within [-90, 90] and longitude ascends within [0, 360)."""
     lat, lon = np.asarray(latitude), np.asarray(longitude)
@@ -83,9 +106,11 @@ def check_global_grid(latitude: np.ndarray, longitude: np.ndarray, name: str = "
         raise ValueError(f"{name}: longitude must be ascending within [0, 360), got {lon[:3]}...{lon[-3:]}")
 
 
-def global_axes(fig: plt.Figure, position: Any = 111, proj: str = "robinson") -> Any:
-    """A GeoAxes showing the whole globe with the packaged 110 m coastlines and a light graticule."""
-    crs = projection(proj)
+def global_axes(fig: plt.Figure, position: Any = 111, proj: str = "robinson",
+                longitude: np.ndarray | None = None) -> Any:
+    """A GeoAxes showing the whole globe, centred near 0° so that no cell of the grid with these
+    ``longitude`` centres is cut by the map edge (see :func:`central_longitude_for`)."""
+    crs = projection(proj, central_longitude_for(longitude))
     ax = fig.add_subplot(position, projection=crs)
     ax.set_global()
     return ax
@@ -115,6 +140,12 @@ def draw_field(
     lon_e = cell_edges(longitude)
     if not np.isclose(lon_e[-1] - lon_e[0], 360.0, atol=1e-6):
         raise ValueError(f"longitude must cover the globe in regular cells; edges span {lon_e[-1] - lon_e[0]}°")
+    if not isinstance(ax.projection, ccrs.PlateCarree):
+        # quads have straight sides in the projection: split each cell into ≤ 2° sub-cells of the same
+        # value so that cells at the curved limb of e.g. Robinson meet the map edge (no white slivers)
+        k = int(np.ceil(max(np.max(np.diff(lat_e)), np.max(np.diff(lon_e))) / 2.0))
+        lat_e, lon_e = refine_edges(lat_e, k), refine_edges(lon_e, k)
+        field = np.repeat(np.repeat(field, k, axis=0), k, axis=1)
     mesh = ax.pcolormesh(lon_e, lat_e, field, transform=ccrs.PlateCarree(), shading="flat", rasterized=True,
                          **pcolormesh_kwargs)
     # a white halo keeps the coastline visible on dark and light colours alike

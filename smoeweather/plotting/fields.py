@@ -112,8 +112,8 @@ def _sorted(da: xr.DataArray) -> xr.DataArray:
 
 def _panel(fig: plt.Figure, pos: Any, da: xr.DataArray, title: str, label: str, proj: str = "robinson",
            **kwargs: Any) -> None:
-    ax = global_axes(fig, pos, proj=proj)
     da = _sorted(da)
+    ax = global_axes(fig, pos, proj=proj, longitude=da["longitude"].values)
     mesh = draw_field(ax, da.values, da["latitude"].values, da["longitude"].values, **kwargs)
     ax.set_title(title, fontsize=10)
     cbar = fig.colorbar(mesh, ax=ax, orientation="horizontal", fraction=0.05, pad=0.04, shrink=0.8)

@@ -333,9 +333,9 @@ def _categorical(values: np.ndarray, weights: np.ndarray, labels: dict[int, str]
     return mapped, cmap, norm, handles
 
 
-def _map_figure(title: str, proj: str = "robinson") -> tuple[plt.Figure, Any]:
+def _map_figure(title: str, longitude: np.ndarray, proj: str = "robinson") -> tuple[plt.Figure, Any]:
     fig = plt.figure(figsize=(11, 5.2))
-    ax = global_axes(fig, proj=proj)
+    ax = global_axes(fig, proj=proj, longitude=longitude)
     ax.set_title(title, fontsize=11)
     return fig, ax
 
@@ -344,7 +344,7 @@ def plot_categorical_map(values: np.ndarray, latitude: np.ndarray, longitude: np
                          path: str | Path, legend_title: str, labels: dict[int, str] | None = None,
                          colours: dict[int, str] | None = None, proj: str = "robinson") -> Path:
     """A categorical (lat, lon) map with a legend (class, % of the globe's area); ``colours``: class → colour."""
-    fig, ax = _map_figure(title, proj)
+    fig, ax = _map_figure(title, longitude, proj)
     weights = area_weights(latitude, len(longitude))
     mapped, cmap, norm, handles = _categorical(values, weights, labels, colours_of=colours)
     draw_field(ax, mapped, latitude, longitude, cmap=cmap, norm=norm)
@@ -358,7 +358,7 @@ def plot_continuous_map(values: np.ndarray, latitude: np.ndarray, longitude: np.
                         proj: str = "robinson", **kwargs: Any) -> Path:
     """A continuous (lat, lon) map with a horizontal colour bar labelled ``label`` (quantity [unit]);
     ``discrete=n`` draws the integer values 0..n as n+1 colour steps."""
-    fig, ax = _map_figure(title, proj)
+    fig, ax = _map_figure(title, longitude, proj)
     if discrete is not None:
         kwargs["norm"] = BoundaryNorm(np.arange(discrete + 2) - 0.5, plt.get_cmap(cmap).N)
     mesh = draw_field(ax, values, latitude, longitude, cmap=cmap, **kwargs)
