@@ -102,6 +102,13 @@ class SplitDataModule(L.LightningDataModule):
         sampler = SkippingSampler(
             self.dataset("train"), num_replicas=world, rank=rank, shuffle=True, seed=self.seed, drop_last=True
         )
+        if len(sampler) < self.batch_size:  # drop_last would leave an epoch of zero steps and exit 0
+            n = len(self.dataset("train"))
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is larger than the {len(sampler)} training samples per "
+                f"process ({n} samples over {world} process(es)): no full batch to train on; lower "
+                "data.batch_size or widen the training period"
+            )
         return self._loader("train", sampler, batches_done=self._batches_done)
 
     def _batches_done(self) -> int:

@@ -36,6 +36,7 @@ from smoeweather.training.callbacks import BatchSeed, LastCheckpoint, SamplesPer
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.regression import FieldRegressionModule
+from smoeweather.training.schema import validate_train_config
 from smoeweather.training.vision import build_vision
 
 TASKS = ("weatherbench", "ens10", "heat", "vision")
@@ -392,6 +393,7 @@ def train(
 ) -> TrainResult:
     """Seed, build, optionally initialise from ``init_from``, and fit (resuming from ``resume``)."""
     cfg = json.loads(json.dumps(cfg, default=str))  # plain types only (YAML dates → strings): safe to pickle
+    validate_train_config(cfg)  # unknown keys / wrong types: an error, not silently ignored
     seed = int(cfg.get("seed", 0))
     L.seed_everything(seed, workers=True, verbose=False)
     output_dir = Path(cfg.get("output_dir") or f"runs/{cfg.get('task')}")
