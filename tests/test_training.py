@@ -428,3 +428,51 @@ def test_resume_inside_an_epoch_equals_uninterrupted(stores: dict[str, str], tmp
     resumed = train(tiny_config(HEAT, stores, tmp_path / "part", extra), resume=part.last_checkpoint)
     assert resumed.trainer.global_step == full.trainer.global_step == 8
     _assert_same(_params(full.last_checkpoint), _params(resumed.last_checkpoint))
+
+
+# ---- config schema, batch size, max_steps -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("training.lrr=1", "unknown config key 'training.lrr'; valid keys under 'training': aux_weight,"),
+        ("trainr.max_epochs=5", "unknown config key 'trainr'; valid keys at the top level: data, model,"),
+        ("data.batchsize=999", "unknown config key 'data.batchsize'; valid keys under 'data': batch_size,"),
+        ("sed=7", "unknown config key 'sed'"),
+        ("trainer.max_epochz=5", "unknown config key 'trainer.max_epochz'; valid keys under 'trainer': accel"),
+        ("training.lr=fast", "config key 'training.lr' must be float, got str 'fast'"),
+        ("data.batch_size=true", "config key 'data.batch_size' must be int, got bool True"),
+    ],
+)
+def test_config_typos_and_wrong_types_exit_2_naming_the_key(
+    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from smoeweather.cli import main
+
+    code = main(["train", "--config", str(HEAT), f"output_dir={tmp_path}", "data.store=nowhere.zarr", override])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("smoe train: error: ") and message in err, err
+    assert "Traceback" not in err and not (tmp_path / "checkpoints").exists()
+
+
+def test_every_config_fits_its_schema_and_the_schema_is_extensible() -> None:
+    from smoeweather.config import Block, ConfigError
+    from smoeweather.training.schema import TASK_SCHEMAS, register_task_schema, validate_train_config
+
+    for path in CONFIGS:
+        validate_train_config(load_config(path))
+    cfg = {"task": "toy", "data": {"anything": 1}, "training": {"lr": 1}}
+    validate_train_config(cfg)  # no schema registered: top level, training and trainer checked only
+    try:
+        register_task_schema("toy", lambda: Block({"task": (str,), "data": Block({"size": (int,)})}))
+        with pytest.raises(ConfigError, match="valid keys under 'data': size"):
+            validate_train_config(cfg)
+    finally:
+        TASK_SCHEMAS.pop("toy")
+
+
+def test_batch_larger_than_the_training_set_is_a_clear_error(stores: dict[str, str], tmp_path: Path) -> None:
+    # the tiny heat store holds 4 runs × 6 steps = 24 training pairs
+    cfg = tiny_config(HEAT, stores, tmp_path, ("data.batch_size=25",))
+    with pytest.raises(ValueError, match=r"data.batch_size=25 is larger than the 24 training samples"):
+        train(cfg)
+    assert train(tiny_config(HEAT, stores, tmp_path, ("data.batch_size=24",))).trainer.global_step == 1
