@@ -104,8 +104,10 @@ def model_forecast(
     for c in spec.constants:
         if c == "latitude":
             consts.append(np.broadcast_to(spec.latitude[:, None], (H, W)))
+        elif set(ds[c].dims) != {"latitude", "longitude"}:
+            raise ValueError(f"{where}: constant {c!r} must have dims (latitude, longitude), has {ds[c].dims}")
         else:
-            consts.append(np.asarray(ds[c].values, np.float32))
+            consts.append(np.asarray(ds[c].transpose("latitude", "longitude").values, np.float32))
     const = torch.as_tensor(np.stack(consts).astype(np.float32)) if consts else torch.empty(0, H, W)
 
     model = trained.model.to(device).eval()
