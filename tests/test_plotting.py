@@ -167,6 +167,20 @@ def test_north_to_south_grid_is_flipped(tmp_path: Path) -> None:
     np.testing.assert_array_equal(r.scores, gate.weight.detach().numpy()[:, ::-1])
 
 
+def test_unet_gates_get_the_pooled_grid() -> None:
+    """U-Net level l gates (grid / 2^l) sit at the block means of the input grid's cell centres."""
+    model = build_weather_model({"name": "unet", "in_channels": 4, "levels": 3, "widths": [4, 8, 16], "smoe": True,
+                                 "experts_factor": 4, "grid": [H, W]})
+    lat, lon = routing.regular_grid(H, W)
+    found = {r.name: r for r in routing.gate_routings(model, {"latitude": lat, "longitude": lon}, {})}
+    r = found[f"enc_E64_H{H // 4}_W{W // 4}"]
+    np.testing.assert_allclose(r.latitude, lat.reshape(-1, 4).mean(1), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.longitude, lon.reshape(-1, 4).mean(1), rtol=0, atol=1e-12)
+    assert r.num_selected == 16 and r.prior is None
+    edges = cartography.cell_edges(r.longitude)
+    assert edges[-1] - edges[0] == pytest.approx(360.0, abs=1e-9)
+
+
 def test_dense_checkpoint_is_a_clear_error() -> None:
     model = build_weather_model({"name": "resnet", "in_channels": 3, "out_channels": 1, "width": 4, "blocks": 1,
                                  "grid": [H, W]})

@@ -405,9 +405,20 @@ def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "", proj: str = 
     g, n, e = ds.attrs["gate"], ds.attrs["num_experts"], ds.attrs["num_selected"]
     lat, lon = ds["latitude"].values, ds["longitude"].values
     head = f"{label}gate {g} (|E|={n}, E={e})"
+    colours, legend = None, "expert (% of area)"
+    if "expert_prior_group" in ds and int(ds["expert_prior_group"].max()) == 1:
+        # sea-group experts in blues, land-group experts in browns: misrouted cells stand out at a glance
+        group = ds["expert_prior_group"].values
+        colours = {}
+        for k, cmap in ((0, plt.get_cmap("GnBu")), (1, plt.get_cmap("YlOrBr"))):
+            members = np.flatnonzero(group == k)
+            shades = np.linspace(0.35, 0.95, len(members)) if len(members) > 1 else [0.7]
+            order = np.argsort((np.arange(len(members)) * 7) % len(members))  # neighbours get distant shades
+            colours.update({int(e): cmap(float(shades[i])) for e, i in zip(members, order)})
+        legend = "expert (% of area)\nblue: sea group, brown: land group"
     paths = [
         plot_categorical_map(ds["dominant_expert"].values, lat, lon, f"{head}: dominant (top-1) expert",
-                             out_dir / f"routing_{g}_dominant.png", "expert (% of area)", proj=proj),
+                             out_dir / f"routing_{g}_dominant.png", legend, proj=proj, colours=colours),
         plot_categorical_map(ds["routing_region"].values, lat, lon,
                              f"{head}: regions of equal top-E set ({ds.attrs['n_distinct_sets']} distinct sets)",
                              out_dir / f"routing_{g}_regions.png", "top-E set (% of area)", proj=proj),
