@@ -234,6 +234,28 @@ def test_forecast_and_truth_align_at_valid_time(tmp_path: Path) -> None:
         forecast_and_truth(fc_path, truth_path, "temperature_500", "24h")
 
 
+def test_ensemble_store_maps_the_member_mean(tmp_path: Path) -> None:
+    fc_path, truth_path = make_stores(tmp_path, offset=0.0)
+    ds = xr.open_zarr(fc_path).load()
+    spread = xr.DataArray([-2.0, 1.0, 4.0], dims="member")  # member mean +1 K
+    ens = (ds + spread).transpose("time", "prediction_timedelta", "member", ...)
+    ens.attrs["forecast_kind"] = "ensemble"
+    ens.to_zarr(tmp_path / "ens.zarr")
+    fc, tr, kind = forecast_and_truth(tmp_path / "ens.zarr", truth_path, "temperature_850", "24h", "2003-01-01T12")
+    assert kind == "ensemble mean" and fc.sizes["time"] == 1
+    np.testing.assert_allclose((fc - tr).values, 1.0, rtol=0, atol=8 * np.finfo(np.float32).eps * 256)
+
+
+def test_missing_cartopy_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cartopy", None)  # import cartopy → ImportError
+    assert main(["plot", "routing", str(tmp_path / "x.ckpt"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "smoeweather[maps]" in err and err.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_smoe_plot_forecast_error_scores_cli(tmp_path: Path) -> None:
     fc_path, truth_path = make_stores(tmp_path)
