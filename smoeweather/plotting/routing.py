@@ -147,8 +147,8 @@ def load_land_sea(path: str | Path, shape: tuple[int, int]) -> tuple[np.ndarray,
     return values, f"{path}:{name}"
 
 
-def _prior_categories(config: dict[str, Any], shape: tuple[int, int],
-                      land_sea: str | Path | None) -> tuple[np.ndarray, str]:
+def _prior_categories(config: dict[str, Any], shape: tuple[int, int], land_sea: str | Path | None,
+                      north_to_south: bool = False) -> tuple[np.ndarray, str]:
     """The categorical prior the gates were initialised from: land fraction > 0.5 → 1 (land), else 0, as
     :class:`~smoeweather.models.resnet.WeatherBenchResNet` does with the store's ``land_sea_mask``."""
     if land_sea is not None:
@@ -162,6 +162,7 @@ def _prior_categories(config: dict[str, Any], shape: tuple[int, int],
             from pipelines.world import land_fraction
 
             lsm, source = land_fraction(), "pipelines/resources/lsm_5.625deg.nc (training store not found)"
+            lsm = lsm[::-1] if north_to_south else lsm  # into the model's row order
         else:
             raise FileNotFoundError(
                 f"the training store {store} is not there to rebuild the land-sea prior; pass --land-sea"
@@ -194,7 +195,7 @@ def gate_routings(model: nn.Module, metadata: dict[str, Any] | None = None, conf
         scores = _routing_scores(gate, layers[0][1])
         prior, source = (None, None)
         if uses_prior and (grid is None or (h, w) == (len(grid[0]), len(grid[1]))):
-            prior, source = _prior_categories(config, (h, w), land_sea)
+            prior, source = _prior_categories(config, (h, w), land_sea, north_to_south=bool(lat[0] > lat[-1]))
         if lat[0] > lat[-1]:  # north-to-south grid: flip rows so every map and file has latitude ascending
             lat, scores = lat[::-1], scores[:, ::-1]
             prior = None if prior is None else prior[::-1]
