@@ -13,6 +13,22 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7: one float32 rounding errs by at most EPS32/2 (relative)
+EPS64 = float(np.finfo(np.float64).eps)
+
+
+def f32_atol(*arrays: object, ops: int = 4) -> float:
+    """Absolute tolerance of ``ops`` float32 roundings (e.g. normalise (x − mean)/std, store as float32,
+    denormalise x·std + mean) of quantities up to the largest |value| among ``arrays`` (fields and the
+    mean they are normalised with)."""
+    return ops * EPS32 * max(float(np.nanmax(np.abs(np.asarray(a, dtype=np.float64)))) for a in arrays)
+
+
+def sum_rtol(n: int, eps: float = EPS64) -> float:
+    """Relative tolerance of a sum/mean/std of ``n`` values computed in a precision with machine epsilon
+    ``eps`` (the n·eps worst-case bound of recursive summation)."""
+    return n * eps
+
 WB_LAT = -90 + 5.625 / 2 + 5.625 * np.arange(32)  # ascending, as WeatherBench v1/v2
 WB_LON = 5.625 * np.arange(64)
 
