@@ -39,6 +39,7 @@ TRAINING = Block({
     "aux_weight": NUM,
     "freeze_batchnorm": BOOL,
     "optimizer": STR,
+    "diagnose_error_scale": BOOL,  # smoeweather.training.diagnostics: measure dL/dy at SMoE layers
 })
 
 SPLIT_KEYS: dict[str, Any] = {
