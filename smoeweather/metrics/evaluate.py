@@ -212,7 +212,7 @@ def evaluate(
                                 inits, leads).astype(np.float64).load()
         n_time[j] = t.notnull().any(["latitude", "longitude"]).sum("time").values
         for i, m in enumerate(methods):
-            ds = fcs[m].sel(time=inits, prediction_timedelta=leads)  # KeyError-free: common inits, union leads
+            ds = fcs[m].sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
             if f not in forecast_fields(ds):
                 continue
             for metric, v in _scores_one(ds, kinds[m], f, t, clim_fields.get(f), w).items():
