@@ -2,7 +2,8 @@
 
 Canonical form (what every reader returns):
 - dims, in this order where present: ``time`` (valid time, or initialisation time for forecasts),
-  ``prediction_timedelta`` (lead time), ``member`` (ensemble), ``level`` (hPa, int), ``latitude``
+  ``prediction_timedelta`` (lead time), ``member`` (ensemble; 0 = control), ``level`` (hPa: int, or float for
+  levels below 1 hPa such as 0.1 from GRIB ``isobaricInPa``), ``latitude``
   (degrees north, ASCENDING, as WeatherBench 2), ``longitude`` (degrees east, [0, 360), sorted);
 - variable names and units of WeatherBench 2 / ERA5 (``geopotential`` in m² s⁻², not height);
 - CF attributes (``units``, ``long_name``, ``standard_name`` where one exists) on variables and

@@ -8,10 +8,14 @@ Store layout (zarr format 2, consolidated metadata at the root):
 - group ``statistics``: the Dataset of :func:`pipelines.statistics.compute_statistics` over the training
   years (dim ``statistic`` = mean/std/diff_std); ``xr.open_zarr(store, group="statistics")`` opens it.
 - root attrs: provenance — ``source``, ``prepare_args`` (JSON; used for the idempotency check),
-  ``code_version``, ``written_utc``.
+  ``source_fingerprint`` (JSON: size + content hash or mtime of every source file; a changed source is
+  never "up to date"), ``code_version``, ``written_utc``; ``nan_filled`` when ``fill_policy`` filled NaNs.
 
 Writes are atomic (a temporary sibling is renamed onto the target only after everything, statistics and
-consolidated metadata included, has been written) and stream chunk by chunk with dask.
+consolidated metadata included, has been written; ``--overwrite`` renames the old store aside first and
+deletes it last) and stream chunk by chunk with dask. NaNs are counted per variable and level in the
+same pass that writes (bounded memory); with ``fill_policy="error"`` any NaN aborts and nothing is left.
+Variables holding data on only some levels are stored per level as ``<name>_<level>``.
 """
 
 from __future__ import annotations

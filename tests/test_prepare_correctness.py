@@ -194,7 +194,7 @@ def test_era5_grib_inits_times_steps_mapping_uniquely_are_valid_times(tmp_path: 
     for h in (0, 3, 6, 9):  # the field written for init + step is found at that valid time
         want = _field(h)[::-1]
         np.testing.assert_allclose(
-            ds["temperature"].sel(time=f"2020-01-01T{h:02d}", level=850).values, want, atol=_grib_tol(want)
+            ds["temperature"].sel(time=f"2020-01-01T{h:02d}", level=850).values, want, rtol=0, atol=_grib_tol(want)
         )
 
 
@@ -228,7 +228,9 @@ def test_levels_in_pa_become_hpa_floats_next_to_hpa_levels_cli(tmp_path: Path) -
     assert ds["level"].attrs["units"] == "hPa"
     for level, key in ((0.01, ("isobaricInPa", 1)), (850.0, ("isobaricInhPa", 850))):
         want = fields[key][::-1]
-        np.testing.assert_allclose(ds["temperature"].sel(level=level).isel(time=0).values, want, atol=_grib_tol(want))
+        np.testing.assert_allclose(
+            ds["temperature"].sel(level=level).isel(time=0).values, want, rtol=0, atol=_grib_tol(want)
+        )
 
 
 # ------------------------------------------------------------------------------ §2 control + perturbed
@@ -260,7 +262,7 @@ def test_control_and_perturbed_members_in_one_grib(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ens["member"].values, [0, 1, 2, 3, 4])
     want = _field(250.0, 0)[::-1]
     np.testing.assert_allclose(
-        ens["temperature"].sel(member=0, level=850).isel(time=0).values, want, atol=_grib_tol(want)
+        ens["temperature"].sel(member=0, level=850).isel(time=0).values, want, rtol=0, atol=_grib_tol(want)
     )
 
 
@@ -505,3 +507,26 @@ def test_local_cluster_run_prints_no_traceback(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         assert "Traceback" not in run.stderr and "CancelledError" not in run.stderr, run.stderr
         assert out.is_dir()
+
+
+def test_cds_netcdf_forecast_fields_become_valid_times(tmp_path: Path) -> None:
+    """CDS (2024+) netCDF of forecast fields: forecast_reference_time × forecast_period (hours)."""
+    init = pd.to_datetime(["2020-01-01T06", "2020-01-01T18"])
+    period = np.array([1, 2, 3])
+    x = 280 + np.random.default_rng(0).standard_normal((2, 3, LAT10.size, LON10.size))
+    valid = init.values[:, None] + period[None, :] * np.timedelta64(1, "h")
+    dims = ("forecast_reference_time", "forecast_period", "latitude", "longitude")
+    xr.Dataset(
+        {"t2m": (dims, x, {"units": "K"})},
+        coords={
+            "forecast_reference_time": init,
+            "forecast_period": ("forecast_period", period, {"units": "hours"}),
+            "latitude": LAT10,
+            "longitude": LON10,
+            "valid_time": (dims[:2], valid),
+        },
+    ).to_netcdf(tmp_path / "fc.nc")
+    ds = xr.open_zarr(_prepare(tmp_path / "fc.nc", tmp_path / "s.zarr", fmt="cds"))
+    np.testing.assert_array_equal(ds["time"].values, np.sort(valid.ravel()))
+    assert ds["2m_temperature"].dims == ("time", "latitude", "longitude")
+    np.testing.assert_array_equal(ds["2m_temperature"].values, x.reshape(6, LAT10.size, LON10.size).astype(np.float32))

@@ -2,8 +2,15 @@
 
 Handles both GRIB layouts cfgrib produces (``time`` [+ ``step``] with ``valid_time`` derived; or
 ``number`` for ensembles, ``isobaricInhPa`` for pressure levels) and both CDS netCDF layouts (legacy
-``time``/``level``/``number``; 2024+ ``valid_time``/``pressure_level``/``number``). The GRIB index
-file is never written (``indexpath=""``), so read-only folders work.
+``time``/``level``/``number``; 2024+ ``valid_time``/``pressure_level``/``number``, and for forecast
+fields ``forecast_reference_time``/``forecast_period``). The GRIB index file is never written
+(``indexpath=""``), so read-only folders work.
+
+Forecast steps: for ``source="cds"`` (``prepare era5``) every field is labelled with its VALID time
+(init + step; ambiguous init × step layouts are refused); for ``source="ens10"`` ``time`` stays the
+initialisation and the step becomes ``prediction_timedelta`` (WeatherBench 2 convention). Control
+(``dataType`` cf) and perturbed (pf) messages become one ``member`` dim, 0 = control. Levels under 1 hPa
+(``isobaricInPa``) become float hPa levels next to the hPa ones.
 Returns the canonical Dataset: dims (time, [prediction_timedelta], [member], [level], latitude,
 longitude), WB2 names and units.
 """
@@ -87,6 +94,23 @@ def _forecast_times(part: xr.Dataset) -> xr.Dataset:
     return part
 
 
+def _netcdf_forecast_dims(ds: xr.Dataset) -> xr.Dataset:
+    """CDS (2024+) netCDF forecast fields: ``forecast_reference_time`` → ``time`` (init),
+    ``forecast_period`` → ``step`` (timedelta; hours when undecoded), the 2-D ``valid_time`` dropped."""
+    if "forecast_reference_time" not in ds.dims:
+        return ds
+    ds = ds.drop_vars("valid_time", errors="ignore").rename(forecast_reference_time="time")
+    if "forecast_period" in ds.variables:
+        period = ds["forecast_period"]
+        if not np.issubdtype(period.dtype, np.timedelta64):
+            units = str(period.attrs.get("units", "hours")).split(" ")[0].lower()
+            if units not in ("hours", "hour", "h"):
+                raise DataError(f"forecast_period has units '{units}'; expected hours")
+            period = period.copy(data=(np.asarray(period.values, dtype=float) * 3600e9).astype("timedelta64[ns]"))
+        ds = ds.assign_coords(forecast_period=period.variable).rename(forecast_period="step")
+    return ds
+
+
 def _grib_parts(path, source: str) -> list[xr.Dataset]:
     """cfgrib's Datasets of one GRIB file, each with members and times in canonical meaning."""
     parts = []
@@ -114,7 +138,10 @@ def open_cds_file(path: PathLike, source: str = "cds") -> xr.Dataset:
     if fmt == "grib":
         ds = _merge(_grib_parts(p, source), p)
     else:
-        ds = canonicalize(open_netcdf(p), source=source)
+        raw = _netcdf_forecast_dims(open_netcdf(p))
+        if "step" in raw.dims:
+            raw = _forecast_times(raw) if source == "ens10" else _valid_times(raw, p)
+        ds = canonicalize(raw, source=source)
     ds = load_checked(ds, p)
     ds.attrs.update(source_files=str(p), source_format=source, file_format=fmt)
     return ds
