@@ -195,3 +195,63 @@ class RoutingDiagnostics(L.Callback):
                 if isinstance(value, float) and math.isfinite(value):
                     pl_module.log(f"routing/{name}/{key}", value, on_step=False, on_epoch=True,
                                   rank_zero_only=True)
+
+
+def probe_routing(cfg: dict[str, Any], steps: int = 20, n_batches: int = 4, seed: int = 0) -> dict[str, Any]:
+    """A short, Lightning-free training probe of a weatherbench config's SMoE layers (for the findings doc).
+
+    Builds the config's model and data, takes ``n_batches`` shuffled training batches (cycled), and runs
+    ``steps`` Adam steps of the training loss (latitude-weighted MSE, normalised units). Records per step and
+    layer: ``flagged`` (the layer's RC flags, with its tolerance), ``flagged_no_tol`` and ``threshold_out``
+    (see the module docstring); at the end the gate's ``changed`` fraction relative to initialisation and its
+    layout metrics. Returns {"steps": [{layer: {...}}], "final": {layer: {...}}, "initial": {layer: {...}}}.
+    """
+    from torch.utils.data import DataLoader
+
+    from smoeweather.training.losses import lat_weighted_mse
+    from smoeweather.training.run import build
+
+    L.seed_everything(seed, verbose=False)
+    data, module = build(cfg)
+    data.setup()
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(data.dataset("train"), batch_size=data.batch_size, shuffle=True, generator=generator)
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == n_batches:
+            break
+    cb = RoutingDiagnostics(error_scale=True, prior=_prior_from_config(module))
+    cb._find_layers(module)
+    if not cb._layers:
+        raise ValueError("probe_routing: the config's model has no SMoE layer")
+    hooks = [layer.register_forward_hook(cb._watch_error(name)) for name, layer in cb._layers.items()]
+    initial = cb.epoch_metrics()  # also stores the initial top-E sets
+    model = module.model.train()
+    opt = module.configure_optimizers()["optimizer"]
+    per_step = []
+    for step in range(steps):
+        x, y = batches[step % len(batches)]
+        cb._sums, cb._batches = {}, 0
+        opt.zero_grad(set_to_none=True)
+        loss = lat_weighted_mse(model.net(x), y, module.lat_weights)  # as ForecastingModule.training_step
+        loss.backward()
+        opt.step()
+        cb.on_train_batch_end(None, module, None, None, step)  # type: ignore[arg-type]
+        record: dict[str, Any] = {name: {k: float(v) / max(cb._batches, 1) for k, v in sums.items()}
+                                  for name, sums in cb._sums.items()}
+        record["loss"] = float(loss.detach())
+        gates = {id(m.gate): m for m in cb._layers.values() if isinstance(m.gate, TensorRoutingGate)}
+        for i, layer in enumerate(gates.values()):  # mean logit of the selected / unselected experts
+            w = layer.gate.weight.detach()
+            chosen = torch.zeros_like(w, dtype=torch.bool).scatter_(0, w.topk(layer.num_selected, 0).indices, True)
+            record[f"gate{i}"] = {"selected_mean": float(w[chosen].mean()), "unselected_mean": float(w[~chosen].mean()),
+                                  "margin": routing_layout(w, layer.num_selected)["margin"]}
+        per_step.append(record)
+    for handle in hooks:
+        handle.remove()
+    cb._sums = {}
+    final = cb.epoch_metrics()  # "changed" relative to the initial sets
+    for metrics in (*initial.values(), *final.values()):
+        metrics.pop("usage", None)
+    return {"steps": per_step, "initial": initial, "final": final}
