@@ -12,7 +12,24 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# SMOE_TEST_THREADS=1 / 2 reruns the suite at another intra-op thread count (reduction order changes):
+# every float comparison must pass at both (issue 7 §1)
+torch.set_num_threads(int(os.environ.get("SMOE_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
+
+UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def float_tol(dtype: torch.dtype | np.dtype | type, n_ops: int, scale: float = 1.0) -> dict[str, float]:
+    """``rtol``/``atol`` for comparing two computations of the same quantity in ``dtype``.
+
+    Worst-case rounding of a chain of ``n_ops`` dependent operations (or of a sum of n_ops terms in any
+    order) is n_ops · u relative, u = unit roundoff (2^-24 for float32). ``scale`` is the magnitude of the
+    values, for an absolute tolerance near zero (cancellation). Factor 2: both sides round.
+    """
+    if not isinstance(dtype, torch.dtype):
+        dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
+    rtol = 2.0 * n_ops * UNIT_ROUNDOFF[dtype]
+    return {"rtol": rtol, "atol": rtol * scale}
 
 
 @pytest.fixture(autouse=True)
