@@ -177,7 +177,7 @@ def plot_error(forecast: str | Path, truth: Any, field: str, lead: str | int, ou
     first, last = _stamp(fc["time"].values[0]), _stamp(fc["time"].values[-1])
     bias = err.mean("time")
     rmse = np.sqrt((err**2).mean("time"))
-    fig = plt.figure(figsize=(13, 4.4), layout="constrained")
+    fig = plt.figure(figsize=(13, 5.0), layout="constrained")
     v = _symmetric(bias.values)
     _panel(fig, 121, bias, "time-mean error (bias)", f"bias [{units}]", proj=proj, cmap="RdBu_r", vmin=-v, vmax=v)
     _panel(fig, 122, rmse, "root-mean-square error", f"RMSE [{units}]", proj=proj, cmap="magma_r", vmin=0)
