@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import float_tol
 from torch import nn
 
 from smoeweather.nn import (
@@ -128,7 +129,9 @@ def test_batch_shared_routing_gives_mean_bce_gradient() -> None:
         labels = torch.cat([routing_labels(wrong[i: i + 1], idx, 4) for i in range(6)])
     z = layer.gate.weight.detach().clone().requires_grad_()
     nn.functional.binary_cross_entropy_with_logits(z.unsqueeze(0).expand(6, -1, -1, -1), labels).backward()
-    torch.testing.assert_close(layer.gate.weight.grad, z.grad)
+    # float32: the batch-shared gradient sums B = 6 per-sample terms of size ≤ 1/N (sigmoid − label)/N
+    tol = float_tol(torch.float32, 6 + 4, scale=1 / labels.numel())
+    torch.testing.assert_close(layer.gate.weight.grad, z.grad, **tol)
 
 
 def test_gate_init_bound_and_prior() -> None:
@@ -252,11 +255,12 @@ def test_periodic_longitude_padding_of_experts() -> None:
     layer = SpatialMoE2d(2, 3, 1, grid=(5, 7), padding="periodic_lon")
     x = torch.randn(2, 2, 5, 7)
     expected = nn.functional.conv2d(pad_periodic_lon(x, 1), layer.experts.weight)
-    torch.testing.assert_close(layer.apply_experts(x).flatten(1, 2), expected)
+    tol = float_tol(torch.float32, 2 * 3 * 3, scale=float(expected.abs().max()))  # 18-term accumulations
+    torch.testing.assert_close(layer.apply_experts(x).flatten(1, 2), expected, **tol)
     zeros = SpatialMoE2d(2, 3, 1, grid=(5, 7))
     zeros.experts.weight.data.copy_(layer.experts.weight.data)
     torch.testing.assert_close(zeros.apply_experts(x).flatten(1, 2),
-                               nn.functional.conv2d(x, layer.experts.weight, padding=1))
+                               nn.functional.conv2d(x, layer.experts.weight, padding=1), **tol)
 
 
 class _PerSampleGate(nn.Module):
