@@ -135,7 +135,12 @@ class MoEMLP(nn.Module):
         self.dropout = nn.Dropout(expert_dropout)
         self.aux_loss: torch.Tensor | None = None
         self.last_gates: torch.Tensor | None = None
-        self.last_dropped: float = 0.0
+        self._dropped: torch.Tensor | None = None
+
+    @property
+    def last_dropped(self) -> float:
+        """Fraction of the last forward's k·T token assignments that were over capacity (0 before any)."""
+        return 0.0 if self._dropped is None else float(self._dropped)  # read lazily: no GPU sync per forward
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, k={self.k}, partitions={self.partitions}, bpr={self.bpr}, "
@@ -163,7 +168,7 @@ class MoEMLP(nn.Module):
                 aux.append(vmoe_aux_loss(logits[rows, cols], noisy[rows, cols], self.k, self.noise_std))
         dispatch = gates.detach() > 0
         self.last_gates = gates.detach()
-        self.last_dropped = 1.0 - dispatch.sum().item() / (self.k * tokens.shape[0])
+        self._dropped = 1.0 - dispatch.sum() / (self.k * tokens.shape[0])
         out = torch.zeros_like(tokens)
         for e, expert in enumerate(self.experts):
             idx = dispatch[:, e].nonzero().squeeze(1)
