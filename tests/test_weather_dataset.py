@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 
 from pipelines.prepare import write_store
 from smoeweather.data.ens10 import Ens10Dataset
-from smoeweather.data.weather import WeatherBenchDataset, WeatherDataModule
+from smoeweather.data.weather import WeatherBenchDataset
+from smoeweather.training.datamodule import SplitDataModule
 
 FIELDS = [("geopotential", 500), ("temperature", 850)]
 
@@ -124,15 +125,10 @@ def test_dataloader_with_two_workers(store: str) -> None:
 
 
 def test_datamodule_year_splits(store: str) -> None:
-    dm = WeatherDataModule(
-        store,
-        FIELDS,
-        train_years=(2000, 2001),
-        valid_years=(2002, 2002),
-        test_years=(2002, 2002),
+    years = {"train": (2000, 2001), "valid": (2002, 2002), "test": (2002, 2002)}
+    dm = SplitDataModule(
+        lambda: {split: WeatherBenchDataset(store, FIELDS, years=y, lead_h=120) for split, y in years.items()},
         batch_size=8,
-        num_workers=0,
-        lead_h=120,
     )
     dm.setup("fit")
     years = {pd.Timestamp(dm.dataset("train").valid_time(i)).year for i in range(len(dm.dataset("train")))}

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from pipelines.heat_diffusion import open_heat, split_runs
 
@@ -44,27 +43,11 @@ def _batched(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, to
     return batch
 
 
-class HeatDataModule(L.LightningDataModule):
-    """Train / val / test loaders over a heat store (shuffled train order, seeded by Lightning)."""
-
-    def __init__(self, store: str | Path, batch_size: int = 32, max_runs: dict[str, int] | None = None) -> None:
-        super().__init__()
-        self.store, self.batch_size, self.max_runs = Path(store), batch_size, max_runs or {}
-        self.splits: dict[str, HeatDiffusionDataset] = {}
-
-    def setup(self, stage: str | None = None) -> None:
-        for split in ("train", "val", "test"):
-            if split not in self.splits:
-                self.splits[split] = HeatDiffusionDataset(self.store, split, self.max_runs.get(split))
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=shuffle, collate_fn=_batched)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
+def heat_splits(store: str | Path, max_runs: dict[str, int | None] | None = None) -> dict[str, HeatDiffusionDataset]:
+    """The ``train`` / ``valid`` / ``test`` datasets of a heat store (the store's ``val`` split is ``valid``),
+    each limited to ``max_runs[split]`` runs; for :class:`smoeweather.training.datamodule.SplitDataModule`."""
+    limits = dict(max_runs or {})
+    if "val" in limits:  # the store's own name for the split
+        limits.setdefault("valid", limits.pop("val"))
+    return {split: HeatDiffusionDataset(store, name, limits.get(split))
+            for split, name in (("train", "train"), ("valid", "val"), ("test", "test"))}

@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 import xarray as xr
 import zarr
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 Field = tuple[str, int | float | None]  # (canonical variable name, level in hPa or None)
 DEFAULT_CONSTANTS = ("land_sea_mask", "geopotential_at_surface", "latitude")
@@ -362,66 +361,3 @@ class WeatherBenchDataset(Dataset):
         if isinstance(y, torch.Tensor):
             mean, std = torch.as_tensor(mean, device=y.device), torch.as_tensor(std, device=y.device)
         return y * std + mean
-
-
-class WeatherDataModule(L.LightningDataModule):
-    """Year-based train/valid/test splits of one store around :class:`WeatherBenchDataset`.
-
-    Defaults follow WeatherBench: train 1979–2015, valid 2016, test 2017–2018 (inclusive ranges; a config
-    sets them for other stores, e.g. the default world). ``dataset_kwargs`` go to every split's dataset.
-    """
-
-    def __init__(
-        self,
-        store: str | Path,
-        variables: Sequence[Any],
-        target_variables: Sequence[Any] | None = None,
-        train_years: tuple[int, int] = (1979, 2015),
-        valid_years: tuple[int, int] = (2016, 2016),
-        test_years: tuple[int, int] = (2017, 2018),
-        batch_size: int = 32,
-        num_workers: int = 2,
-        **dataset_kwargs: Any,
-    ) -> None:
-        super().__init__()
-        self.store, self.variables, self.target_variables = str(store), variables, target_variables
-        self.years = {"train": train_years, "valid": valid_years, "test": test_years}
-        self.batch_size, self.num_workers = batch_size, num_workers
-        self.dataset_kwargs = dataset_kwargs
-        self.datasets: dict[str, WeatherBenchDataset] = {}
-
-    def dataset(self, split: str) -> WeatherBenchDataset:
-        if split not in self.datasets:
-            self.datasets[split] = WeatherBenchDataset(
-                self.store,
-                self.variables,
-                self.target_variables,
-                years=self.years[split],
-                **self.dataset_kwargs,
-            )
-        return self.datasets[split]
-
-    def setup(self, stage: str | None = None) -> None:
-        splits = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], "predict": ["test"]}
-        for split in splits.get(stage, ["train", "valid", "test"]) if stage else ["train", "valid", "test"]:
-            self.dataset(split)
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.dataset(split),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("valid", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)

@@ -24,10 +24,11 @@ from torch import nn
 
 from pipelines.heat_diffusion import generate, open_heat
 from smoeweather.config import apply_overrides, deep_merge, load_config
-from smoeweather.data.heat import HeatDataModule
+from smoeweather.data.heat import _batched, heat_splits
 from smoeweather.io import write_json, write_text
 from smoeweather.models.heat import HEAT_MODELS, build_heat_model, count_parameters
 from smoeweather.nn.smoe import SpatialMoE2d
+from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.regression import SELECTION_METRICS, FieldRegressionModule
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "heat" / "benchmark.yaml"
@@ -71,8 +72,9 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
     module = FieldRegressionModule(model, lr=float(training["lr"]),
                                    plateau_factor=float(training["plateau_factor"]),
                                    plateau_patience=int(training["plateau_patience"]), monitor=monitor)
-    data = HeatDataModule(store, batch_size=int(training["batch_size"]),
-                          max_runs=training.get("max_runs"))
+    data = SplitDataModule(lambda: heat_splits(store, training.get("max_runs")),
+                           batch_size=int(training["batch_size"]), seed=seed, collate_fn=_batched,
+                           drop_last=False)  # the last partial batch trains too (reference protocol)
     progress = bool(training.get("progress", True))
     tag = f"{name}_seed{seed}"
     checkpoint = ModelCheckpoint(dirpath=out_dir / "checkpoints" / tag, monitor=monitor, mode=mode,

@@ -56,6 +56,8 @@ class SplitDataModule(L.LightningDataModule):
     same batches as an uninterrupted one, and
     N ranks with batch b see, step by step, exactly the samples one process with batch N·b sees.
     Lightning calls ``set_epoch`` on the sampler and shards the valid/test loaders itself.
+    ``drop_last`` (default, needed for the DDP equality): incomplete training batches are dropped, and a
+    batch larger than the training set is an error; ``drop_last=False`` trains on the last partial batch.
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class SplitDataModule(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         collate_fn: Callable[[Any], Any] | None = None,
+        drop_last: bool = True,
     ) -> None:
         super().__init__()
+        self.drop_last = bool(drop_last)
         self.make_datasets = make_datasets
         self.batch_size, self.seed, self.num_workers = int(batch_size), int(seed), int(num_workers)
         self.collate_fn = collate_fn
@@ -88,7 +92,7 @@ class SplitDataModule(L.LightningDataModule):
             self.dataset(split),
             batch_size=self.batch_size,
             sampler=sampler,
-            drop_last=sampler is not None,
+            drop_last=sampler is not None and self.drop_last,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=self.collate_fn,
@@ -100,9 +104,10 @@ class SplitDataModule(L.LightningDataModule):
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         sampler = SkippingSampler(
-            self.dataset("train"), num_replicas=world, rank=rank, shuffle=True, seed=self.seed, drop_last=True
+            self.dataset("train"), num_replicas=world, rank=rank, shuffle=True, seed=self.seed,
+            drop_last=self.drop_last,
         )
-        if len(sampler) < self.batch_size:  # drop_last would leave an epoch of zero steps and exit 0
+        if self.drop_last and len(sampler) < self.batch_size:  # drop_last would leave an epoch of zero steps and exit 0
             n = len(self.dataset("train"))
             raise ValueError(
                 f"data.batch_size={self.batch_size} is larger than the {len(sampler)} training samples per "

@@ -246,7 +246,7 @@ def build_ens10(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModul
 def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
     """Heat diffusion (paper §3.1): data module and :class:`FieldRegressionModule` from a config."""
     from pipelines.heat_diffusion import generate
-    from smoeweather.data.heat import HeatDiffusionDataset, _batched
+    from smoeweather.data.heat import _batched, heat_splits
     from smoeweather.models.heat import build_heat_model
 
     dcfg = dict(cfg["data"])
@@ -257,15 +257,7 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
                 f"heat store {store} does not exist (add data.generate or run `smoe heat generate`)"
             )
         generate(store, progress=False, **dcfg["generate"])
-    max_runs = dcfg.get("max_runs") or {}
-
-    def make() -> dict[str, Dataset]:
-        return {
-            split: HeatDiffusionDataset(store, name, max_runs.get(split))
-            for split, name in zip(SPLITS, ("train", "val", "test"))
-        }
-
-    data = _datamodule(cfg, make, default_batch=32, collate_fn=_batched)
+    data = _datamodule(cfg, lambda: heat_splits(store, dcfg.get("max_runs")), default_batch=32, collate_fn=_batched)
     size = int(data.dataset("train").frames.shape[-1])
     mcfg = dict(cfg.get("model", {}))
     net = build_heat_model(mcfg.pop("name", "smoe"), size=size, **mcfg)
