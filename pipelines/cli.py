@@ -145,6 +145,9 @@ def run_data_command(args: argparse.Namespace) -> int:
 
         _, stats = open_store(args.store)
         print(f"statistics of {args.store} ({stats.attrs})")
+        if not int(stats.attrs.get("available", 1)):
+            print(f"statistics unavailable: {stats.attrs.get('unavailable_reason', 'no reason recorded')}")
+            return 0
         for name, var in stats.load().data_vars.items():
             table = var.to_pandas()
             table = table.T if getattr(table, "ndim", 1) == 2 else table
