@@ -368,3 +368,14 @@ def test_cli_benchmark_and_train(tmp_path) -> None:
     assert (run / "checkpoints" / "last.ckpt").exists()
     assert emoe_layers(build_vision_model({"name": "vit", "patch": 2, "dim": 16, "depth": 2, "heads": 2,
                                            "emoe": {"experts": 4, "k": 2}}, 1, 10, (8, 8)))
+
+
+def test_train_config_errors_name_the_key(tmp_path, capsys) -> None:
+    from smoeweather.cli import main
+
+    assert main(["train", "--config", "configs/vision/vit.yaml", "data.datset=digits"]) == 2
+    assert "data.datset" in capsys.readouterr().err
+    assert main(["train", "--config", "configs/vision/vit.yaml", "model.dimm=3", f"output_dir={tmp_path}"]) == 2
+    assert "dimm" in capsys.readouterr().err
+    assert main(["train", "--config", "configs/vision/vmoe_s16_cifar10.yaml", f"output_dir={tmp_path}"]) == 2
+    assert "data.path" in capsys.readouterr().err

@@ -106,7 +106,13 @@ class ThreeLayerCNN(nn.Module):
 def build_vision_model(cfg: dict[str, Any], in_channels: int, num_classes: int,
                        image_size: tuple[int, int]) -> nn.Module:
     """The classifier ``cfg['name']`` (see module docstring) for C=``in_channels`` (H, W) images."""
-    cfg = dict(cfg)
+    try:
+        return _build(dict(cfg), in_channels, num_classes, image_size)
+    except TypeError as err:  # an unknown or misspelt model key: a user error, named
+        raise ValueError(f"model {cfg.get('name')!r}: {err}") from err
+
+
+def _build(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
     name = cfg.pop("name", None)
     emoe = cfg.pop("emoe", None)
     if name in ("vit", "vmoe", "e3"):

@@ -15,7 +15,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from smoeweather.config import Block
 from smoeweather.training.base import SMoETrainingModule
+from smoeweather.training.schema import common, register_task_schema
+
+VISION_DATA = Block({
+    "dataset": (str,), "path": (str, type(None)), "batch_size": (int,), "num_workers": (int,),
+    "valid_fraction": (float,), "test_fraction": (float,), "max_train": (int, type(None)),
+    "resize": (list, type(None)),
+})
+# ``model`` keys are checked by the model constructors (they depend on model.name)
+register_task_schema("vision", lambda: common().extended(data=VISION_DATA))
 
 
 def weighted_aux_loss(model: nn.Module, default_weight: float) -> torch.Tensor | None:
