@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from smoeweather.config import load_config  # noqa: E402
 from smoeweather.io import write_json  # noqa: E402
-from smoeweather.training.run import build  # noqa: E402
+from smoeweather.training.tasks import build  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"dense": "configs/weatherbench/gcm_dense.yaml",

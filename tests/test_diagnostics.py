@@ -17,7 +17,8 @@ from pipelines.world import simulate_world
 from smoeweather.config import load_config
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.training.diagnostics import RoutingDiagnostics, routing_layout, top_sets
-from smoeweather.training.run import build, train
+from smoeweather.training.run import train
+from smoeweather.training.tasks import build
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -336,7 +336,7 @@ def test_nan_refused_cmip6(tmp_path: Path) -> None:
 
 
 def test_nan_refused_training_config_sources(tmp_path: Path) -> None:
-    from smoeweather.training.run import ensure_store
+    from smoeweather.training.stores import ensure_store
 
     times = pd.date_range("2000-01-01", periods=4, freq="6h")
     src = _nc(tmp_path / "in.nc", times, {"t850": 280.0})

@@ -17,6 +17,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from smoeweather.training.run import run_cli
+    """Load the config with its overrides (validated against the task's schema in ``train``) and train."""
+    from smoeweather.config import load_config
+    from smoeweather.training.run import train
 
-    return run_cli(args)
+    cfg = load_config(args.config, list(args.overrides or []))
+    result = train(cfg, init_from=args.init_from, resume=args.resume)
+    if result.trainer.is_global_zero:
+        print(f"smoe train: best checkpoint {result.best_checkpoint}; last {result.last_checkpoint}")
+    return 0

@@ -5,7 +5,7 @@ The module is rebuilt from the checkpoint's saved config and metadata, then the 
 normalisation buffers, i.e. the training data's statistics) are loaded into it. WeatherBench checkpoints
 are rebuilt without touching any data store: channel names, grid and statistics all travel in the
 checkpoint, so a model can run on a store it never saw (another year, another machine). ENS-10 and heat
-checkpoints go through their task builders in :mod:`smoeweather.training.run` (which open the training
+checkpoints go through their task builders in :mod:`smoeweather.training.tasks` (which open the training
 store named in the config).
 """
 
@@ -62,7 +62,7 @@ def _weatherbench_module(meta: dict[str, Any]) -> L.LightningModule:
     from smoeweather.models.registry import build_weather_model
     from smoeweather.models.resnet import NormalizedModel
     from smoeweather.training.forecasting import ForecastingModule
-    from smoeweather.training.run import _module_kwargs, _uses_land_sea_prior
+    from smoeweather.training.tasks import _module_kwargs, _uses_land_sea_prior
 
     cfg = meta["config"]
     channels, targets = list(meta["channel_names"]), list(meta["target_names"])
@@ -110,7 +110,7 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu") -> 
     if task == "weatherbench" and all(k in meta for k in ("channel_names", "target_names", "latitude", "longitude")):
         module = _weatherbench_module(meta)
     else:
-        from smoeweather.training.run import TASKS, build
+        from smoeweather.training.tasks import TASKS, build
 
         if task not in TASKS:
             raise CheckpointFormatError(f"{path}: unknown task {task!r}; expected one of {TASKS}")

@@ -86,7 +86,7 @@ def _prior_from_config(pl_module: L.LightningModule) -> torch.Tensor | None:
     store = (cfg.get("data") or {}).get("store")
     if store is None:
         return None
-    from smoeweather.training.run import land_sea_mask
+    from smoeweather.training.stores import land_sea_mask
 
     return (land_sea_mask(store) > 0.5).long()
 
@@ -209,7 +209,7 @@ def probe_routing(cfg: dict[str, Any], steps: int = 20, n_batches: int = 4, seed
     from torch.utils.data import DataLoader
 
     from smoeweather.training.losses import lat_weighted_mse
-    from smoeweather.training.run import build
+    from smoeweather.training.tasks import build
 
     L.seed_everything(seed, verbose=False)
     data, module = build(cfg)

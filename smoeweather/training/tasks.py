@@ -1,0 +1,167 @@
+"""Task builders of ``smoe train``: config → (:class:`SplitDataModule`, LightningModule) per ``task``.
+
+``BUILDERS`` maps a task name to its builder (``weatherbench``, ``ens10``, ``heat``, ``vision``); the config
+schema of each task lives in :mod:`smoeweather.training.schema`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from torch import nn
+from torch.utils.data import Dataset
+
+from smoeweather.training.base import SMoETrainingModule
+from smoeweather.training.datamodule import SplitDataModule
+from smoeweather.training.init import NORMALISATION_BUFFERS
+from smoeweather.training.regression import FieldRegressionModule
+from smoeweather.training.stores import _splits, base_dataset, ensure_store, land_sea_mask
+from smoeweather.training.vision import build_vision
+
+TASKS = ("weatherbench", "ens10", "heat", "vision")
+
+
+def _uses_land_sea_prior(mcfg: dict[str, Any]) -> bool:
+    smoe = mcfg.get("smoe")
+    return isinstance(smoe, dict) and smoe.get("gate_prior") == "land_sea" and smoe.get("placement") != "none"
+
+
+def _module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
+    t = cfg.get("training", {})
+    return {
+        "lr": float(t.get("lr", 1e-3)),
+        "plateau_factor": float(t.get("plateau_factor", 0.2)),
+        "plateau_patience": int(t.get("plateau_patience", 2)),
+        "aux_weight": float(t.get("aux_weight", 0.01)),
+        "freeze_batchnorm": bool(t.get("freeze_batchnorm", False)),
+        "optimizer": str(t.get("optimizer", "adam")),
+    }
+
+
+def _stats_metadata(model: nn.Module) -> dict[str, list[float]]:
+    return {name: getattr(model, name).flatten().tolist() for name in NORMALISATION_BUFFERS}
+
+
+def _datamodule(cfg: dict[str, Any], splits: Callable[[], dict[str, Dataset]], default_batch: int,
+                **kwargs: Any) -> SplitDataModule:
+    """The seeded train/valid/test data module every task uses (batch size and workers from ``cfg["data"]``)."""
+    dcfg = cfg["data"]
+    return SplitDataModule(splits, batch_size=dcfg.get("batch_size", default_batch), seed=cfg.get("seed", 0),
+                           num_workers=dcfg.get("num_workers", 0), **kwargs)
+
+
+def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
+    """WeatherBench-style forecasting: data module and :class:`ForecastingModule` from a config."""
+    from smoeweather.data.weather import WeatherBenchDataset
+    from smoeweather.models.registry import build_weather_model
+    from smoeweather.training.forecasting import ForecastingModule, normalized_model
+
+    dcfg = dict(cfg["data"])
+    store = ensure_store(dcfg)
+    keys = ("target_variables", "input_offsets_h", "lead_h", "lead_choices_h", "constants")
+    kwargs = {k: dcfg[k] for k in keys if k in dcfg}
+
+    def make(years: tuple[int, int] | None) -> Dataset:
+        from smoeweather.data.cache import cache_from_config  # data.cache: in-memory time block
+
+        return cache_from_config(WeatherBenchDataset(store, dcfg["variables"], years=years, **kwargs), dcfg)
+
+    data = _datamodule(cfg, lambda: _splits(dcfg, make), default_batch=32)
+    train_ds = base_dataset(data.dataset("train"))
+    mcfg = dict(cfg["model"])
+    mcfg.setdefault("in_channels", len(train_ds.channel_names))
+    mcfg.setdefault("out_channels", len(train_ds.target_names))
+    mcfg.setdefault("grid", list(train_ds.grid))
+    prior = land_sea_mask(store) if _uses_land_sea_prior(mcfg) else None
+    model = normalized_model(build_weather_model(mcfg, land_sea_prior=prior), train_ds)
+    metadata = {
+        "task": "weatherbench",
+        "config": cfg,
+        "channel_names": train_ds.channel_names,
+        "target_names": train_ds.target_names,
+        "latitude": train_ds.latitude.tolist(),
+        "longitude": train_ds.longitude.tolist(),
+        "normalisation": _stats_metadata(model),
+    }
+    module = ForecastingModule(
+        model, train_ds.latitude, train_ds.target_names, metadata=metadata, **_module_kwargs(cfg)
+    )
+    return data, module
+
+
+def build_ens10(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
+    """ENS-10 post-processing: data module and :class:`PostprocessingModule` from a config."""
+    from smoeweather.data.ens10 import Ens10Dataset
+    from smoeweather.models.registry import build_weather_model
+    from smoeweather.training.postprocessing import PostprocessingModule, postprocessor_for
+
+    dcfg = dict(cfg["data"])
+    store = ensure_store(dcfg)
+
+    def make(years: tuple[int, int] | None) -> Dataset:
+        return Ens10Dataset(store, dcfg["variables"], dcfg.get("target_variables"), years=years)
+
+    data = _datamodule(cfg, lambda: _splits(dcfg, make), default_batch=8)
+    train_ds = base_dataset(data.dataset("train"))
+    mcfg = dict(cfg["model"])
+    mcfg.setdefault("in_channels", len(train_ds.channel_names))
+    mcfg.setdefault("grid", list(train_ds.grid))
+    model = postprocessor_for(build_weather_model(mcfg), train_ds)
+    metadata = {
+        "task": "ens10",
+        "config": cfg,
+        "channel_names": train_ds.channel_names,
+        "target_names": train_ds.target_names,
+        "normalisation": _stats_metadata(model),
+    }
+    return data, PostprocessingModule(model, metadata=metadata, **_module_kwargs(cfg))
+
+
+def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
+    """Heat diffusion (paper §3.1): data module and :class:`FieldRegressionModule` from a config."""
+    from pipelines.heat_diffusion import generate
+    from smoeweather.data.heat import _batched, heat_splits
+    from smoeweather.models.heat import build_heat_model
+
+    dcfg = dict(cfg["data"])
+    store = Path(dcfg["store"])
+    if not store.exists():
+        if "generate" not in dcfg:
+            raise FileNotFoundError(
+                f"heat store {store} does not exist (add data.generate or run `smoe heat generate`)"
+            )
+        generate(store, progress=False, **dcfg["generate"])
+    data = _datamodule(cfg, lambda: heat_splits(store, dcfg.get("max_runs")), default_batch=32, collate_fn=_batched)
+    size = int(data.dataset("train").frames.shape[-1])
+    mcfg = dict(cfg.get("model", {}))
+    net = build_heat_model(mcfg.pop("name", "smoe"), size=size, **mcfg)
+    t = _module_kwargs(cfg)
+    module = FieldRegressionModule(
+        net,
+        lr=t["lr"],
+        plateau_factor=t["plateau_factor"],
+        plateau_patience=t["plateau_patience"],
+        aux_weight=t["aux_weight"],
+        optimizer=t["optimizer"],
+        metadata={"task": "heat", "config": cfg},
+    )
+    return data, module
+
+
+BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.LightningModule]]] = {
+    "weatherbench": build_weatherbench,
+    "ens10": build_ens10,
+    "heat": build_heat,
+    "vision": build_vision,
+}
+
+
+def build(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
+    """(data module, Lightning module) for ``cfg['task']``."""
+    task = cfg.get("task")
+    if task not in BUILDERS:
+        raise ValueError(f"config task must be one of {TASKS}, got {task!r}")
+    return BUILDERS[task](cfg)
