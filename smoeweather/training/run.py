@@ -1,10 +1,17 @@
 """``smoe train --config X [--init-from CKPT] [--resume CKPT] key=value ...``: one entry for every task.
 
-A config names ``task`` (``weatherbench``, ``ens10`` or ``heat``) and has the blocks ``data``, ``model``,
-``training`` (lr, plateau, early stopping, aux_weight, freeze_batchnorm), ``trainer`` (passed as-is to
-``lightning.Trainer``: devices, num_nodes, strategy, accelerator, max_epochs, precision, ...), ``seed`` and
-``output_dir``. Outputs (rank 0 only): ``<output_dir>/checkpoints/{best-*,last}.ckpt``, ``config.yaml``
-(the resolved config) and CSV logs under ``<output_dir>/logs``.
+A config names ``task`` (``weatherbench``, ``ens10``, ``heat``, ``vision``) and has the blocks ``data``,
+``model``, ``training`` (lr, optimizer, plateau, early stopping, aux_weight, freeze_batchnorm), ``trainer``
+(``lightning.Trainer`` arguments: devices, num_nodes, strategy, accelerator, max_epochs, max_steps,
+precision, ...), ``seed`` and ``output_dir``; it is checked against its task's schema
+(:mod:`smoeweather.training.schema`) before anything runs. Outputs (rank 0 only):
+``<output_dir>/checkpoints/best-*.ckpt`` (best val_loss), ``last.ckpt`` (rewritten after EVERY epoch and
+at the end of a fit, e.g. ``trainer.max_steps`` inside an epoch, so ``--resume`` never rolls back),
+``config.yaml`` (the resolved config) and CSV logs under ``<output_dir>/logs``.
+
+Layout: :mod:`~smoeweather.training.stores` (store creation, splits), :mod:`~smoeweather.training.tasks`
+(one builder per task), :mod:`~smoeweather.training.init` (``--init-from``), this module (the trainer and
+:func:`train`; the others' names are re-exported here), the CLI in :mod:`smoeweather.commands.train`.
 
 Data stores are created when missing and the config says how: ``data.world`` (the embedded default
 world, :func:`pipelines.world.generate_world` arguments), ``data.sources`` (canonical netCDF files, e.g.
