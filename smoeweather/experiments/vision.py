@@ -90,14 +90,19 @@ def train_steps(model: nn.Module, loader: Any, steps: int, lr: float, aux_weight
 
 
 @torch.no_grad()
-def predict(model: nn.Module, images: torch.Tensor, batch: int = 512) -> tuple[np.ndarray, np.ndarray | None]:
-    """(M, N, K) member probabilities and (N, E) per-image gates of the last MoE layer (None if none)."""
+def predict(model: nn.Module, images: torch.Tensor, batch: int = 512,
+            token_gates: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(M, N, K) member probabilities and (N, E) per-image gates of the last MoE layer (None if none);
+    V-MoE/E³ token gates (T, E) of that layer are appended to ``token_gates`` when given."""
     model.eval()
     probs, gates = [], []
+    layers = moe_layers(model)
     for i in range(0, len(images), batch):
         x = images[i : i + batch]
         probs.append(model(x).float().softmax(dim=-1).numpy())
         g = image_gates(model, len(x))
+        if token_gates is not None and layers:
+            token_gates.append(layers[-1].last_gates.numpy())
         if g is not None:
             gates.append(g)
     return np.concatenate(probs, axis=1), (np.concatenate(gates) if gates else None)
@@ -117,9 +122,11 @@ def image_gates(model: nn.Module, batch: int) -> np.ndarray | None:
 
 
 def _scores(model: nn.Module, test_x: torch.Tensor, test_y: np.ndarray, ood_x: torch.Tensor) -> dict[str, Any]:
-    probs, gates = predict(model, test_x)
+    tokens: list[np.ndarray] = []
+    probs, gates = predict(model, test_x, token_gates=tokens)
     ood_probs, _ = predict(model, ood_x)
-    return {"scores": classification_scores(probs, test_y, ood_probs), "gates": gates}
+    return {"scores": classification_scores(probs, test_y, ood_probs), "gates": gates,
+            "token_gates": np.concatenate(tokens) if tokens else None}
 
 
 def run_benchmark(out: str | Path, quick: bool = False, config: str | Path | None = None,
@@ -192,7 +199,8 @@ def run_benchmark(out: str | Path, quick: bool = False, config: str | Path | Non
         results["rows"].append({"name": row, **{m: round(v, 5) for m, v in res["scores"].items()},
                                 "params": count_parameters(model), "flops": round(flops), "steps": row_steps})
         if res["gates"] is not None:
-            util = utilisation(res["gates"])
+            # V-MoE/E³: per token (the routing unit); ResBlock-MoE: per image
+            util = utilisation(res["token_gates"] if res["token_gates"] is not None else res["gates"])
             results["utilisation"][row] = util
             plot_expert_class_heatmap(expert_class_matrix(res["gates"], test_y, k), splits.classes,
                                       f"{row}: mean gate weight per class (test)", out / f"experts_{row}.png")
@@ -253,7 +261,8 @@ def markdown(results: dict[str, Any], extra: list[str] | None = None) -> str:
         lines += ["", f"Same extra steps as EMoE, dense (vit continued): accuracy {d['accuracy']:.4f}, "
                       f"NLL {d['nll']:.4f}, ECE {d['ece']:.4f}."]
     if results["utilisation"]:
-        lines += ["", "## Expert utilisation (test set, last MoE layer, per-image mean gates)", "",
+        lines += ["", "## Expert utilisation (test set, last MoE layer; V-MoE/E³ per token, ResBlock-MoE per image)",
+                  "",
                   "| model | CV samples/expert | CV importance | alive experts (≥ 1 % importance) |",
                   "|---|---|---|---|"]
         for name, u in results["utilisation"].items():
