@@ -33,7 +33,7 @@ import xarray as xr
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from smoeweather.io import atomic_path
+from pipelines.atomic import atomic_path
 
 DIFFUSIVITIES = (0.25, 0.025, 0.0025)
 REFERENCE_DIFFUSIVITIES = (0.0025, 0.025, 0.25)  # the order the reference README passes them
