@@ -58,7 +58,13 @@ def _fit_groups(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray, iter
         loss.backward()
         return loss
 
-    opt.step(closure)
+    # these element-wise problems are small: one thread avoids oversubscription stalls on shared CPUs
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        opt.step(closure)
+    finally:
+        torch.set_num_threads(threads)
     with torch.no_grad():
         a_, b_ = a.numpy(), b.numpy()
         c_ = torch.nn.functional.softplus(gamma).numpy()

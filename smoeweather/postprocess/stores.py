@@ -120,6 +120,8 @@ def write_gaussian(mu: xr.Dataset, sigma: xr.Dataset, out: str | Path, attrs: di
         ds[n + STD_SUFFIX] = sigma[n].astype(np.float32).assign_attrs(
             {**mu[n].attrs, "long_name": f"{mu[n].attrs.get('long_name', n)} (predictive standard deviation)"})
     ds.attrs = {**{k: v for k, v in attrs.items() if v is not None}, "forecast_kind": "gaussian"}
+    for v in ds.variables.values():  # the source file's codecs (CF packing) need not suit the new store
+        v.encoding = {}
     out = Path(out)
     with atomic_path(out, overwrite=overwrite) as tmp:
         ds.chunk({"time": 1}).to_zarr(tmp, mode="w", consolidated=True)

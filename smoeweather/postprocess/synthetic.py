@@ -71,7 +71,11 @@ def synthetic_ensemble(
     inits_idx = pd.DatetimeIndex(inits)
     rng = np.random.default_rng(seed)
     out = {}
-    fields = _fields(truth, variables)
+    requested = _fields(truth, variables)
+    # one shared level axis (WeatherBench 2 stores): every requested variable at every requested level
+    levels = sorted({lv for _, lv in requested if lv is not None})
+    names = list(dict.fromkeys(n for n, _ in requested))
+    fields = [(n, lv) for n in names for lv in ([None] if "level" not in truth[n].dims else levels)]
     by_name: dict[str, list[xr.DataArray]] = {}
     for name, level in fields:
         da = truth[name] if level is None else truth[name].sel(level=level)
@@ -85,11 +89,11 @@ def synthetic_ensemble(
         for lt in lead_td:
             hours = lt / pd.Timedelta("1h")
             yv = da.sel(time=inits_idx + lt).load().assign_coords(time=inits_idx)
-            sigma = 0.25 * np.sqrt(hours / 24.0) * (0.3 * sd + 0.7 * abs(yv - y0))
-            bias = 0.3 * np.sqrt(hours / 24.0) * sd * pattern
+            sigma = (0.25 * np.sqrt(hours / 24.0) * (0.3 * sd + 0.7 * abs(yv - y0))).transpose(*yv.dims)
+            bias = (0.3 * np.sqrt(hours / 24.0) * sd * pattern).broadcast_like(yv).transpose(*yv.dims)
             eta = rng.standard_normal(yv.shape)
             eps = rng.standard_normal((members, *yv.shape))
-            x = (yv + bias).values[None] + sigma.values[None] * (eta[None] + SPREAD_RATIO * eps)
+            x = (yv.values + bias.values)[None] + sigma.values[None] * (eta[None] + SPREAD_RATIO * eps)
             per_lead.append(xr.DataArray(x.astype(np.float32), dims=("member", *yv.dims),
                                          coords={"member": np.arange(members), **yv.coords}))
         fc = xr.concat(per_lead, "prediction_timedelta").assign_coords(
@@ -121,6 +125,8 @@ def write_synthetic_ensemble(store: str | Path, out: str | Path, overwrite: bool
     ds = synthetic_ensemble(truth, **kwargs)  # type: ignore[arg-type]
     ds.attrs["truth_store"] = str(store)
     out = Path(out)
+    for v in ds.variables.values():  # the source store's codecs need not suit the new store
+        v.encoding = {}
     with atomic_path(out, overwrite=overwrite) as tmp:
         ds.chunk({"time": 8}).to_zarr(tmp, mode="w", consolidated=True)
     return out
