@@ -93,5 +93,5 @@ def acc(forecast: X, truth: X, climatology: X, weights: xr.DataArray | None = No
     fa, oa = fa.where(valid), oa.where(valid)
     num = weighted_mean(fa * oa, space, w)
     den = np.sqrt(weighted_mean(fa**2, space, w) * weighted_mean(oa**2, space, w))
-    out = num / den
+    out = num / den.where(den > 0)  # a forecast without anomalies (the climatology itself): NaN, as WB2
     return out.mean(rest) if rest else out
