@@ -172,3 +172,21 @@ def test_climatology_reference_and_missing_truth_errors(linear_store: Path, tmp_
     hours = (np.datetime64("2000-01-21T00") - np.datetime64("2000-01-01T00")) / np.timedelta64(1, "h")
     assert z == pytest.approx(50000 + 2.5 * hours + 100 * np.cos(np.deg2rad(LAT[16])), abs=2 * 5.1e4 * EPS32)
     assert fc.attrs["forecast_kind"] == "deterministic" and fc.attrs["method"] == "climatology"
+
+
+def test_gaussian_forecast_crps_closed_form(linear_store: Path, tmp_path: Path) -> None:
+    """A Gaussian (μ, σ) store as `smoe postprocess` writes it: μ = persistence, σ constant; the error is
+    −slope·τ everywhere, so the area-mean CRPS is properscoring's CRPS of that one error."""
+    import properscoring
+
+    fc = make_forecast("persistence", linear_store, init=("2000-01-03", "2000-01-10"), leads_h=(24,),
+                       fields=["geopotential_500"], progress=False)
+    sigma = 40.0
+    fc["geopotential_std"] = xr.full_like(fc["geopotential"], sigma)
+    fc.attrs["forecast_kind"] = "gaussian"
+    fc.to_zarr(tmp_path / "g.zarr", zarr_format=2)
+    s = evaluate({"emos": tmp_path / "g.zarr"}, linear_store, references=False)
+    expected = properscoring.crps_gaussian(0.0, mu=-2.5 * 24, sig=sigma)
+    got = s["crps"].sel({"method": "emos", "field": "geopotential_500"}).item()
+    assert got == pytest.approx(expected, abs=2 * 5.1e4 * EPS32)
+    assert "spread_skill" not in s  # deterministic metrics of μ only, no ensemble spread
