@@ -61,6 +61,8 @@ class StepTimer(L.Callback):
 def fit_rate(module: L.LightningModule, loader: DataLoader, steps: int, warmup: int, precision: str,
              batch: int) -> float:
     timer = StepTimer(warmup)
+    # Adam alone: the config's ReduceLROnPlateau needs a val_loss, and no validation runs here
+    module.configure_optimizers = lambda: torch.optim.Adam(module.model.parameters(), lr=module.lr)  # type: ignore
     trainer = L.Trainer(max_steps=warmup + steps, limit_val_batches=0, callbacks=[timer], logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         accelerator="auto", devices=1, precision=precision)
@@ -97,7 +99,7 @@ def main() -> None:
                 loader = data.train_dataloader()
                 if synthetic is None:  # same module, random in-memory batches of the real shapes
                     x, y = next(iter(loader))
-                    n = args.batch * 8
+                    n = args.batch * (args.warmup + args.steps + 1)  # no epoch end in the timed part
                     xs, ys = torch.randn(n, *x.shape[1:]), torch.randn(n, *y.shape[1:])
                     syn_loader = DataLoader(TensorDataset(xs, ys), batch_size=args.batch, shuffle=True,
                                             drop_last=True, pin_memory=device == "cuda")
