@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         print(stores.write_gaussian(mu, sigma, args.out, {**attrs, "forecast": str(args.forecast)},
                                     overwrite=args.overwrite))
         return 0
+    if not args.crossval:
+        _need(args, "train_period")
     truth = stores.truth_at_valid_times(forecast, stores.open_truth(args.truth, args.forecast))
     if args.crossval:
         from smoeweather.io import write_json, write_text
@@ -91,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from smoeweather.postprocess.emos import apply_emos, fit_emos
 
-    _need(args, "train_period")
     train_fc = stores.select_period(forecast, args.train_period)
     train_truth = truth.sel(time=train_fc["time"])
     params = fit_emos(train_fc.load(), train_truth.load(), per_gridpoint=args.per_gridpoint,

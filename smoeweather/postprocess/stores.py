@@ -61,7 +61,12 @@ def open_truth(path: str | Path | None, forecast_path: str | Path) -> xr.Dataset
     src = Path(path) if path is not None else Path(forecast_path)
     ds = _open_any(src)
     if any(m in ds.dims for m in MEMBER_NAMES) or path is None:
-        return open_forecast_truth(src)
+        try:
+            return open_forecast_truth(src)
+        except ValueError as err:
+            if path is None:
+                raise ValueError(f"{err}; pass --truth STORE (a store with the fields at the valid times)") from err
+            raise
     if "time" not in ds.dims:
         raise ValueError(f"truth {src}: no 'time' dimension (valid times expected)")
     return ds
