@@ -275,3 +275,29 @@ def test_ens10_regridded_members_cli_and_mismatch(ens10, tmp_path: Path, capsys)
         prepare("era5", truth_nc, tmp_path / "y.zarr", members=5, **FAST)
     assert not (tmp_path / "x.zarr").exists() and not (tmp_path / "y.zarr").exists()
 
+
+
+def test_netcdf_files_split_in_time_keep_constants_2d(tmp_path: Path) -> None:
+    """Two canonical netCDF years (as the GCM world ships) → constants stay (lat, lon), fields concatenate."""
+    lat = np.linspace(-87.1875, 87.1875, 4)
+    lon = np.arange(8) * 45.0
+    lsm = np.arange(32, dtype=np.float32).reshape(4, 8) / 31.0
+    paths = []
+    for year in (2001, 2002):
+        time = pd.date_range(f"{year}-01-01", periods=4, freq="6h")
+        ds = xr.Dataset(
+            {"temperature": (("time", "level", "latitude", "longitude"),
+                             np.full((4, 1, 4, 8), float(year), np.float32), {"units": "K"}),
+             "land_sea_mask": (("latitude", "longitude"), lsm, {"units": "1"})},
+            coords={"time": time, "level": [850], "latitude": lat, "longitude": lon},
+        )
+        paths.append(tmp_path / f"y{year}.nc")
+        ds.to_netcdf(paths[-1])
+    out = tmp_path / "two_years.zarr"
+    prepare("era5", [str(p) for p in paths], out, grid=None, fmt="cds", progress=False)
+    store, _ = open_store(out)
+    assert store["land_sea_mask"].dims == ("latitude", "longitude")
+    np.testing.assert_array_equal(store["land_sea_mask"].values, lsm)
+    assert store.sizes["time"] == 8
+    np.testing.assert_array_equal(store["temperature"].isel(level=0, latitude=0, longitude=0).values,
+                                  [2001.0] * 4 + [2002.0] * 4)

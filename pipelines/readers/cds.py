@@ -169,7 +169,10 @@ def open_cds(
         ds = parts[0]
     else:
         try:
-            ds = xr.concat(parts, dim="time", join="exact", combine_attrs="drop_conflicts")
+            # "minimal": only fields with a time dim are concatenated; constants (land-sea mask, orography)
+            # must be equal in every file and stay 2-D (the default would broadcast them along time).
+            ds = xr.concat(parts, dim="time", data_vars="minimal", coords="minimal", compat="equals",
+                           join="exact", combine_attrs="drop_conflicts")
         except ValueError as err:
             raise DataError(
                 f"files {[str(p) for p in files]} do not share one grid, level set or "
