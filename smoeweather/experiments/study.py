@@ -121,9 +121,10 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if every is not None and (int(every) < 1 or steps % int(every)):
         raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
                           "step must be validated)")
-    scoring = str(raw.get("scoring", "auto"))
-    if scoring not in ("auto", "forecast", "skill"):
-        raise ConfigError(f"study config {path}: scoring must be auto, forecast or skill, got {scoring!r}")
+    scoring = str(raw.get("scoring", "forecast"))
+    if scoring not in ("auto", "forecast"):
+        raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate), "
+                          f"got {scoring!r}")
     return StudyConfig(
         name=str(raw.get("name", path.stem)),
         path=path,
@@ -140,27 +141,15 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
 
 
 # ---- scoring ---------------------------------------------------------------------------------------
-def _forecast_api() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    """(run_forecast, evaluate) of the forecast/metrics packages, or None while they do not exist."""
-    try:
-        from smoeweather.forecast import run_forecast
-        from smoeweather.metrics.evaluate import evaluate
-    except ImportError:
-        return None
-    return run_forecast, evaluate
-
-
 def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: list[int], targets: list[str],
                         work: Path) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
     """RMSE (physical units) via :func:`smoeweather.forecast.run_forecast` (initialisations every 12 h of the
     test period whose longest lead verifies inside it) and :func:`smoeweather.metrics.evaluate.evaluate`
     against the data store; returns ({"72h": {target: rmse}}, {"persistence": {"72h": {target: rmse}}}).
     The forecast and ``scores.{nc,json,md}`` stay in ``work``."""
-    api = _forecast_api()
-    if api is None:
-        raise ValueError("scoring 'forecast' needs smoeweather.forecast.run_forecast and "
-                         "smoeweather.metrics.evaluate.evaluate, which are not installed in this version")
-    run_forecast, evaluate = api
+    from smoeweather.forecast import run_forecast
+    from smoeweather.metrics.evaluate import evaluate
+
     dcfg = cfg["data"]
     period = dcfg.get("test_period")
     if period is None:
@@ -186,26 +175,6 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
                            for h in leads_h}
     model = out.pop("model")
     return model, {k: v for k, v in out.items() if v}
-
-
-def score_with_skill(checkpoint: str | Path, leads_h: list[int], targets: list[str]
-                     ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
-    """RMSE via :func:`smoeweather.experiments.skill.evaluate_checkpoint`: (model scores, references)
-    where references = {"persistence"|"climatology": {"72h": {target: rmse}}}."""
-    from smoeweather.experiments.skill import evaluate_checkpoint
-
-    result = evaluate_checkpoint(checkpoint, leads_h=tuple(leads_h))
-    model, refs = {}, {"persistence": {}, "climatology": {}}
-    for lead in leads_h:
-        key = f"{lead}h"
-        per = result["scores"][key]
-        absent = [t for t in targets if t not in per["model"]]
-        if absent:
-            raise ValueError(f"{checkpoint}: the model predicts {sorted(per['model'])}, not {absent}")
-        model[key] = {t: float(per["model"][t]) for t in targets}
-        for ref in refs:
-            refs[ref][key] = {t: float(per[ref][t]) for t in targets}
-    return model, refs
 
 
 # ---- summary ---------------------------------------------------------------------------------------
@@ -276,12 +245,6 @@ def markdown(study: dict[str, Any]) -> str:
 
 
 # ---- the runner ------------------------------------------------------------------------------------
-def _scoring_mode(study: StudyConfig) -> str:
-    if study.scoring == "auto":
-        return "forecast" if _forecast_api() is not None else "skill"
-    return study.scoring
-
-
 def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
             train_fn: Callable[..., Any] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) one run and score its best checkpoint; returns and writes ``result.json``."""
@@ -307,12 +270,8 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     best = result.best_checkpoint or result.last_checkpoint
     if not best:
         raise ValueError(f"run {run_dir} left no checkpoint (steps {steps}); is the validation split empty?")
-    mode = _scoring_mode(study)
-    refs: dict[str, Any] = {}
-    if mode == "forecast":
-        scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
-    else:
-        scores, refs = score_with_skill(best, study.leads_h, study.targets)
+    mode = "forecast"
+    scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
     record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": str(best),
               "scoring": mode, "scores": scores, "references": refs}
     write_json(done, record)
