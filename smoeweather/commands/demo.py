@@ -11,9 +11,10 @@ NAME = "demo"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the demo on the embedded default data")
     demo.add_argument("--out", type=Path, default=Path("demo_output"), help="output directory")
+    demo.add_argument("--steps", type=int, default=400, help="optimizer steps per trained model (default 400)")
 
 
 def run(args: argparse.Namespace) -> int:
     from smoeweather.experiments.demo import run_demo
 
-    return run_demo(args.out)
+    return run_demo(args.out, steps=args.steps)

@@ -1,17 +1,124 @@
-"""``smoe demo``: the quick heat-diffusion benchmark on data the project generates itself (offline)."""
+"""``smoe demo``: the product's whole chain on the embedded default world, through the same CLI a user types.
+
+default world (synthetic, 5.625°) → train the dense ResNet and the SMoE ResNet with the land-sea gate prior
+(equal optimizer steps) → forecast 3 and 5 days on the held-out year → score against persistence and
+day-of-year climatology → post-process a small synthetic ensemble with EMOS → maps of the learned routing,
+score curves and a forecast map. Prints the scores tables and the paths of the PNGs.
+
+Every step is a ``smoe`` command (see :data:`DemoPlan.commands`), so the demo doubles as a worked example.
+Budgets are optimizer steps, never wall-clock time: the numbers do not depend on how busy the machine is.
+"""
 
 from __future__ import annotations
 
+import shlex
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from smoeweather.experiments.heat import markdown_table, run_benchmark
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+# The held-out year of the default world (configs/weatherbench/_world_base.yaml: test_years [2003, 2003]);
+# the last init leaves room for the 120 h lead inside the year.
+TEST_INITS = ("2003-01-01T00", "2003-12-26T00")
+TRAIN_YEARS = ("2000", "2001")
+BEST = "best-*.ckpt"  # `smoe train` names its best checkpoint best-<epoch>.ckpt; resolved when the step runs
 
 
-def run_demo(out: Path) -> int:
-    """Run the quick heat benchmark into ``out/heat`` and print its table; returns the exit code."""
+@dataclass
+class DemoPlan:
+    """The demo's ``smoe`` commands in order, and the files a person should look at afterwards."""
+
+    out: Path
+    steps: int
+    commands: list[list[str]] = field(default_factory=list)
+    tables: list[Path] = field(default_factory=list)
+    pngs: list[str] = field(default_factory=list)
+
+
+def plan_demo(out: Path, steps: int = 400, every: str = "24h", members: int = 10) -> DemoPlan:
+    """Build the command list for :func:`run_demo` (no side effects)."""
     out = Path(out)
-    doc = run_benchmark(out / "heat", quick=True)
-    print(markdown_table(doc["rows"], "Heat-diffusion benchmark (quick)"))
-    print(f"results: {out / 'heat' / 'heat_benchmark.md'}, {out / 'heat' / 'heat_benchmark.json'}; "
-          f"plots: {out / 'heat' / 'heat_routing.png'}, {out / 'heat' / 'heat_experts.png'}")
+    store = out / "data" / "default_world.zarr"
+    plan = DemoPlan(out=out, steps=steps)
+    runs = {"dense": "world_dense.yaml", "smoe_prior": "world_smoe_all_prior.yaml"}
+    budget = [
+        f"data.store={store}",
+        f"trainer.max_steps={steps}",
+        "trainer.max_epochs=-1",
+        f"training.early_stopping_patience={steps}",
+    ]
+    ckpts: dict[str, Path] = {}
+    for name, config in runs.items():
+        run_dir = out / "runs" / name
+        plan.commands.append(["train", "--config", str(CONFIGS / "weatherbench" / config),
+                              f"output_dir={run_dir}", *budget])
+        ckpts[name] = run_dir / "checkpoints" / BEST
+    forecasts = []
+    for name, ckpt in ckpts.items():
+        fc = out / "forecasts" / f"{name}.zarr"
+        plan.commands.append(["forecast", str(ckpt), "--data", str(store), "--init", *TEST_INITS, "--every", every,
+                              "--lead", "72h", "120h", "--name", name, "--out", str(fc)])
+        forecasts.append(f"{name}={fc}")
+    scores = out / "scores"
+    plan.commands.append(["evaluate", *forecasts, "--truth", str(store), "--climatology", str(store),
+                          "--climatology-years", *TRAIN_YEARS, "--out", str(scores)])
+    plan.tables.append(scores / "scores.md")
+
+    ens = out / "ensemble" / "synthetic_ens.zarr"
+    emos = out / "ensemble" / "emos.zarr"
+    pp_scores = out / "ensemble" / "scores"
+    plan.commands.append(["postprocess", "--synthetic", str(store), "--members", str(members),
+                          "--init", "2002-01-01", "2003-12-30", "--every", "72h", "--out", str(ens), "--overwrite"])
+    plan.commands.append(["postprocess", "--method", "emos", "--forecast", str(ens), "--truth", str(store),
+                          "--train-period", "2002", "2002", "--out", str(emos), "--overwrite"])
+    # Both scored on the inits they share: the held-out year 2003 (EMOS writes only inits outside its fit).
+    plan.commands.append(["evaluate", f"raw_ensemble={ens}", f"emos={emos}", "--truth", str(store),
+                          "--no-references", "--out", str(pp_scores)])
+    plan.tables.append(pp_scores / "scores.md")
+
+    maps = out / "maps"
+    plan.commands.append(["plot", "routing", str(ckpts["smoe_prior"]), "--out", str(maps / "routing")])
+    plan.commands.append(["plot", "scores", str(scores / "scores.nc"), "--out", str(maps / "scores")])
+    plan.commands.append(["plot", "forecast", str(out / "forecasts" / "smoe_prior.zarr"), "--truth", str(store),
+                          "--field", "geopotential_500", "--lead", "72h", "--init", TEST_INITS[0],
+                          "--out", str(maps / "forecast")])
+    plan.pngs = [str(maps / "routing"), str(maps / "scores"), str(maps / "forecast")]
+    return plan
+
+
+def run_demo(out: Path, steps: int = 400) -> int:
+    """Run every command of :func:`plan_demo`; stop at the first failure (its exit code is returned)."""
+    from smoeweather.cli import main
+
+    plan = plan_demo(out, steps=steps)
+    started = time.perf_counter()
+    for i, argv in enumerate(plan.commands, 1):
+        argv = [_resolve_best(a) for a in argv]
+        print(f"\n[demo {i}/{len(plan.commands)}] smoe {shlex.join(argv)}", flush=True)
+        rc = main(argv)
+        if rc:
+            print(f"smoe demo: step {i} failed (exit {rc}): smoe {shlex.join(argv)}")
+            return rc
+    print(f"\nsmoe demo: done in {time.perf_counter() - started:.0f} s\n")
+    for table in plan.tables:
+        print(f"## {table}\n\n{table.read_text()}")
+    print("PNG files:")
+    for folder in plan.pngs:
+        for png in sorted(Path(folder).rglob("*.png")):
+            print(f"  {png}")
     return 0
+
+
+def _resolve_best(arg: str) -> str:
+    """The newest ``best-*.ckpt`` for an argument ending in :data:`BEST`, else ``arg`` unchanged."""
+    if not arg.endswith(BEST):
+        return arg
+    folder = Path(arg).parent
+    found = sorted(folder.glob(BEST), key=lambda p: p.stat().st_mtime)
+    if found:
+        return str(found[-1])
+    if (folder / "last.ckpt").exists():  # a budget shorter than one epoch never validated: no best yet
+        print(f"smoe demo: no {BEST} in {folder} (training stopped before its first validation); using last.ckpt")
+        return str(folder / "last.ckpt")
+    raise FileNotFoundError(f"no {BEST} or last.ckpt in {folder} (did training write a checkpoint?)")
