@@ -11,7 +11,7 @@ NAME = "demo"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the demo on the embedded default data")
     demo.add_argument("--out", type=Path, default=Path("demo_output"), help="output directory")
-    demo.add_argument("--steps", type=int, default=400, help="optimizer steps per trained model (default 400)")
+    demo.add_argument("--steps", type=int, default=300, help="optimizer steps per trained model (default 300)")
 
 
 def run(args: argparse.Namespace) -> int:
