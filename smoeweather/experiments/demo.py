@@ -36,7 +36,7 @@ class DemoPlan:
     pngs: list[str] = field(default_factory=list)
 
 
-def plan_demo(out: Path, steps: int = 300, every: str = "24h", members: int = 10) -> DemoPlan:
+def plan_demo(out: Path, steps: int = 362, every: str = "24h", members: int = 10) -> DemoPlan:
     """Build the command list for :func:`run_demo` (no side effects)."""
     out = Path(out)
     store = out / "data" / "default_world.zarr"
@@ -87,7 +87,7 @@ def plan_demo(out: Path, steps: int = 300, every: str = "24h", members: int = 10
     return plan
 
 
-def run_demo(out: Path, steps: int = 300) -> int:
+def run_demo(out: Path, steps: int = 362) -> int:
     """Run every command of :func:`plan_demo`; stop at the first failure (its exit code is returned)."""
     from smoeweather.cli import main
 
