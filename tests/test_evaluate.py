@@ -189,4 +189,7 @@ def test_gaussian_forecast_crps_closed_form(linear_store: Path, tmp_path: Path) 
     expected = properscoring.crps_gaussian(0.0, mu=-2.5 * 24, sig=sigma)
     got = s["crps"].sel({"method": "emos", "field": "geopotential_500"}).item()
     assert got == pytest.approx(expected, abs=2 * 5.1e4 * EPS32)
-    assert "spread_skill" not in s  # deterministic metrics of μ only, no ensemble spread
+    # spread–skill of N(μ, σ²): σ / RMSE(μ) = 40 / 60 here (the error is −60 everywhere); the error carries the
+    # float32 rounding of ~5e4-sized fields
+    ratio = s["spread_skill"].sel({"method": "emos", "field": "geopotential_500"}).item()
+    assert ratio == pytest.approx(sigma / (2.5 * 24), rel=2 * 5.1e4 * EPS32 / 60)

@@ -181,3 +181,19 @@ def test_spread_skill_weights_and_kept_dims() -> None:
     assert r.item() == pytest.approx(one_row.item(), rel=RTOL)
     per_time = P.spread_skill_ratio(fc, truth, dims=("latitude", "longitude"))
     assert per_time.dims == ("time",)
+
+
+def test_gaussian_spread_skill_is_one_for_a_calibrated_forecast() -> None:
+    """Truth drawn from the forecast N(μ, σ²) → ratio 1 up to sampling: RMSE² is a mean of n σ²χ²₁ terms, so
+    its relative standard error is √(2/n); the ratio's is half that."""
+    from smoeweather.metrics.probabilistic import spread_skill_ratio_gaussian
+
+    rng = np.random.default_rng(0)
+    n = 200_000
+    mu = xr.DataArray(rng.normal(size=n), dims="time")
+    sigma = xr.DataArray(rng.uniform(0.5, 2.0, size=n), dims="time")
+    truth = mu + sigma * xr.DataArray(rng.normal(size=n), dims="time")
+    ratio = float(spread_skill_ratio_gaussian(mu, sigma, truth, dims=("time",)))
+    assert ratio == pytest.approx(1.0, abs=5 * 0.5 * np.sqrt(2 / n) * 2.0)  # 5 standard errors, σ-spread ≤ 2×
+    narrow = float(spread_skill_ratio_gaussian(mu, sigma / 2, truth, dims=("time",)))
+    assert narrow == pytest.approx(ratio / 2, rel=1e-12)

@@ -108,6 +108,7 @@ def _scores_one(fc: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, clim: 
 
         sigma = _select(fc, f, f"{f[0]}_std").astype(np.float64)
         out["crps"] = weighted_mean(probabilistic.crps_gaussian(da, sigma, truth), SPACE_TIME, w)
+        out["spread_skill"] = probabilistic.spread_skill_ratio_gaussian(da, sigma, truth, w, SPACE_TIME)
     return {k: v.compute() for k, v in out.items()}
 
 

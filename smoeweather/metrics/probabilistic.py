@@ -274,3 +274,19 @@ def spread_skill_ratio(
     spread = np.sqrt(weighted_mean(variance, dims, weights))
     rmse = np.sqrt(weighted_mean(error2, dims, weights))
     return np.sqrt((m + 1.0) / m) * spread / rmse
+
+
+def spread_skill_ratio_gaussian(
+    mu: X,
+    sigma: X,
+    truth: xr.DataArray | xr.Dataset,
+    weights: xr.DataArray | None = None,
+    dims: Sequence[Hashable] = ("time", "latitude", "longitude"),
+) -> X:
+    """Spread–skill ratio of a Gaussian forecast N(μ, σ²): √(mean σ²) / RMSE of μ, reduced over ``dims``
+    (weighted), dimensionless. The limit M → ∞ of :func:`spread_skill_ratio`: 1 when the truth is distributed
+    as forecast, < 1 under-dispersive."""
+    truth = _matching_truth(mu, truth)
+    spread = np.sqrt(weighted_mean(sigma**2, dims, weights))
+    rmse = np.sqrt(weighted_mean((mu - truth) ** 2, dims, weights))
+    return spread / rmse
