@@ -20,20 +20,8 @@ import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from smoeweather.data.weather import parse_fields  # noqa: E402
+from smoeweather.metrics.evaluate import open_forecast  # noqa: E402 (one reader for forecast stores)
 from smoeweather.plotting.cartography import draw_field, global_axes, save_png  # noqa: E402
-
-
-def open_forecast(path: str | Path) -> xr.Dataset:
-    """A forecast store (zarr directory or netCDF file), lazily; FileNotFoundError/ValueError name it."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"forecast store {path} does not exist")
-    ds = xr.open_zarr(path) if path.is_dir() else xr.open_dataset(path)
-    for dim in ("time", "prediction_timedelta", "latitude", "longitude"):
-        if dim not in ds.dims:
-            raise ValueError(f"{path}: a forecast store needs dim {dim!r} (WeatherBench 2 conventions); "
-                             f"got {dict(ds.sizes)}")
-    return ds
 
 
 def select_field(ds: xr.Dataset, field: str, where: str) -> xr.DataArray:
