@@ -33,6 +33,10 @@ class SMoEPlacement:
     gate_prior: ``land_sea`` initialises every gate from a land-sea map (sea → first half of the
         experts, land → second half), see :meth:`TensorRoutingGate.init_from_prior`.
     prior_strength: strength of that prior (≥ 1: the group outranks all other experts at init).
+    gate_init: ``uniform`` (paper: U(−b, b) per expert and location) or ``coherent`` (one score per
+        expert shared by all locations: the same expert rank order, hence the same meaning of every output
+        plane, everywhere within a prior category), see :class:`TensorRoutingGate`.
+    share_gate: one gate for all SMoE layers with the same |E| (paper §3.2) or one gate per layer.
     random_fixed_gate: frozen random gate (ablation "rand fixed gate init").
     rc, damping, quantile: routing-classification loss, expert error damping factor, quantile q.
     layer_kwargs: further keyword arguments for :class:`SpatialMoE2d` (e.g. ``weighted``, ``noise``).
@@ -42,6 +46,8 @@ class SMoEPlacement:
     experts_factor: int = 2
     gate_prior: Literal["none", "land_sea"] = "none"
     prior_strength: float = 1.0
+    gate_init: Literal["uniform", "coherent"] = "uniform"
+    share_gate: bool = True
     random_fixed_gate: bool = False
     rc: bool = True
     damping: float | None = 0.1
@@ -53,6 +59,8 @@ class SMoEPlacement:
             raise ValueError(f"placement must be none, first, last or all, got {self.placement!r}")
         if self.gate_prior not in ("none", "land_sea"):
             raise ValueError(f"gate_prior must be 'none' or 'land_sea', got {self.gate_prior!r}")
+        if self.gate_init not in ("uniform", "coherent"):
+            raise ValueError(f"gate_init must be 'uniform' or 'coherent', got {self.gate_init!r}")
         if self.experts_factor < 1:
             raise ValueError(f"experts_factor must be >= 1, got {self.experts_factor}")
 
@@ -154,8 +162,9 @@ class WeatherBenchResNet(nn.Module):
             connected layers, Elsayed et al. 2020, periodic in longitude: :class:`PeriodicLonLRLCN`).
         lrlcn_rank: number of basis filters of the LRLCN layers.
 
-    Gates: one :class:`TensorRoutingGate` per (|E|, H, W), shared by all SMoE layers with that size; they
-    are also listed in ``self.gates`` (a ModuleDict keyed ``E{|E|}_H{H}_W{W}``).
+    Gates: one :class:`TensorRoutingGate` per (|E|, H, W), shared by all SMoE layers with that size (paper),
+    or one per layer with ``smoe.share_gate=false``; listed in ``self.gates`` (a ModuleDict keyed
+    ``E{|E|}_H{H}_W{W}``, plus ``_L{n}`` per layer when not shared).
     """
 
     def __init__(
@@ -210,9 +219,12 @@ class WeatherBenchResNet(nn.Module):
 
     def _gate(self, num_experts: int, num_selected: int) -> TensorRoutingGate:
         key = f"E{num_experts}_H{self.grid[0]}_W{self.grid[1]}"
+        if not self.smoe_config.share_gate:
+            key = f"{key}_L{len(self.gates)}"
         if key not in self.gates:
             self.gates[key] = TensorRoutingGate(num_experts, *self.grid, num_selected=num_selected,
-                                                frozen=self.smoe_config.random_fixed_gate)
+                                                frozen=self.smoe_config.random_fixed_gate,
+                                                init=self.smoe_config.gate_init)
         return self.gates[key]  # type: ignore[return-value]
 
     def _smoe(self, width: int) -> SpatialMoE2d:

@@ -8,6 +8,7 @@ G = B for input-dependent gates (the ablation gates).
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
@@ -19,11 +20,22 @@ def tensor_gate_bound(num_experts: int, num_selected: int, out_per_expert: int =
     return math.sqrt(3.0 * num_experts / (num_selected * out_per_expert))
 
 
+GateInit = Literal["uniform", "coherent"]
+
+
 class TensorRoutingGate(nn.Module):
     """Learnable routing tensor D ∈ R^{|E|×H×W}; input-independent (paper §2.1).
 
     Share one instance between several :class:`SpatialMoE2d` layers of equal (|E|, H, W) to share the
     routing. ``frozen=True`` keeps D fixed (the "random fixed gate" ablation).
+
+    ``init``: ``uniform`` (paper §2.1): D ~ U(−b, b) drawn independently per expert AND location.
+    ``coherent``: one U(−b, b) draw per expert, the same at every location, so the experts' rank order is
+    the same everywhere (and, with a categorical prior, the same within every category). This matters
+    because an SMoE's output plane j is the rank-j expert of its location: with ``uniform`` the rank order
+    is an independent random permutation at every grid point, so plane j of neighbouring points comes
+    from different experts and the next layer's 3×3 filters and BatchNorm see spatially scrambled
+    channels (see docs/smoe-weather-findings.md, Finding 4).
     """
 
     def __init__(
@@ -36,8 +48,12 @@ class TensorRoutingGate(nn.Module):
         prior: torch.Tensor | None = None,
         prior_strength: float = 1.0,
         frozen: bool = False,
+        init: GateInit = "uniform",
     ) -> None:
         super().__init__()
+        if init not in ("uniform", "coherent"):
+            raise ValueError(f"gate init must be 'uniform' or 'coherent', got {init!r}")
+        self.init = init
         self.num_experts, self.height, self.width = num_experts, height, width
         self.bound = tensor_gate_bound(num_experts, num_selected, out_per_expert)
         self.weight = nn.Parameter(torch.empty(num_experts, height, width), requires_grad=not frozen)
@@ -47,7 +63,11 @@ class TensorRoutingGate(nn.Module):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.weight.uniform_(-self.bound, self.bound)
+            if self.init == "coherent":  # one score per expert, broadcast over the grid
+                per_expert = torch.empty(self.num_experts, 1, 1).uniform_(-self.bound, self.bound)
+                self.weight.copy_(per_expert.expand_as(self.weight))
+            else:
+                self.weight.uniform_(-self.bound, self.bound)
 
     @torch.no_grad()
     def init_from_prior(self, prior: torch.Tensor, strength: float = 1.0) -> None:
