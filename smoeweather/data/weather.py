@@ -8,6 +8,12 @@ statistics (per variable and level mean/std over the training years).
 
 The store is opened lazily inside each process (DataLoader worker) on first use, never in ``__init__``'s
 caller process for data reads; each read is a contiguous time slice of whole zarr chunks.
+
+Batched reads: a DataLoader worker asks for a whole batch at once (:meth:`WeatherBenchDataset.__getitems__`),
+and the batch reads each store variable once per contiguous run of the times its samples need (runs closer
+than one time chunk are merged), instead of once per sample and offset group: a batch of consecutive
+initialisation times (``data.sampler: time_blocks``, :mod:`smoeweather.data.sampling`) is ONE read per
+variable. The batch is bit-identical to ``[dataset[i] for i in indices]``.
 """
 
 from __future__ import annotations
@@ -184,6 +190,7 @@ class WeatherBenchDataset(Dataset):
                     f"{ds.sizes.get('member', 0)} members"
                 )
             self.units = {name: ds[name].attrs.get("units", "") for name in ds.data_vars}
+            self.time_chunk = self._time_chunk(ds)
         if stats is None:
             stats = xr.open_zarr(self.store, group="statistics").load()
         self.years = tuple(years) if years is not None else None
@@ -210,6 +217,15 @@ class WeatherBenchDataset(Dataset):
         if level is not None and name not in ds.data_vars:
             return flat_name(field)
         return name
+
+    def _time_chunk(self, ds: xr.Dataset) -> int:
+        """Time steps per zarr chunk of the fields read (the largest; 1 when the store does not say)."""
+        sizes = [1]
+        for name in set(self._array_of.values()):
+            chunks = ds[name].encoding.get("chunks")
+            if chunks:
+                sizes.append(int(chunks[ds[name].dims.index("time")]))
+        return max(sizes)
 
     def _check_fields(self, ds: xr.Dataset, levels: list[int]) -> None:
         for name, level in self.variables + self.target_variables:
@@ -354,6 +370,97 @@ class WeatherBenchDataset(Dataset):
         return torch.from_numpy(np.concatenate(parts).astype(np.float32)), torch.from_numpy(
             y.astype(np.float32)
         )
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Samples ``indices`` (what a DataLoader worker fetches for one batch), bit-identical to
+        ``[self[i] for i in indices]``, with one read per store variable per contiguous run of needed times.
+
+        A variable's needed times are the input times of the batch (input variables) and/or its target times
+        (target variables); consecutive needed times less than one time chunk apart share one read (the gap
+        costs at most one chunk's decode, a separate read costs a call plus the chunk decode anyway).
+        """
+        n = len(self)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) == 0:
+            return []
+        if idx.min() < -n or idx.max() >= n:
+            raise IndexError(f"sample index out of range 0..{n - 1}: {idx[(idx < -n) | (idx >= n)][:5]}")
+        idx = idx % n
+        n_leads = len(self.leads_h)
+        inits = self.init_indices[idx // n_leads]
+        leads = np.asarray(self.leads_h)[idx % n_leads]
+        t_in = np.stack([s[inits] for s in self._step], axis=1)  # (B, n_offsets) store time indices
+        t_out = np.empty(len(idx), np.int64)
+        for lead in np.unique(leads):
+            t_out[leads == lead] = self._index_of[int(lead)][inits[leads == lead]]
+
+        n_off, grid = len(self.input_offsets_h), self.grid
+        consts = self._constant_fields()
+        n_dyn = n_off * len(self.variables)
+        xb = np.empty((len(idx), n_dyn + len(consts) + int(self.continuous), *grid), np.float32)
+        yb = np.empty((len(idx), len(self.target_variables), *grid), np.float32)
+        # sample by sample into xb / yb (a few MB at a time stay in cache; whole-batch temporaries do not)
+        dyn = [xb[b, :n_dyn].reshape(n_off, len(self.variables), *grid) for b in range(len(idx))]  # views
+        names_in = {self._array_of[f] for f in self.variables}
+        names_out = {self._array_of[f] for f in self.target_variables}
+        for name in sorted(names_in | names_out):
+            need = np.concatenate([t_in.ravel()] * (name in names_in) + [t_out] * (name in names_out))
+            block, pos = self._read_runs(name, need)
+            pos_in, pos_out = pos[: t_in.size].reshape(t_in.shape), pos[len(need) - len(t_out) :]
+            for fields, fill in ((self.variables, dyn), (self.target_variables, yb)):
+                chans = [c for c, f in enumerate(fields) if self._array_of[f] == name]
+                if not chans:
+                    continue
+                where = pos_in if fill is dyn else pos_out
+                if self._has_level[name]:
+                    levels = np.array([self._level_index[fields[c][1]] for c in chans])
+                    for b in range(len(idx)):
+                        if fill is dyn:
+                            dyn[b][:, chans] = block[where[b][:, None], levels[None, :]]
+                        else:
+                            yb[b, chans] = block[where[b], levels]
+                else:
+                    for b in range(len(idx)):
+                        if fill is dyn:
+                            dyn[b][:, chans] = block[where[b]][:, None]
+                        else:
+                            yb[b, chans] = block[where[b]]
+
+        # the same float32 arithmetic as __getitem__, in place (elementwise: bit-identical per sample)
+        mean_in, std_in = self.input_mean[:, None, None], self.input_std[:, None, None]
+        mean_out, std_out = self.target_mean[:, None, None], self.target_std[:, None, None]
+        for b in range(len(idx)):
+            np.subtract(dyn[b], mean_in, out=dyn[b])
+            np.divide(dyn[b], std_in, out=dyn[b])
+            np.subtract(yb[b], mean_out, out=yb[b])
+            np.divide(yb[b], std_out, out=yb[b])
+        xb[:, n_dyn : n_dyn + len(consts)] = consts
+        if self.continuous:
+            for b, lead in enumerate(leads):
+                xb[b, -1] = np.full(grid, int(lead) / 100.0, np.float32)
+        return [(torch.from_numpy(xb[b]), torch.from_numpy(yb[b])) for b in range(len(idx))]
+
+    def _read_runs(self, name: str, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Times ``need`` (store indices) of variable ``name``: (stacked reads, position of each need in it).
+
+        One read per run of needed times; runs split where the gap to the next needed time is more than one
+        time chunk (in-memory arrays of ``data.cache``: one slice, a view). Member selection as in :meth:`_read`.
+        """
+        times = np.unique(need)
+        array = self._reader.array(name)
+        if getattr(array, "in_memory", False):  # data.cache: a slice is a view, one covers everything
+            cuts = np.zeros(0, np.int64)
+        else:
+            cuts = np.flatnonzero(np.diff(times) > self.time_chunk) + 1
+        starts, ends = times[np.r_[0, cuts]], times[np.r_[cuts - 1, len(times) - 1]] + 1
+        parts = []
+        for lo, hi in zip(starts.tolist(), ends.tolist()):
+            part = np.asarray(array[lo:hi])
+            parts.append(part[:, self.member] if self._has_member[name] else part)
+        block = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        base = np.r_[0, np.cumsum(ends - starts)[:-1]]
+        run = np.searchsorted(starts, need, side="right") - 1
+        return block, base[run] + need - starts[run]
 
     def denormalize_target(self, y: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         """Normalised (..., C_out, H, W) → physical units (same type)."""

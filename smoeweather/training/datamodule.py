@@ -7,7 +7,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from smoeweather.data.sampling import DEFAULT_SAMPLER, block_order, check_sampling, rank_share, sample_read_starts
 
 SPLITS = ("train", "valid", "test")
 
@@ -18,10 +20,37 @@ class SkippingSampler(DistributedSampler):
 
     skip: int = 0
 
+    def epoch_indices(self) -> list[int]:
+        """This rank's indices of the current epoch (before ``skip``)."""
+        return list(super().__iter__())
+
     def __iter__(self) -> Any:
-        indices = list(super().__iter__())
+        indices = self.epoch_indices()
         skip, self.skip = self.skip, 0
         return iter(indices[skip:])
+
+
+class TimeBlockSampler(SkippingSampler):
+    """The ``data.sampler: time_blocks`` order (:mod:`smoeweather.data.sampling`): shuffled blocks of
+    ``block_size`` consecutive samples, chunk-aligned, batches of whole blocks dealt to the ranks in turn.
+
+    A :class:`DistributedSampler` (so Lightning's ``use_distributed_sampler`` leaves it in place under DDP:
+    it only replaces samplers that are not one) and a :class:`SkippingSampler` (mid-epoch resume). Epoch e's
+    order depends on (seed, e) only; ``len`` and the padding/truncation per rank are DistributedSampler's.
+    """
+
+    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, batch_size: int,
+                 block_size: int | None = None, drop_last: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed,
+                         drop_last=drop_last)
+        self.batch_size = int(batch_size)
+        _, block = check_sampling("time_blocks", block_size, self.batch_size)
+        self.block_size = self.batch_size if block is None else block
+        self.read_starts = sample_read_starts(dataset)  # once, in the main process
+
+    def epoch_indices(self) -> list[int]:
+        order = block_order(len(self.dataset), self.block_size, self.seed, self.epoch, self.read_starts)
+        return rank_share(order, self.num_replicas, self.rank, self.batch_size, self.total_size).tolist()
 
 
 class ResumableDataLoader(DataLoader):
@@ -58,6 +87,12 @@ class SplitDataModule(L.LightningDataModule):
     Lightning calls ``set_epoch`` on the sampler and shards the valid/test loaders itself.
     ``drop_last`` (default, needed for the DDP equality): incomplete training batches are dropped, and a
     batch larger than the training set is an error; ``drop_last=False`` trains on the last partial batch.
+
+    ``sampler``: ``"random"`` (the above) or ``"time_blocks"`` (:class:`TimeBlockSampler`, for stores
+    streamed from disk; same properties, batches of consecutive times); ``block_size`` its block in samples
+    (default: ``batch_size``). None (default): the training dataset's ``sampling`` attribute, set from
+    ``data.sampler`` / ``data.block_size`` by :func:`smoeweather.data.sampling.configure`, else ``"random"``.
+    ``pin_memory`` is on whenever CUDA is; workers prefetch DataLoader's default 2 batches each.
     """
 
     def __init__(
@@ -68,8 +103,13 @@ class SplitDataModule(L.LightningDataModule):
         num_workers: int = 0,
         collate_fn: Callable[[Any], Any] | None = None,
         drop_last: bool = True,
+        sampler: str | None = None,
+        block_size: int | None = None,
     ) -> None:
         super().__init__()
+        if sampler is not None or block_size is not None:
+            check_sampling(sampler or DEFAULT_SAMPLER, block_size, int(batch_size))
+        self.sampler_name, self.block_size = sampler, block_size
         self.drop_last = bool(drop_last)
         self.make_datasets = make_datasets
         self.batch_size, self.seed, self.num_workers = int(batch_size), int(seed), int(num_workers)
@@ -103,10 +143,18 @@ class SplitDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        sampler = SkippingSampler(
-            self.dataset("train"), num_replicas=world, rank=rank, shuffle=True, seed=self.seed,
-            drop_last=self.drop_last,
-        )
+        kind, block_size = self.sampling()
+        sampler: SkippingSampler
+        if kind == "time_blocks":
+            sampler = TimeBlockSampler(
+                self.dataset("train"), num_replicas=world, rank=rank, seed=self.seed, batch_size=self.batch_size,
+                block_size=block_size, drop_last=self.drop_last,
+            )
+        else:
+            sampler = SkippingSampler(
+                self.dataset("train"), num_replicas=world, rank=rank, shuffle=True, seed=self.seed,
+                drop_last=self.drop_last,
+            )
         if self.drop_last and len(sampler) < self.batch_size:  # drop_last would leave an epoch of zero steps and exit 0
             n = len(self.dataset("train"))
             raise ValueError(
@@ -115,6 +163,17 @@ class SplitDataModule(L.LightningDataModule):
                 "data.batch_size or widen the training period"
             )
         return self._loader("train", sampler, batches_done=self._batches_done)
+
+    def sampling(self) -> tuple[str, int | None]:
+        """(sampler, block_size) of the training loader: the arguments, else the training dataset's
+        ``sampling`` attribute (``data.sampler`` / ``data.block_size``), else ``("random", None)``."""
+        if self.sampler_name is not None or self.block_size is not None:
+            return check_sampling(self.sampler_name or DEFAULT_SAMPLER, self.block_size, self.batch_size)
+        base = self.dataset("train")
+        while isinstance(base, Subset):
+            base = base.dataset
+        cfg = getattr(base, "sampling", None) or {}
+        return check_sampling(cfg.get("sampler", DEFAULT_SAMPLER), cfg.get("block_size"), self.batch_size)
 
     def _batches_done(self) -> int:
         """Batches of the current training epoch already trained on; 0 once the epoch is complete."""

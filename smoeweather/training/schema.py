@@ -64,6 +64,8 @@ WEATHERBENCH_DATA = Block({
     "constants": (list, NULL),
     "cache": (bool, str),  # smoeweather.data.cache: false, true or "auto"
     "cache_max_gb": (float, NULL),
+    "sampler": STR,  # smoeweather.data.sampling: "random" (default) or "time_blocks"
+    "block_size": (int, NULL),  # time_blocks: samples per block, dividing batch_size (default: batch_size)
     **SPLIT_KEYS,
     **LOADER_KEYS,
 })
