@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import float_tol
 
 from smoeweather.models.resnet import WeatherBenchResNet
 from smoeweather.nn.gates import TensorRoutingGate
@@ -55,3 +56,29 @@ def test_resnet_shares_one_gate_or_builds_one_per_layer(share):
     assert len({id(layer.gate) for layer in layers}) == len(model.gates)
     x = torch.randn(2, 3, 8, 16)
     assert model(x).shape == (2, 2, 8, 16)
+
+
+def test_upcycled_smoe_layer_starts_as_one_dense_conv_everywhere():
+    """Upcycled: expert groups are copies and ranks coincide, so every location applies the same filters."""
+    lsm = _land_sea()
+    torch.manual_seed(0)
+    model = WeatherBenchResNet(3, 2, width=4, blocks=1, grid=(8, 16), land_sea_prior=lsm,
+                               smoe={"placement": "all", "gate_prior": "land_sea", "gate_init": "coherent",
+                                     "upcycle": True})
+    layer = model.blocks[0].block1.layer
+    gate = model.gates["E8_H8_W16"]
+    idx = gate.weight.topk(4, dim=0).indices  # (E, H, W)
+    assert torch.equal(idx[:, lsm == 1], idx[:, lsm == 0][:, :1].expand(4, int(lsm.sum())) + 4)
+    sea_order = idx[:, 0, 0] if lsm[0, 0] == 0 else idx[:, 0, 0] - 4
+    dense = torch.nn.Conv2d(4, 4, 3, padding=(1, 0), bias=False)
+    dense.weight.data.copy_(layer.experts.weight[sea_order])
+    x = torch.randn(2, 4, 8, 16)
+    expected = dense(torch.nn.functional.pad(x, (1, 1, 0, 0), mode="circular"))
+    # the same 4·3·3 = 36-term dot products, possibly summed in another order by another conv kernel
+    torch.testing.assert_close(layer(x), expected, **float_tol(torch.float32, 36, scale=float(expected.abs().max())))
+
+
+def test_upcycle_needs_a_coherent_land_sea_gate():
+    with pytest.raises(ValueError, match="upcycle"):
+        WeatherBenchResNet(3, 2, width=4, blocks=1, grid=(8, 16), land_sea_prior=_land_sea(),
+                           smoe={"placement": "all", "gate_prior": "land_sea", "upcycle": True})

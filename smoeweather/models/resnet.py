@@ -37,6 +37,11 @@ class SMoEPlacement:
         expert shared by all locations: the same expert rank order, hence the same meaning of every output
         plane, everywhere within a prior category), see :class:`TensorRoutingGate`.
     share_gate: one gate for all SMoE layers with the same |E| (paper §3.2) or one gate per layer.
+    upcycle: start every SMoE layer as the dense conv it replaces (sparse upcycling, Komatsuzaki et al.
+        2023): with a categorical prior of K categories, the K expert groups get identical weights and
+        identical routing scores, so output plane j is the same filter in every category and the network
+        computes exactly what a dense ResNet with those filters computes; training then lets the groups
+        diverge only where the data asks. Needs ``gate_init="coherent"`` and ``gate_prior="land_sea"``.
     random_fixed_gate: frozen random gate (ablation "rand fixed gate init").
     rc, damping, quantile: routing-classification loss, expert error damping factor, quantile q.
     layer_kwargs: further keyword arguments for :class:`SpatialMoE2d` (e.g. ``weighted``, ``noise``).
@@ -48,6 +53,7 @@ class SMoEPlacement:
     prior_strength: float = 1.0
     gate_init: Literal["uniform", "coherent"] = "uniform"
     share_gate: bool = True
+    upcycle: bool = False
     random_fixed_gate: bool = False
     rc: bool = True
     damping: float | None = 0.1
@@ -61,6 +67,8 @@ class SMoEPlacement:
             raise ValueError(f"gate_prior must be 'none' or 'land_sea', got {self.gate_prior!r}")
         if self.gate_init not in ("uniform", "coherent"):
             raise ValueError(f"gate_init must be 'uniform' or 'coherent', got {self.gate_init!r}")
+        if self.upcycle and (self.gate_init != "coherent" or self.gate_prior != "land_sea"):
+            raise ValueError("smoe.upcycle needs gate_init='coherent' and gate_prior='land_sea'")
         if self.experts_factor < 1:
             raise ValueError(f"experts_factor must be >= 1, got {self.experts_factor}")
 
@@ -209,8 +217,28 @@ class WeatherBenchResNet(nn.Module):
         if cfg.gate_prior == "land_sea" and land_sea_prior is not None:
             prior = torch.as_tensor(land_sea_prior)
             categories = (prior > 0.5).long() if prior.is_floating_point() else prior.long()
+            if cfg.upcycle:
+                self._upcycle(num_groups=int(categories.max()) + 1)
             for gate in self.gates.values():
                 gate.init_from_prior(categories, cfg.prior_strength)
+
+    @torch.no_grad()
+    def _upcycle(self, num_groups: int) -> None:
+        """Make the ``num_groups`` contiguous expert groups of every gate and SMoE layer copies of group 0
+        (scores and weights), before the prior offsets are added (see ``SMoEPlacement.upcycle``)."""
+        for gate in self.gates.values():
+            n = gate.num_experts
+            if n % num_groups:
+                raise ValueError(f"smoe.upcycle needs |E| = {n} divisible by the {num_groups} prior categories")
+            size = n // num_groups
+            gate.weight.copy_(gate.weight[:size].repeat(num_groups, 1, 1))
+        for module in self.modules():
+            if isinstance(module, SpatialMoE2d):
+                weight = module.experts.weight  # (|E|·F, C, k, k), expert-major
+                size = weight.shape[0] // num_groups
+                weight.copy_(weight[:size].repeat(num_groups, 1, 1, 1))
+                if module.experts.bias is not None:
+                    module.experts.bias.copy_(module.experts.bias[:size].repeat(num_groups))
 
     def _conv3(self, width: int) -> nn.Module:
         if self._conv_kind == "lrlcn":
