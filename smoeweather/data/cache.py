@@ -8,8 +8,8 @@ whenever the block fits. DataLoader workers started by ``fork`` share the cached
 
 Config: ``data.cache: false | true | auto`` (``true``: cache or fail with the size; ``auto``: cache when it
 fits, else stream from zarr) and ``data.cache_max_gb`` (default: half the machine's physical memory).
-:func:`cache_from_config` also attaches the training order, ``data.sampler`` / ``data.block_size``
-(:mod:`smoeweather.data.sampling`: ``time_blocks`` for splits streamed from zarr that do not fit).
+Splits streamed from zarr that do not fit read far less with ``data.sampler: time_blocks``
+(:mod:`smoeweather.data.sampling`).
 """
 
 from __future__ import annotations
@@ -119,11 +119,7 @@ def cache_in_memory(dataset: Any, mode: bool | str = True, max_bytes: int | None
 
 
 def cache_from_config(dataset: Any, dcfg: dict[str, Any]) -> Any:
-    """:func:`cache_in_memory` with ``dcfg["cache"]`` and ``dcfg["cache_max_gb"]`` (data config block), and
-    ``dcfg["sampler"]`` / ``dcfg["block_size"]`` attached by :func:`smoeweather.data.sampling.configure`."""
-    from smoeweather.data.sampling import configure
-
-    configure(dataset, dcfg)
+    """:func:`cache_in_memory` with ``dcfg["cache"]`` and ``dcfg["cache_max_gb"]`` (data config block)."""
     mode = dcfg.get("cache", False)
     gb = dcfg.get("cache_max_gb")
     return cache_in_memory(dataset, mode, None if gb is None else int(float(gb) * 2**30))

@@ -67,15 +67,6 @@ def check_sampling(sampler: Any, block_size: Any, batch_size: int | None = None)
     return str(sampler), None if block_size is None else int(block_size)
 
 
-def configure(dataset: Any, dcfg: dict[str, Any]) -> Any:
-    """Attach ``data.sampler`` / ``data.block_size`` to ``dataset`` (read by
-    :class:`~smoeweather.training.datamodule.SplitDataModule` for its training loader); returns ``dataset``."""
-    sampler, block = check_sampling(dcfg.get("sampler", DEFAULT_SAMPLER), dcfg.get("block_size"),
-                                    dcfg.get("batch_size"))
-    dataset.sampling = {"sampler": sampler, "block_size": block}
-    return dataset
-
-
 def sample_read_starts(dataset: Any) -> tuple[np.ndarray, int] | None:
     """(store time index of each sample's first input time, store time chunk) of a WeatherBench-like dataset,
     through nested :class:`Subset` s; None for datasets without time indices (the order then ignores chunks)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from smoeweather.data.sampling import DEFAULT_SAMPLER, block_order, check_sampling, rank_share, sample_read_starts
 
@@ -90,8 +90,7 @@ class SplitDataModule(L.LightningDataModule):
 
     ``sampler``: ``"random"`` (the above) or ``"time_blocks"`` (:class:`TimeBlockSampler`, for stores
     streamed from disk; same properties, batches of consecutive times); ``block_size`` its block in samples
-    (default: ``batch_size``). None (default): the training dataset's ``sampling`` attribute, set from
-    ``data.sampler`` / ``data.block_size`` by :func:`smoeweather.data.sampling.configure`, else ``"random"``.
+    (default: ``batch_size``); from ``data.sampler`` / ``data.block_size``; None = ``"random"``.
     ``pin_memory`` is on whenever CUDA is; workers prefetch DataLoader's default 2 batches each.
     """
 
@@ -165,15 +164,8 @@ class SplitDataModule(L.LightningDataModule):
         return self._loader("train", sampler, batches_done=self._batches_done)
 
     def sampling(self) -> tuple[str, int | None]:
-        """(sampler, block_size) of the training loader: the arguments, else the training dataset's
-        ``sampling`` attribute (``data.sampler`` / ``data.block_size``), else ``("random", None)``."""
-        if self.sampler_name is not None or self.block_size is not None:
-            return check_sampling(self.sampler_name or DEFAULT_SAMPLER, self.block_size, self.batch_size)
-        base = self.dataset("train")
-        while isinstance(base, Subset):
-            base = base.dataset
-        cfg = getattr(base, "sampling", None) or {}
-        return check_sampling(cfg.get("sampler", DEFAULT_SAMPLER), cfg.get("block_size"), self.batch_size)
+        """(sampler, block_size) of the training loader; ``("random", None)`` unless configured."""
+        return check_sampling(self.sampler_name or DEFAULT_SAMPLER, self.block_size, self.batch_size)
 
     def _batches_done(self) -> int:
         """Batches of the current training epoch already trained on; 0 once the epoch is complete."""

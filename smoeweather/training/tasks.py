@@ -50,7 +50,8 @@ def _datamodule(cfg: dict[str, Any], splits: Callable[[], dict[str, Dataset]], d
     """The seeded train/valid/test data module every task uses (batch size and workers from ``cfg["data"]``)."""
     dcfg = cfg["data"]
     return SplitDataModule(splits, batch_size=dcfg.get("batch_size", default_batch), seed=cfg.get("seed", 0),
-                           num_workers=dcfg.get("num_workers", 0), **kwargs)
+                           num_workers=dcfg.get("num_workers", 0), sampler=dcfg.get("sampler"),
+                           block_size=dcfg.get("block_size"), **kwargs)
 
 
 def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
