@@ -96,16 +96,22 @@ class TensorRoutingGate(nn.Module):
         in_group = group_of_expert[:, None, None] == prior[None].to(group_of_expert.device)
         self.weight.add_(in_group.to(self.weight) * (2.0 * self.bound * strength))
 
-    def top_indices(self, k: int, out_per_expert: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def top_indices(self, k: int, out_per_expert: int = 1,
+                    channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k experts per location, (1, k, H, W) in descending score order, and their flat positions
-        in a (|E|, F, H, W) expert block (k·F·H·W,).
+        in a (|E|, F, H, W) expert block (k·F·H·W,), or with ``channels_last`` in an (H, W, |E|, F) block
+        (ordered H, W, k, F; see :func:`flat_expert_index_channels_last`). The selection itself is the same
+        ``topk`` call either way, so both layouts route identically, ties included.
 
         Recomputed on every call: a cache keyed on ``weight._version`` went stale under fused/foreach Adam
         and ``weight.data.copy_()`` (neither bumps the parameter's version counter), freezing the routing.
         The top-k over |E|×H×W costs ~0.7–1.9 ms on one CPU thread for 8–16 experts on a 32×64 grid, a
         third of the expert gather it feeds, so correctness wins over selecting once per shared gate.
+        No host synchronisation: shapes only depend on (k, F, |E|, H, W).
         """
         idx = self.weight.detach().topk(k, dim=0, sorted=True).indices
+        if channels_last:
+            return idx.unsqueeze(0), flat_expert_index_channels_last(idx, self.num_experts, out_per_expert)
         return idx.unsqueeze(0), flat_expert_index(idx, out_per_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,6 +130,17 @@ def flat_expert_index(idx: torch.Tensor, out_per_expert: int = 1) -> torch.Tenso
     pixels = torch.arange(h * w, device=idx.device)
     channel = torch.arange(f, device=idx.device).view(1, f, 1) * (h * w)
     return (idx.reshape(e, 1, h * w) * (f * h * w) + channel + pixels).reshape(-1)
+
+
+def flat_expert_index_channels_last(idx: torch.Tensor, num_experts: int, out_per_expert: int = 1) -> torch.Tensor:
+    """Flat positions in a channels-last (H, W, |E|, F) block of the slots selected by ``idx`` (E, H, W),
+    ordered (H, W, E, F): an ``index_select`` with it turns a channels-last expert output (B, H·W·|E|·F)
+    into the selected slots (B, H, W, E, F) in one gather, each pixel reading one contiguous |E|·F chunk."""
+    e, h, w = idx.shape
+    f = out_per_expert
+    pixel = torch.arange(h * w, device=idx.device).view(h * w, 1, 1) * (num_experts * f)
+    channel = torch.arange(f, device=idx.device)
+    return (idx.reshape(e, h * w).t().unsqueeze(2) * f + pixel + channel).reshape(-1)
 
 
 def coord_channels(x: torch.Tensor) -> torch.Tensor:

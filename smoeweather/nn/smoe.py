@@ -38,6 +38,24 @@ Design decisions (differences from the reference code, each tested in ``tests/te
 * Mixed precision: labels come from quantiles and are scale-free; the injected gate gradient is
   multiplied by ``loss_scale`` so that a GradScaler's unscale leaves it correct. Lightning modules in
   this project set it automatically (:func:`set_loss_scale`); bf16 autocast needs nothing.
+* Routing implementations (``route_impl``, issue 11), identical results (tests/test_smoe_fastpath.py):
+  ``index_select`` computes the experts in the input's layout and gathers the selected slots from the
+  (B, |E|·F·H·W) view in one ``index_select`` (backward: one ``index_add_`` into a zero buffer).
+  ``channels_last`` computes them channels-last, (B, H, W, |E|·F) in memory, so that one
+  ``index_select`` reads each pixel's E of |E| slots from one contiguous |E|·F chunk and the output
+  (B, E·F, H, W) is channels-last (a view, no copy); the backward scatters the same way. With the
+  random per-location rank order of a ``uniform`` gate the planar gather reads every value from a
+  different plane: on 1 CPU thread at C = 128, |E| = 256, E = 128, 32×64, B = 16 the gather takes
+  ~24 ms planar vs ~3 ms channels-last and the scatter ~20 vs ~4 ms, but oneDNN's channels-last
+  convolution (forward + backward) is ~25 % slower on the project's 2-core AVX2 CPU, which outweighs
+  it (benchmarks/results/smoe_layer_cpu.json; on GPUs channels-last is cuDNN's native tensor-core layout,
+  still to be measured with ``benchmarks/smoe_layer.py --device cuda``). ``auto`` (default) follows the
+  input's memory format on every device, like PyTorch's own convolutions: channels-last inputs take
+  the channels-last route (the planar route would copy the channels-last expert output to planar and
+  back), other inputs the planar one, so no existing caller gets a different layout or speed.
+* No host synchronisation in forward or backward (no ``.item()``, no data-dependent shapes or Python
+  branches on values; tested), so a training step can be captured in a CUDA graph; the per-step
+  logging values ``last_rc_loss`` and ``last_misrouted_fraction`` stay tensors.
 """
 
 from __future__ import annotations
@@ -49,10 +67,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.nn.gates import TensorRoutingGate, flat_expert_index
+from smoeweather.nn.gates import TensorRoutingGate, flat_expert_index, flat_expert_index_channels_last
 
 GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
+RouteImpl = Literal["auto", "index_select", "channels_last"]
+ROUTE_IMPLS = ("auto", "index_select", "channels_last")
+
+# (B, E, F, H, W) <-> (B, H, W, E, F): the permutation is its own inverse
+_TO_CHANNELS_LAST = (0, 3, 4, 1, 2)
 
 
 EXACT_QUANTILE_MAX = 1 << 16
@@ -64,13 +87,87 @@ def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
     Exact up to 65,536 values per sample; above that it is taken over an evenly strided subsample of
     ≥ 32,768 values (rank error ≈ sqrt(q(1−q)/n) < 0.3 %), which makes ``kthvalue`` ~5× cheaper at
     WeatherBench size (E·H·W = 262,144) — the quantile is a noisy label threshold, not a statistic.
+    The subsample is strided in the LOGICAL order of ``error``'s dims whatever its memory layout (a
+    channels-last error gives the same threshold as a contiguous one), without copying the errors.
     """
     b = error.shape[0]
-    flat = error.reshape(b, -1)
-    if flat.shape[1] > EXACT_QUANTILE_MAX:
-        flat = flat[:, :: math.ceil(flat.shape[1] / (EXACT_QUANTILE_MAX // 2))]
-    k = min(max(math.ceil(quantile * flat.shape[1]), 1), flat.shape[1])
+    n = math.prod(error.shape[1:])
+    step = math.ceil(n / (EXACT_QUANTILE_MAX // 2)) if n > EXACT_QUANTILE_MAX else 1
+    memory_order = None if error.is_contiguous() else _memory_order_view(error)
+    if memory_order is None:  # contiguous (or not dense: reshape copies into logical order)
+        flat = error.reshape(b, -1)[:, ::step]
+    elif step == 1:  # the k-th smallest value does not depend on the order
+        flat = memory_order
+    else:  # memory offset of every step-th value in logical order: one small gather
+        offsets = torch.arange(n, device=error.device).as_strided(error.shape[1:], error.stride()[1:])
+        flat = memory_order.index_select(1, offsets.reshape(-1)[::step])
+    m = flat.shape[1]
+    k = min(max(math.ceil(quantile * m), 1), m)
     return flat.kthvalue(k, dim=1).values.view(b, 1, 1, 1)
+
+
+def _memory_order_view(t: torch.Tensor) -> torch.Tensor | None:
+    """(B, ...) as a (B, n) view in memory order when every sample is one dense block, else None."""
+    dims = sorted(range(1, t.dim()), key=t.stride, reverse=True)
+    view = t.permute(0, *dims)
+    return view.reshape(t.shape[0], -1) if view.is_contiguous() else None
+
+
+def _sum_slot_channels(grad_y: torch.Tensor, absolute: bool) -> torch.Tensor:
+    """Sum over the F channels of each slot: (B, E, F, H, W) → float32 (B, E, H, W) in ``grad_y``'s memory
+    layout. It runs in channel order f = 0, 1, … in float32, so every memory layout and device gives the
+    same bits (a ``sum(2)`` vectorises differently per layout), and with them the same misrouting flags.
+    ``absolute``: Σ|g|, rounded through ``grad_y``'s dtype as the former ``abs().sum(2)`` in that dtype was;
+    else Σg in float32 (the straight-through gate gradient)."""
+    f = grad_y.shape[2]
+    first = grad_y.select(2, 0)
+    if f == 1:
+        return first.abs().float() if absolute else first.float()
+    total = first.abs().float() if absolute else first.to(torch.float32, copy=True)
+    for i in range(1, f):
+        part = grad_y.select(2, i)
+        total.add_(part.abs() if absolute else part)
+    if absolute and grad_y.dtype != torch.float32:
+        total = total.to(grad_y.dtype).float()
+    return total
+
+
+def damping_factor(wrong: torch.Tensor, damping: float, dtype: torch.dtype, out: torch.Tensor | None = None,
+                   fused: bool | None = None) -> torch.Tensor:
+    """Per-slot gradient factor: 1 where ``wrong`` is False, the damping factor where True, in ``dtype``.
+
+    The factor is 1 + (damping − 1) rounded in ``dtype`` (e.g. 0.10000002 in float32), as the layer always
+    computed it. ``fused`` (default: on CUDA) writes it with one ``where`` (1 + itemsize bytes per slot);
+    otherwise copy/mul/add (three passes), which is ~3× faster on CPU, whose ``where`` is not vectorised.
+    Both give the same bits.
+    """
+    out = torch.empty_like(wrong, dtype=dtype) if out is None else out
+    if wrong.is_cuda if fused is None else fused:
+        damped = out.new_ones(()).mul_(damping - 1.0).add_(1.0)
+        return torch.where(wrong, damped, damped.new_ones(()), out=out)
+    return out.copy_(wrong).mul_(damping - 1.0).add_(1.0)
+
+
+def _sum_batch(t: torch.Tensor) -> torch.Tensor:
+    """float32 sum over dim 0 (keepdim), run over the memory-order view: a channels-last input reduced into
+    a planar result is ~4× slower on CPU. The result has ``t``'s layout."""
+    dims = sorted(range(1, t.dim()), key=t.stride, reverse=True)
+    inverse = [0] * t.dim()
+    for position, dim in enumerate((0, *dims)):
+        inverse[dim] = position
+    return t.permute(0, *dims).sum(0, keepdim=True, dtype=torch.float32).permute(inverse)
+
+
+def _pad_lon_circular(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """Circular padding in W only; keeps a channels-last input channels-last (``F.pad`` returns planar)."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return F.pad(x, (pad, pad, 0, 0), mode="circular")
+    return torch.cat([x[..., -pad:], x, x[..., :pad]], dim=-1)
+
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    """True for a 4-d tensor laid out channels-last and not also contiguous (C = 1 or H = W = 1 are both)."""
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
 def misrouted_mask(error: torch.Tensor, quantile: float, tolerance: float = 0.0) -> torch.Tensor:
@@ -99,22 +196,40 @@ def routing_labels(wrong: torch.Tensor, idx: torch.Tensor, num_experts: int) -> 
 
 
 class _RouteExperts(torch.autograd.Function):
-    """Gather the selected experts; in backward: damping, RC-loss gradient for the gate."""
+    """Gather the selected experts; in backward: damping, RC-loss gradient for the gate.
+
+    ``channels_last``: ``expert_out`` is laid out (B, H, W, |E|, F) in memory and ``flat`` (G = 1) indexes
+    that layout (:func:`~smoeweather.nn.gates.flat_expert_index_channels_last`); the output, logically
+    (B, E, F, H, W), is then laid out (B, H, W, E, F). Everything else is computed in logical coordinates,
+    so both layouts give the same values; only the gather/scatter and the memory layouts differ.
+    """
 
     @staticmethod
     def forward(ctx, expert_out: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor,
-                layer: SpatialMoE2d, flat: torch.Tensor | None = None) -> torch.Tensor:
+                layer: SpatialMoE2d, flat: torch.Tensor | None = None, channels_last: bool = False) -> torch.Tensor:
         # expert_out (B, |E|, F, H, W); scores (G, |E|, H, W); idx (G, E, H, W) -> y (B, E, F, H, W)
-        b, _, f, h, w = expert_out.shape
+        b, num_experts, f, h, w = expert_out.shape
+        e = idx.shape[1]
         ctx.save_for_backward(scores, idx)
         ctx.layer = layer
         ctx.expert_shape = expert_out.shape
+        ctx.channels_last = channels_last
+        if channels_last:
+            source = expert_out.permute(_TO_CHANNELS_LAST)  # (B, H, W, |E|, F), contiguous from apply_experts
+            if not source.is_contiguous():
+                source = source.contiguous()
+            if idx.shape[0] == 1:  # one gather: every pixel reads its E slots from its |E|·F chunk
+                ctx.flat = flat_expert_index_channels_last(idx[0], num_experts, f) if flat is None else flat
+                y = source.reshape(b, -1).index_select(1, ctx.flat).view(b, h, w, e, f)
+            else:
+                y = source.gather(3, idx.permute(0, 2, 3, 1).unsqueeze(4).expand(b, h, w, e, f))
+            return y.permute(_TO_CHANNELS_LAST)
         if idx.shape[0] == 1:
             # shared routing: one flat index for every sample; index_select is ~5× faster than a gather
             # with a batch-expanded index on CPU (and no slower on GPU)
             ctx.flat = flat_expert_index(idx[0], f) if flat is None else flat
-            return expert_out.reshape(b, -1).index_select(1, ctx.flat).view(b, idx.shape[1], f, h, w)
-        return expert_out.gather(1, idx.unsqueeze(2).expand(b, idx.shape[1], f, h, w))
+            return expert_out.reshape(b, -1).index_select(1, ctx.flat).view(b, e, f, h, w)
+        return expert_out.gather(1, idx.unsqueeze(2).expand(b, e, f, h, w))
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
@@ -122,20 +237,23 @@ class _RouteExperts(torch.autograd.Function):
         layer: SpatialMoE2d = ctx.layer
         b, num_experts, f, h, w = ctx.expert_shape
         g, e = idx.shape[:2]
+        channels_last = ctx.channels_last
+        # dL/dy in the memory layout the scatter reads (planar, or (B, H, W, E, F)); the elementwise ops
+        # below keep it, so nothing is copied again before the scatter (a no-op when already laid out so)
+        if channels_last:
+            grad_y = grad_y.permute(_TO_CHANNELS_LAST).contiguous().permute(_TO_CHANNELS_LAST)
+        else:
+            grad_y = grad_y.contiguous()
         damp = layer.damping is not None and num_experts > e and ctx.needs_input_grad[0]
-        wrong = wrong_damp = None
+        wrong = wrong_damp = error = None
         if layer.rc or damp:
             # error = |dL/dy| per slot; the tolerances are absolute errors in output units of a mean-reduced
             # MSE, so they are converted to error-signal units (× 2/N × loss scale) instead of rescaling
             # the (large) error tensor. The quantile itself is scale-free.
-            error = grad_y.detach().abs()
-            error = error.squeeze(2) if f == 1 else error.sum(2)
-            if error.dtype != torch.float32:
-                error = error.float()
+            error = _sum_slot_channels(grad_y.detach(), absolute=True)
             to_signal = 2.0 * layer.loss_scale / grad_y.numel()
             threshold = quantile_threshold(error, layer.quantile)
             wrong = error > threshold + layer.tolerance * to_signal
-            wrong_damp = None
             if damp:
                 if layer.damping_quantile != layer.quantile:
                     threshold = quantile_threshold(error, layer.damping_quantile)
@@ -148,10 +266,19 @@ class _RouteExperts(torch.autograd.Function):
             if wrong_damp is not None:
                 # 1 or damping per slot, written into the no longer needed error buffer when possible
                 reuse = error.dtype == grad_y.dtype and f == 1
-                buffer = error if reuse else torch.empty_like(wrong_damp, dtype=grad_y.dtype)
-                factor = buffer.copy_(wrong_damp).mul_(layer.damping - 1.0).add_(1.0)
+                factor = damping_factor(wrong_damp, layer.damping, grad_y.dtype, out=error if reuse else None)
                 grad_slots = factor.unsqueeze(2).mul_(grad_y) if f == 1 else grad_y * factor.unsqueeze(2)
-            if g == 1:
+            if channels_last:
+                source = grad_slots.permute(_TO_CHANNELS_LAST)  # (B, H, W, E, F)
+                if g == 1:
+                    grad_expert = grad_y.new_zeros(b, h * w * num_experts * f)
+                    grad_expert.index_add_(1, ctx.flat, source.reshape(b, -1))  # indices unique: a copy
+                    grad_expert = grad_expert.view(b, h, w, num_experts, f)
+                else:
+                    index = idx.permute(0, 2, 3, 1).unsqueeze(4).expand(b, h, w, e, f)
+                    grad_expert = grad_y.new_zeros(b, h, w, num_experts, f).scatter_(3, index, source)
+                grad_expert = grad_expert.permute(_TO_CHANNELS_LAST)
+            elif g == 1:
                 grad_expert = grad_y.new_zeros(b, num_experts * f * h * w)
                 grad_expert.index_add_(1, ctx.flat, grad_slots.reshape(b, -1))  # indices unique: a copy
                 grad_expert = grad_expert.view(ctx.expert_shape)
@@ -161,24 +288,28 @@ class _RouteExperts(torch.autograd.Function):
 
         grad_scores = None
         if ctx.needs_input_grad[1]:
-            grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
+            grad_scores = None
             if layer.rc:
                 if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
-                    wrong_g = wrong.sum(0, keepdim=True, dtype=torch.float32).div_(b)
-                else:
-                    wrong_g = wrong.float()
+                    # fractions k/B, summed over the slots in routing_labels: contiguous, so that sum runs in
+                    # one order in every layout (a no-op for planar, a 1/B-sized copy for channels-last)
+                    wrong_g = _sum_batch(wrong).div_(b).contiguous()
+                else:  # 0/1 values: their sums are exact in any order
+                    wrong_g = wrong.to(torch.float32)
                 labels = routing_labels(wrong_g, idx, num_experts)
                 z = scores.detach().float()
                 n = labels.numel()
-                grad_scores += (torch.sigmoid(z) - labels) * (layer.rc_weight * layer.loss_scale / n)
+                grad_scores = (torch.sigmoid(z) - labels).mul_(layer.rc_weight * layer.loss_scale / n)
                 layer.last_rc_loss = (F.softplus(z) - labels * z).mean().detach()
+            if grad_scores is None:
+                grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
             if layer.gate_gets_task_grad and not layer.weighted:
-                straight = grad_y.detach().float().sum(2)  # (B, E, H, W)
+                straight = _sum_slot_channels(grad_y.detach(), absolute=False)  # (B, E, H, W)
                 if g == 1:
                     straight = straight.sum(0, keepdim=True)
                 grad_scores.scatter_add_(1, idx, straight)
             grad_scores = grad_scores.to(scores.dtype)
-        return grad_expert, grad_scores, None, None, None
+        return grad_expert, grad_scores, None, None, None, None
 
 
 class SpatialMoE2d(nn.Module):
@@ -223,6 +354,10 @@ class SpatialMoE2d(nn.Module):
         expert_init: ``torch`` (PyTorch's Conv2d default) or ``reference`` (Kaiming-uniform, ReLU gain:
             the reference code's init of hidden layers; its last layer — the heat SMoE's experts — gets
             the linear gain instead, see :func:`smoeweather.models.heat.reference_init`).
+        route_impl: ``auto`` (default: ``channels_last`` for channels-last inputs, else ``index_select``),
+            ``index_select`` (experts in the input's layout, output planar) or ``channels_last`` (experts
+            and output channels-last; a planar input is converted first). Same results, different speed
+            and memory layout; see the module docstring.
     """
 
     def __init__(
@@ -249,6 +384,7 @@ class SpatialMoE2d(nn.Module):
         aux_losses: tuple[str, ...] = (),
         bias: bool = False,
         expert_init: str = "torch",
+        route_impl: RouteImpl = "auto",
     ) -> None:
         super().__init__()
         if not 1 <= num_selected <= num_experts:
@@ -259,6 +395,8 @@ class SpatialMoE2d(nn.Module):
             raise ValueError(f"gate_norm must be none, softmax, abs or softmax_abs, got {gate_norm!r}")
         if padding not in ("zeros", "periodic_lon"):
             raise ValueError(f"padding must be 'zeros' or 'periodic_lon', got {padding!r}")
+        if route_impl not in ROUTE_IMPLS:
+            raise ValueError(f"route_impl must be one of {', '.join(ROUTE_IMPLS)}, got {route_impl!r}")
         unknown = set(aux_losses) - {"importance", "load", "spatial_agreement"}
         if unknown:
             raise ValueError(f"unknown aux_losses {sorted(unknown)}; expected importance, load, spatial_agreement")
@@ -287,6 +425,7 @@ class SpatialMoE2d(nn.Module):
         self.tolerance, self.damping_tolerance = tolerance, damping_tolerance
         self.damping_quantile = quantile if damping_quantile is None else damping_quantile
         self.gate_task_grad, self.noise, self.aux_losses = gate_task_grad, noise, tuple(aux_losses)
+        self.route_impl = route_impl
         self.loss_scale = 1.0
         self.last_rc_loss: torch.Tensor | None = None
         self.last_misrouted_fraction: torch.Tensor | None = None
@@ -311,16 +450,27 @@ class SpatialMoE2d(nn.Module):
             scores = scores.softmax(dim=1)
         return scores
 
-    def apply_experts(self, x: torch.Tensor) -> torch.Tensor:
-        """All experts at all locations: (B, C, H, W) → (B, |E|, F, H, W)."""
+    def resolved_route_impl(self, x: torch.Tensor) -> str:
+        """The routing implementation used for input ``x`` (``auto`` follows its memory format)."""
+        if self.route_impl != "auto":
+            return self.route_impl
+        return "channels_last" if is_channels_last(x) else "index_select"
+
+    def apply_experts(self, x: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+        """All experts at all locations: (B, C, H, W) → (B, |E|, F, H, W); with ``channels_last`` computed
+        and laid out channels-last, i.e. (B, H, W, |E|, F) in memory."""
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         if self.padding == "periodic_lon":  # circular copy in longitude only; latitude zeros by the conv
-            pad = self.kernel_size // 2
-            x = F.pad(x, (pad, pad, 0, 0), mode="circular")
+            x = _pad_lon_circular(x, self.kernel_size // 2)
         out = self.experts(x)
+        if channels_last:
+            out = out.contiguous(memory_format=torch.channels_last)  # no-op unless a backend chose planar
         b, _, h, w = out.shape
         return out.view(b, self.num_experts, self.out_per_expert, h, w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        channels_last = self.resolved_route_impl(x) == "channels_last"
         scores = self.normalised_scores(x)
         routing_scores = scores
         if self.training and self.noise > 0:
@@ -328,19 +478,19 @@ class SpatialMoE2d(nn.Module):
         flat = None
         if isinstance(self.gate, TensorRoutingGate) and self.gate_norm in ("none", "softmax") and \
                 routing_scores is scores:  # order-preserving: the gate's cached selection is valid
-            idx, flat = self.gate.top_indices(self.num_selected, self.out_per_expert)
+            idx, flat = self.gate.top_indices(self.num_selected, self.out_per_expert, channels_last=channels_last)
         else:
             idx = routing_scores.detach().topk(self.num_selected, dim=1, sorted=True).indices
         self.last_routing = idx[:1, 0].detach()  # (1, H, W) top-1 expert, for maps and monitoring
-        expert_out = self.apply_experts(x)
-        y = _RouteExperts.apply(expert_out, scores, idx, self, flat)  # (B, E, F, H, W)
+        expert_out = self.apply_experts(x, channels_last)
+        y = _RouteExperts.apply(expert_out, scores, idx, self, flat, channels_last)  # (B, E, F, H, W)
         if self.weighted:
             weight_source = scores if self.gate_gets_task_grad else scores.detach()
             weights = weight_source.gather(1, idx).unsqueeze(2)  # (G, E, 1, H, W)
             y = y * weights.to(y.dtype)
         self.aux_loss = self._aux_losses(scores, routing_scores, idx) if self.aux_losses and self.training else None
         b, _, _, h, w = y.shape
-        return y.reshape(b, self.out_channels, h, w)
+        return y.reshape(b, self.out_channels, h, w)  # a view in both layouts
 
     def _aux_losses(self, scores: torch.Tensor, routing_scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Paper App. C.1: importance / load / spatial agreement, equally weighted (scaled by the caller)."""
@@ -352,7 +502,8 @@ class SpatialMoE2d(nn.Module):
         if "load" in self.aux_losses and self.noise > 0:
             std = self.noise / math.sqrt(self.num_experts)
             threshold = routing_scores.detach().topk(self.num_selected, dim=1).values[:, -1:]
-            p = 1.0 - torch.distributions.Normal(0.0, std).cdf(threshold - scores)
+            # validate_args=False: the validation branches on tensor values (a host sync on CUDA)
+            p = 1.0 - torch.distributions.Normal(0.0, std, validate_args=False).cdf(threshold - scores)
             load = p.sum(dim=(0, 2, 3))
             terms.append((load.std() / load.mean().clamp_min(1e-9)) ** 2)
         if "spatial_agreement" in self.aux_losses and sparse.shape[0] > 1:
