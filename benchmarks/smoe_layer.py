@@ -9,12 +9,21 @@ and dtype (fp32, bf16 autocast) each variant runs in its own subprocess so its p
 CPU the peak RSS growth during the timed steps (glibc returns freed blocks ≥ 64 KiB to the OS), on CUDA
 torch.cuda.max_memory_allocated.
 
-Writes ``benchmarks/results/smoe_layer_<device>.json``: ``{"entries": [{"setup": {device, batch, dtype,
-...}, "time_ratio", "memory_ratio", "time_ratio_dense128", "smoe", "dense256", "dense128"}, ...]}``
-(ratios: SMoE / dense-256). Targets (issue 11): time ≤ 1.25× and memory ≤ 1.5× at batch 64 on the GPU,
-≤ 1.6× time at batch 16; CPU ≤ 1.25×.
+Both routing implementations of :class:`SpatialMoE2d` (``--impls``), each against dense layers in the same
+memory layout, as a network using it would run: ``index_select`` with planar inputs and planar dense
+convolutions, ``channels_last`` with channels-last inputs and channels-last dense convolutions
+(``time_ratio_vs_planar_dense256`` compares it with the planar dense layer instead). The machine may be
+shared: every round runs all variants (order reversed every other round), the time ratio is the median over
+``--rounds`` of the ratios within a round (paired, so slow drifts of the load cancel), seconds and peaks are
+medians over rounds of per-process medians over ``--repeats`` steps; the load average is recorded.
 
-    python benchmarks/smoe_layer.py [--device cpu|cuda] [--batches 16 64] [--dtypes fp32 bf16] [--repeats 5]
+Writes ``benchmarks/results/smoe_layer_<device>.json``: ``{"entries": [{"setup": {device, batch, dtype,
+route_impl, memory_format, ...}, "time_ratio", "memory_ratio", "time_ratio_dense128", "smoe", "dense256",
+"dense128"}, ...]}`` (ratios: SMoE / dense-256 of the same layout). Targets (issue 11): time ≤ 1.25× and
+memory ≤ 1.5× at batch 64 on the GPU, ≤ 1.6× time at batch 16; CPU ≤ 1.25×.
+
+    python benchmarks/smoe_layer.py [--device cpu|cuda] [--batches 16 64] [--dtypes fp32 bf16]
+        [--impls index_select channels_last] [--repeats 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("dense256", "dense128", "smoe")
+IMPLS = ("index_select", "channels_last")
+LAYOUT = {"index_select": "planar", "channels_last": "channels_last"}
 
 
 def _rss_kib() -> int:
@@ -40,24 +50,39 @@ def _rss_kib() -> int:
 
 
 def measure(variant: str, device: str, batch: int, dtype: str, repeats: int) -> dict[str, float]:
-    """Median seconds of a training step and peak extra memory (MiB) of one variant, in this process."""
+    """Median seconds of a training step and peak extra memory (MiB) of one variant, in this process.
+
+    ``variant``: ``dense256@<layout>``, ``dense128@<layout>`` (layout ``planar`` or ``channels_last``) or
+    ``smoe@<route_impl>`` (planar inputs for ``index_select``, channels-last ones for ``channels_last``).
+    """
     import torch
     from torch import nn
 
     from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d
+    from smoeweather.nn.smoe import _pad_lon_circular
+
+    class ChannelsLastPeriodicLonConv2d(PeriodicLonConv2d):
+        """PeriodicLonConv2d's F.pad(mode="circular") returns a planar tensor; this pad keeps channels-last."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.Conv2d.forward(self, _pad_lon_circular(x, self.pad))
 
     torch.manual_seed(0)
     c, experts, selected, h, w = 128, 256, 128, 32, 64
-    if variant == "smoe":
-        layer = SpatialMoE2d(c, experts, selected, grid=(h, w), padding="periodic_lon", rc=True, damping=0.1)
-        out_channels = selected
+    kind, option = variant.split("@")
+    if kind == "smoe":
+        layer = SpatialMoE2d(c, experts, selected, grid=(h, w), padding="periodic_lon", rc=True, damping=0.1,
+                             route_impl=option)
+        out_channels, layout = selected, LAYOUT[option]
     else:
-        out_channels = 256 if variant == "dense256" else 128
-        layer = PeriodicLonConv2d(c, out_channels, 3, bias=False)
-    layer = layer.to(device)
+        out_channels, layout = (256 if kind == "dense256" else 128), option
+        conv = ChannelsLastPeriodicLonConv2d if layout == "channels_last" else PeriodicLonConv2d
+        layer = conv(c, out_channels, 3, bias=False)
+    memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    layer = layer.to(device, memory_format=memory_format)  # 4-d weights only (the gate's tensor is 3-d)
     opt = torch.optim.SGD(layer.parameters(), lr=1e-2)
-    x = torch.randn(batch, c, h, w, device=device)
-    target = torch.randn(batch, out_channels, h, w, device=device)
+    x = torch.randn(batch, c, h, w, device=device).contiguous(memory_format=memory_format)
+    target = torch.randn(batch, out_channels, h, w, device=device).contiguous(memory_format=memory_format)
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
     def step() -> None:
@@ -88,9 +113,10 @@ def measure(variant: str, device: str, batch: int, dtype: str, repeats: int) -> 
     return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20, "repeats": repeats}
 
 
-def run_variant(variant: str, device: str, batch: int, dtype: str, repeats: int) -> dict[str, float]:
+def run_variant(variant: str, device: str, batch: int, dtype: str, repeats: int,
+                threads: int | None = None) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--variant", variant, "--device", device, "--batches", str(batch),
-           "--dtypes", dtype, "--repeats", str(repeats)]
+           "--dtypes", dtype, "--repeats", str(repeats)] + (["--threads", str(threads)] if threads else [])
     # glibc keeps freed large blocks in the heap by default, so RSS would count dead tensors; a fixed mmap
     # threshold returns every block ≥ 64 KiB to the OS on free, making peak RSS ≈ peak live memory
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -98,41 +124,81 @@ def run_variant(variant: str, device: str, batch: int, dtype: str, repeats: int)
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {"seconds": statistics.median(r["seconds"] for r in runs),
+            "peak_mib": statistics.median(r["peak_mib"] for r in runs),
+            "repeats": runs[0]["repeats"], "rounds": len(runs)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per process (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per variant (median; paired ratios)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the result file's entries of other setups (e.g. another --threads)")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.variant:  # child process: measure one variant, print its JSON
         print(json.dumps(measure(args.variant, args.device, args.batches[0], args.dtypes[0], args.repeats)))
         return
-    import torch
 
+    layouts = list(dict.fromkeys(LAYOUT[impl] for impl in args.impls))
+    variants = [f"{kind}@{layout}" for layout in layouts for kind in ("dense256", "dense128")]
+    variants += [f"smoe@{impl}" for impl in args.impls]
+    load_start = os.getloadavg()
     entries = []
     for batch in args.batches:
         for dtype in args.dtypes:
-            results: dict[str, dict[str, float]] = {}
-            # each variant twice, order reversed the second time; keep the faster (less disturbed) run
-            for variant in (*VARIANTS, *reversed(VARIANTS)):
-                out = run_variant(variant, args.device, batch, dtype, args.repeats)
-                if variant not in results or out["seconds"] < results[variant]["seconds"]:
-                    results[variant] = out
-                print(f"batch {batch:3d} {dtype}: {variant:>8}: {out['seconds'] * 1e3:9.2f} ms  "
-                      f"peak +{out['peak_mib']:8.1f} MiB", file=sys.stderr)
-            smoe, d256, d128 = results["smoe"], results["dense256"], results["dense128"]
-            entries.append({
-                "setup": {"device": args.device, "batch": batch, "dtype": dtype, "in_channels": 128,
-                          "experts": 256, "selected": 128, "grid": [32, 64], "rc": True, "damping": 0.1,
-                          "step": "forward + backward + SGD step (gate changes every step)"},
-                "time_ratio": round(smoe["seconds"] / d256["seconds"], 3),
-                "memory_ratio": round(smoe["peak_mib"] / max(d256["peak_mib"], 1e-9), 3),
-                "time_ratio_dense128": round(smoe["seconds"] / d128["seconds"], 3),
-                "smoe": smoe, "dense256": d256, "dense128": d128,
-            })
+            runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+            load = [os.getloadavg()[0]]
+            for round_ in range(args.rounds):
+                for variant in variants if round_ % 2 == 0 else reversed(variants):
+                    out = run_variant(variant, args.device, batch, dtype, args.repeats, args.threads)
+                    runs[variant].append(out)
+                    print(f"batch {batch:3d} {dtype} round {round_}: {variant:>22}: {out['seconds'] * 1e3:9.2f} ms  "
+                          f"peak +{out['peak_mib']:8.1f} MiB", file=sys.stderr)
+                load.append(os.getloadavg()[0])
+            for impl in args.impls:
+                layout = LAYOUT[impl]
+                smoe_runs, d256_runs = runs[f"smoe@{impl}"], runs[f"dense256@{layout}"]
+                d128_runs, planar_runs = runs[f"dense128@{layout}"], runs.get("dense256@planar")
+                smoe, d256, d128 = _median_run(smoe_runs), _median_run(d256_runs), _median_run(d128_runs)
+                ratios = [s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, d256_runs, strict=True)]
+                entry = {
+                    "setup": {"device": args.device, "batch": batch, "dtype": dtype, "route_impl": impl,
+                              "memory_format": layout, "threads": torch.get_num_threads(), "in_channels": 128,
+                              "experts": 256, "selected": 128, "grid": [32, 64], "rc": True, "damping": 0.1,
+                              "step": "forward + backward + SGD step (gate changes every step)"},
+                    "time_ratio": round(statistics.median(ratios), 3),
+                    "memory_ratio": round(smoe["peak_mib"] / max(d256["peak_mib"], 1e-9), 3),
+                    "time_ratio_dense128": round(statistics.median(
+                        s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, d128_runs, strict=True)), 3),
+                    "time_ratio_rounds": [round(r, 3) for r in ratios],
+                    "load_average_1min": {"min": min(load), "max": max(load)},
+                    "smoe": smoe, "dense256": d256, "dense128": d128,
+                }
+                if layout != "planar" and planar_runs:
+                    entry["time_ratio_vs_planar_dense256"] = round(statistics.median(
+                        s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, planar_runs, strict=True)), 3)
+                    entry["dense256_planar"] = _median_run(planar_runs)
+                entries.append(entry)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.machine()} CPU"
+    path = RESULTS / f"smoe_layer_{args.device}.json"
+    runs_before = []
+    if args.append and path.exists():  # keep other setups' entries and the commands and loads behind them
+        previous = json.loads(path.read_text())
+        setups = [e["setup"] for e in entries]
+        entries = [e for e in previous["entries"] if e["setup"] not in setups] + entries
+        runs_before = previous.get("runs_before", []) + [{k: previous.get(k) for k in ("command", "load_average")}]
     doc = {
         "device": args.device,
         "device_name": device_name,
@@ -140,11 +206,15 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "command": "python benchmarks/smoe_layer.py " + " ".join(sys.argv[1:]),
+        "load_average": {"start": [round(v, 2) for v in load_start],
+                         "end": [round(v, 2) for v in os.getloadavg()],
+                         "note": "1/5/15-min load averages of the machine; other jobs may share its cores"},
         "targets": {"time_ratio": {"batch 64": 1.25, "batch 16": 1.6, "cpu": 1.25}, "memory_ratio": 1.5},
         "entries": entries,
     }
+    if runs_before:
+        doc["runs_before"] = runs_before
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"smoe_layer_{args.device}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
