@@ -104,17 +104,22 @@ def test_block_size_must_divide_the_batch(store: str) -> None:
 
 
 # ---- batches equal samples ----------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", ["fixed_lead", "continuous", "cached", "period_subset"])
+@pytest.mark.parametrize("variant", ["fixed_lead", "continuous", "cached", "period_subset", "target_only"])
 def test_batches_bitwise_equal_getitem(store: str, variant: str) -> None:
+    kwargs: dict[str, Any] = {}
     if variant == "continuous":
-        ds = make(store, lead_h=None, lead_choices_h=[24, 48])
+        kwargs = {"lead_h": None, "lead_choices_h": [24, 48]}
+    elif variant == "target_only":  # a target array that is no input array (e.g. precipitation, t2m)
+        kwargs = {"target_variables": ["temperature_850"]}
+    if variant in ("continuous", "target_only"):
+        ds = WeatherBenchDataset(store, FIELDS[:1], **kwargs) if variant == "target_only" else make(store, **kwargs)
     elif variant == "cached":
         ds = cache_in_memory(make(store), True)
     elif variant == "period_subset":
         ds = time_subset(make(store), ["2000-01-05", "2000-02-01"])
     else:
         ds = make(store)
-    reference = make(store, **({"lead_h": None, "lead_choices_h": [24, 48]} if variant == "continuous" else {}))
+    reference = WeatherBenchDataset(store, FIELDS[:1] if variant == "target_only" else FIELDS, **kwargs)
     index = ds.indices if variant == "period_subset" else range(len(ds))
     sampler = blocks_sampler(ds, batch=8, drop_last=False)
     seen = []

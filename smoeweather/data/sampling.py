@@ -56,6 +56,8 @@ def check_sampling(sampler: Any, block_size: Any, batch_size: int | None = None)
     """``(sampler, block_size)`` validated; ValueError naming the ``data.*`` key otherwise."""
     if sampler not in SAMPLERS:
         raise ValueError(f"data.sampler must be one of {', '.join(SAMPLERS)}; got {sampler!r}")
+    if block_size is not None and sampler != "time_blocks":
+        raise ValueError(f"data.block_size only applies to data.sampler: time_blocks (got sampler {sampler!r})")
     if block_size is not None:
         if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer) or block_size < 1:
             raise ValueError(f"data.block_size must be a positive integer (samples) or null; got {block_size!r}")

@@ -33,6 +33,7 @@ Field = tuple[str, int | float | None]  # (canonical variable name, level in hPa
 DEFAULT_CONSTANTS = ("land_sea_mask", "geopotential_at_surface", "latitude")
 DEFAULT_LEAD_CHOICES_H = tuple(range(6, 121, 6))
 HOUR = np.timedelta64(1, "h")
+MAX_MERGE_GAP = 8  # time steps: batched reads merge needed times at most this far apart (one read)
 
 
 def parse_fields(fields: Sequence[Any]) -> list[Field]:
@@ -406,7 +407,8 @@ class WeatherBenchDataset(Dataset):
         for name in sorted(names_in | names_out):
             need = np.concatenate([t_in.ravel()] * (name in names_in) + [t_out] * (name in names_out))
             block, pos = self._read_runs(name, need)
-            pos_in, pos_out = pos[: t_in.size].reshape(t_in.shape), pos[len(need) - len(t_out) :]
+            pos_in = pos[: t_in.size].reshape(t_in.shape) if name in names_in else None  # a target-only array
+            pos_out = pos[len(need) - len(t_out) :] if name in names_out else None  # has no input times
             for fields, fill in ((self.variables, dyn), (self.target_variables, yb)):
                 chans = [c for c, f in enumerate(fields) if self._array_of[f] == name]
                 if not chans:
@@ -444,14 +446,16 @@ class WeatherBenchDataset(Dataset):
         """Times ``need`` (store indices) of variable ``name``: (stacked reads, position of each need in it).
 
         One read per run of needed times; runs split where the gap to the next needed time is more than one
-        time chunk (in-memory arrays of ``data.cache``: one slice, a view). Member selection as in :meth:`_read`.
+        time chunk, capped at ``MAX_MERGE_GAP`` steps so that a store with long time chunks does not turn a
+        random batch into one huge read (in-memory arrays of ``data.cache``: one slice, a view). Member
+        selection as in :meth:`_read`.
         """
         times = np.unique(need)
         array = self._reader.array(name)
         if getattr(array, "in_memory", False):  # data.cache: a slice is a view, one covers everything
             cuts = np.zeros(0, np.int64)
         else:
-            cuts = np.flatnonzero(np.diff(times) > self.time_chunk) + 1
+            cuts = np.flatnonzero(np.diff(times) > min(self.time_chunk, MAX_MERGE_GAP)) + 1
         starts, ends = times[np.r_[0, cuts]], times[np.r_[cuts - 1, len(times) - 1]] + 1
         parts = []
         for lo, hi in zip(starts.tolist(), ends.tolist()):

@@ -67,6 +67,9 @@ class SMoEPlacement:
             raise ValueError(f"gate_prior must be 'none' or 'land_sea', got {self.gate_prior!r}")
         if self.gate_init not in ("uniform", "coherent"):
             raise ValueError(f"gate_init must be 'uniform' or 'coherent', got {self.gate_init!r}")
+        for name in ("share_gate", "upcycle", "random_fixed_gate", "rc"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"smoe.{name} must be true or false, got {getattr(self, name)!r}")
         if self.upcycle and (self.gate_init != "coherent" or self.gate_prior != "land_sea"):
             raise ValueError("smoe.upcycle needs gate_init='coherent' and gate_prior='land_sea'")
         if self.experts_factor < 1:

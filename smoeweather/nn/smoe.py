@@ -38,7 +38,8 @@ Design decisions (differences from the reference code, each tested in ``tests/te
 * Mixed precision: labels come from quantiles and are scale-free; the injected gate gradient is
   multiplied by ``loss_scale`` so that a GradScaler's unscale leaves it correct. Lightning modules in
   this project set it automatically (:func:`set_loss_scale`); bf16 autocast needs nothing.
-* Routing implementations (``route_impl``, issue 11), identical results (tests/test_smoe_fastpath.py):
+* Routing implementations (``route_impl``, issue 11): identical routing, RC labels and gradient routing; the
+  expert conv may sum in another order per layout (bitwise on exact data; tests/test_smoe_fastpath.py):
   ``index_select`` computes the experts in the input's layout and gathers the selected slots from the
   (B, |E|·F·H·W) view in one ``index_select`` (backward: one ``index_add_`` into a zero buffer).
   ``channels_last`` computes them channels-last, (B, H, W, |E|·F) in memory, so that one
@@ -356,8 +357,8 @@ class SpatialMoE2d(nn.Module):
             the linear gain instead, see :func:`smoeweather.models.heat.reference_init`).
         route_impl: ``auto`` (default: ``channels_last`` for channels-last inputs, else ``index_select``),
             ``index_select`` (experts in the input's layout, output planar) or ``channels_last`` (experts
-            and output channels-last; a planar input is converted first). Same results, different speed
-            and memory layout; see the module docstring.
+            and output channels-last; a planar input is converted first). Same results up to the conv's
+            summation order, different speed and memory layout; see the module docstring.
     """
 
     def __init__(
