@@ -21,3 +21,14 @@ def test_every_demo_command_parses_and_covers_the_chain(tmp_path: Path) -> None:
         assert Path(argv[argv.index("--config") + 1]).is_relative_to(CONFIGS)
         assert Path(argv[argv.index("--config") + 1]).is_file()
     assert [t.name for t in plan.tables] == ["scores.md", "scores.md"]
+
+
+def test_python_m_smoeweather_is_the_smoe_command():
+    """The demo runs every step as ``python -m smoeweather ...``; that entry point must exist and parse."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "smoeweather", "demo", "--help"], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "--steps" in done.stdout

@@ -12,6 +12,8 @@ Budgets are optimizer steps, never wall-clock time: the numbers do not depend on
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,15 +90,18 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members: int = 10
 
 
 def run_demo(out: Path, steps: int = 362) -> int:
-    """Run every command of :func:`plan_demo`; stop at the first failure (its exit code is returned)."""
-    from smoeweather.cli import main
+    """Run every command of :func:`plan_demo`; stop at the first failure (its exit code is returned).
 
+    Each step runs as its own ``python -m smoeweather`` process, exactly the command a user would type:
+    run in one process, the eleven steps (torch, Lightning, dask, zarr, cartopy/GEOS) finished correctly but
+    the interpreter aborted at exit with a native double free, which turned a good demo into exit 134.
+    """
     plan = plan_demo(out, steps=steps)
     started = time.perf_counter()
     for i, argv in enumerate(plan.commands, 1):
         argv = [_resolve_best(a) for a in argv]
         print(f"\n[demo {i}/{len(plan.commands)}] smoe {shlex.join(argv)}", flush=True)
-        rc = main(argv)
+        rc = subprocess.run([sys.executable, "-m", "smoeweather", *argv], check=False).returncode
         if rc:
             print(f"smoe demo: step {i} failed (exit {rc}): smoe {shlex.join(argv)}")
             return rc
