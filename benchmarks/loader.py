@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.prepare import write_store  # noqa: E402
+from smoeweather.data.sampling import CountingReader  # noqa: E402
 from smoeweather.data.weather import WeatherBenchDataset  # noqa: E402
 from smoeweather.io import write_json  # noqa: E402
 from smoeweather.training.datamodule import SkippingSampler, TimeBlockSampler  # noqa: E402
@@ -152,27 +153,6 @@ def loader_samples_per_s(
             if n >= batches * batch_size:
                 break
     return n / (time.perf_counter() - t0), int(x.shape[1])
-
-
-class CountingReader:
-    """Counts the store reads (array slices) and the time chunks they decode."""
-
-    def __init__(self, reader: object, chunk: int) -> None:
-        self.reader, self.chunk, self.reads, self.chunks = reader, chunk, 0, 0
-
-    def array(self, name: str) -> object:
-        array, outer = self.reader.array(name), self
-
-        class Counted:
-            shape, dtype = array.shape, array.dtype
-
-            def __getitem__(self, key: object) -> object:
-                if isinstance(key, slice):
-                    outer.reads += 1
-                    outer.chunks += (key.stop - 1) // outer.chunk - key.start // outer.chunk + 1
-                return array[key]
-
-        return Counted()
 
 
 def reads_per_batch(store: str, batch_size: int = 32) -> dict[str, dict[str, float]]:

@@ -17,7 +17,7 @@ from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.config import ConfigError, apply_overrides, load_config, validate
 from smoeweather.data.cache import cache_in_memory
-from smoeweather.data.sampling import block_order, rank_share, sample_read_starts
+from smoeweather.data.sampling import CountingReader, block_order, rank_share, sample_read_starts
 from smoeweather.data.weather import WeatherBenchDataset
 from smoeweather.training.datamodule import SkippingSampler, SplitDataModule, TimeBlockSampler
 from smoeweather.training.run import train
@@ -46,27 +46,6 @@ def blocks_sampler(ds: Any, batch: int, world: int = 1, rank: int = 0, block: in
                    drop_last: bool = True, seed: int = 3) -> TimeBlockSampler:
     return TimeBlockSampler(ds, num_replicas=world, rank=rank, seed=seed, batch_size=batch, block_size=block,
                             drop_last=drop_last)
-
-
-class CountingReader:
-    """Wraps a dataset's reader: counts array slices (reads) and the time chunks they touch (decodes)."""
-
-    def __init__(self, reader: Any, chunk: int) -> None:
-        self.reader, self.chunk, self.reads, self.chunks = reader, chunk, 0, 0
-
-    def array(self, name: str) -> Any:
-        array, outer = self.reader.array(name), self
-
-        class Counted:
-            shape, dtype = array.shape, array.dtype
-
-            def __getitem__(self, key: Any) -> Any:
-                if isinstance(key, slice):
-                    outer.reads += 1
-                    outer.chunks += (key.stop - 1) // outer.chunk - key.start // outer.chunk + 1
-                return array[key]
-
-        return Counted()
 
 
 # ---- the order ----------------------------------------------------------------------------------------

@@ -127,3 +127,25 @@ def rank_share(order: np.ndarray, num_replicas: int, rank: int, batch_size: int,
     dealt = order[:cut].reshape(rounds, num_replicas, batch_size)[:, rank].ravel()
     q = per - rounds * batch_size
     return np.concatenate([dealt, order[cut + rank * q : cut + (rank + 1) * q]])
+
+
+class CountingReader:
+    """Diagnostics (tests, benchmarks/loader.py): wraps a dataset's reader and counts array slices (reads)
+    and the time chunks they touch (decodes)."""
+
+    def __init__(self, reader: Any, chunk: int) -> None:
+        self.reader, self.chunk, self.reads, self.chunks = reader, chunk, 0, 0
+
+    def array(self, name: str) -> Any:
+        array, outer = self.reader.array(name), self
+
+        class Counted:
+            shape, dtype = array.shape, array.dtype
+
+            def __getitem__(self, key: Any) -> Any:
+                if isinstance(key, slice):
+                    outer.reads += 1
+                    outer.chunks += (key.stop - 1) // outer.chunk - key.start // outer.chunk + 1
+                return array[key]
+
+        return Counted()
