@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= demo_output
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint benchmarks clean
+.PHONY: venv demo test lint docs benchmarks clean
 
 venv: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,6 +29,10 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check smoeweather pipelines tests benchmarks
+
+# The documentation site (mkdocs.yml) → build/site/index.html, offline and strict: any warning fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 benchmarks: $(STAMP)
 	$(PY) benchmarks/smoe_layer.py

@@ -1,0 +1,93 @@
+"""The documentation site: the generated CLI reference equals `smoe ... --help`, and every page is in the nav.
+
+The site itself is built (strict, offline) by `make docs`, which .ci/run runs; these tests are the fast checks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _cli_reference():
+    spec = importlib.util.spec_from_file_location("cli_reference", DOCS / "hooks" / "cli_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# What `smoe WORDS --help` prints, for every WORDS, in one interpreter: `smoe` is `smoeweather.cli:main`.
+_PRINT_HELPS = """
+import contextlib, io, json, sys
+from smoeweather.cli import main
+out = {}
+for words in json.loads(sys.argv[1]):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        main([*words, "--help"])
+    out[" ".join(words)] = buf.getvalue()
+print(json.dumps(out))
+"""
+
+
+def _run(argv: list[str], columns: int) -> str:
+    env = {**os.environ, "COLUMNS": str(columns)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_cli_reference_equals_help_of_every_verb() -> None:
+    """Each block of the generated page is exactly what `smoe <verb> [<sub-verb>] --help` prints."""
+    ref = _cli_reference()
+    texts = ref.help_texts()
+    from smoeweather.commands import VERBS
+
+    assert set(VERBS) <= {w[0] for w, _ in texts if w}, "a verb is missing from the CLI reference"
+    printed = json.loads(_run([sys.executable, "-c", _PRINT_HELPS, json.dumps([w for w, _ in texts])], ref.COLUMNS))
+    smoe = Path(sys.executable).with_name("smoe")  # the installed console script itself, once
+    if smoe.exists():
+        assert _run([str(smoe), "--help"], ref.COLUMNS) == printed[""]
+    page = ref.markdown()
+    for words, text in texts:
+        command = " ".join(("smoe", *words))
+        assert printed[" ".join(words)] == text, f"`{command} --help` differs from the generated reference"
+        assert f"$ {command} --help\n{text.rstrip()}\n```" in page
+
+
+def _nav_pages(node) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [p for v in node.values() for p in _nav_pages(v)]
+    return [p for item in node for p in _nav_pages(item)]
+
+
+def test_every_page_is_in_the_nav() -> None:
+    """Every Markdown page and notebook is reachable from the site's navigation, and every nav entry exists."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = set(_nav_pages(config["nav"]))
+    pages = set()
+    for folder, dirs, files in os.walk(DOCS, followlinks=True):  # docs/notebooks links to notebooks/
+        dirs[:] = [d for d in dirs if d not in ("hooks", ".ipynb_checkpoints")]
+        rel = Path(folder).relative_to(DOCS)
+        pages |= {(rel / f).as_posix() for f in files if f.endswith((".md", ".ipynb"))}
+    assert pages == nav, f"not in the nav: {sorted(pages - nav)}; in the nav but missing: {sorted(nav - pages)}"
+
+
+def test_site_is_strict_and_offline() -> None:
+    """Strict (warnings fail), no web fonts, no plugin that fetches from the network."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert config["strict"] is True
+    assert config["theme"]["font"] is False
+    names = {p if isinstance(p, str) else next(iter(p)) for p in config["plugins"]}
+    assert not names & {"privacy", "social", "offline-fetch"}, names
