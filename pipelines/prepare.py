@@ -117,29 +117,40 @@ def _progress_then_settle(show_progress: Callable[..., Any], futures: Any) -> No
 
 
 def _compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
-    """Compute a dask collection with a progress bar, on ``client`` when given."""
+    """Compute a dask collection, or a list of them (computed together: shared reads), with a progress
+    bar, on ``client`` when given.
+
+    What holds no dask collection is returned as it is, on every scheduler: e.g. the all-NaN statistics of
+    a single time step are built eagerly, and ``Client.compute`` of such a Dataset returns the Dataset
+    itself, not a future (issue 18: every one-time-step prepare failed on the default local cluster with
+    ``'Dataset' object has no attribute 'result'``).
+    """
     if progress:
         print(f"{label} ...", flush=True)
+    items = obj if isinstance(obj, list) else [obj]
+    lazy = [i for i, item in enumerate(items) if dask.is_dask_collection(item)]
+    values = _compute_collections([items[i] for i in lazy], client, progress) if lazy else []
+    done = list(items)
+    for i, value in zip(lazy, values):
+        done[i] = value
+    return done if isinstance(obj, list) else done[0]
+
+
+def _compute_collections(collections: list[Any], client: Any, progress: bool) -> list[Any]:
+    """The computed values of ``collections`` (every one a dask collection), in order."""
     if client is None:
         if progress:
             from dask.diagnostics import ProgressBar
 
             with ProgressBar(dt=1.0):
-                return dask.compute(obj)[0]
-        return dask.compute(obj)[0]
-    if isinstance(obj, list):  # several collections, computed together (shared reads)
-        futures = client.compute(obj)
-        if progress:
-            from distributed import progress as show_progress
-
-            _progress_then_settle(show_progress, futures)
-        return client.gather(futures)
-    from distributed import progress as show_progress
-
-    future = client.compute(obj)
+                return list(dask.compute(*collections))
+        return list(dask.compute(*collections))
+    futures = client.compute(collections)
     if progress:
-        _progress_then_settle(show_progress, future)
-    return future.result()
+        from distributed import progress as show_progress
+
+        _progress_then_settle(show_progress, futures)
+    return client.gather(futures)
 
 
 def dask_time_chunk(ds: xr.Dataset, time_chunk: int, target_bytes: float = 16e6) -> int:

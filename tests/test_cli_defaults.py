@@ -1,0 +1,213 @@
+"""What a user runs is what the tests run (issue 18): ``smoe data prepare`` through the CLI with NO
+``--scheduler`` (the local ``distributed`` cluster every user gets) and no ``--quiet``, once per source kind
+(WeatherBench folders, WB2 zarr, CDS GRIB, CMIP6, ENS-10), with one-time-step and ensemble cases; each
+store must equal the one written with ``--scheduler threads`` (values, coords, statistics).
+
+GRIB files are written here with eccodes in the layouts ECMWF delivers (a single 1° analysis; an ENS
+forecast with control + 50 perturbed members); the real ERA5 ensemble file in ../shared/data is cut to one
+time step by copying its own messages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+import xarray_regrid  # noqa: F401 - registers the .regrid accessor
+from fake_layouts import (
+    EPS32,
+    GRIB_10DEG,
+    era5_truth_10deg,
+    f32_atol,
+    wb2_dataset,
+    write_cmip6,
+    write_ens10,
+    write_grib,
+    write_wb2_zarr,
+    write_weatherbench,
+)
+
+from pipelines.grids import weatherbench_grid
+from pipelines.prepare import open_store
+from smoeweather.cli import main
+
+GRIB_1DEG = {
+    "Ni": 360,
+    "Nj": 181,
+    "latitudeOfFirstGridPointInDegrees": 90.0,
+    "latitudeOfLastGridPointInDegrees": -90.0,
+    "longitudeOfFirstGridPointInDegrees": 0.0,
+    "longitudeOfLastGridPointInDegrees": 359.0,
+    "iDirectionIncrementInDegrees": 1.0,
+    "jDirectionIncrementInDegrees": 1.0,
+}
+CHATTER = ("Traceback", "CancelledError")
+
+
+def _cfgrib(path: Path) -> xr.Dataset:
+    """All messages of a GRIB file as cfgrib reads them (no index file), latitude ascending."""
+    import cfgrib
+
+    parts = cfgrib.open_datasets(str(path), backend_kwargs={"indexpath": ""})
+    return [p.sortby("latitude").load() for p in parts]
+
+
+def _prepare_default_and_threads(
+    kind: str, source: list[str], tmp_path: Path, capfd: pytest.CaptureFixture, *extra: str
+) -> tuple[xr.Dataset, xr.Dataset]:
+    """Run ``smoe data prepare`` as a user does (no scheduler option, progress shown), and again with
+    ``--scheduler threads --quiet``; assert both stores are equal and the default run printed no library
+    chatter. Returns (data, statistics) of the default store."""
+    default, threads = tmp_path / f"{kind}_default.zarr", tmp_path / f"{kind}_threads.zarr"
+    capfd.readouterr()
+    assert main(["data", "prepare", kind, "--source", *source, "--out", str(default), *extra]) == 0
+    out = capfd.readouterr()
+    assert f"wrote {default}" in out.out
+    for noise in CHATTER:
+        assert noise not in out.out + out.err, f"library chatter in a default prepare: {noise!r}\n{out.err}"
+    args = ["data", "prepare", kind, "--source", *source, "--out", str(threads), *extra]
+    assert main([*args, "--scheduler", "threads", "--quiet"]) == 0
+    ds, stats = open_store(default)
+    ds_t, stats_t = open_store(threads)
+    xr.testing.assert_identical(ds.load().drop_attrs(), ds_t.load().drop_attrs())
+    drop = ("written_utc",)
+    assert {k: v for k, v in ds.attrs.items() if k not in drop} == {
+        k: v for k, v in ds_t.attrs.items() if k not in drop
+    }
+    xr.testing.assert_identical(stats.load(), stats_t.load())  # NaN statistics compare equal too
+    return ds, stats
+
+
+# ------------------------------------------------------------------------------------------ CDS GRIB
+
+
+def test_one_time_step_analysis_grib_default_cluster(tmp_path: Path, capfd) -> None:
+    """Issue 18's first real case: one global 1° analysis, z and t at 500/850 hPa, ``--grid 5.625``."""
+    rng = np.random.default_rng(0)
+    messages = []
+    for short, mean, std in (("z", 54000.0, 3000.0), ("t", 260.0, 15.0)):
+        for level in (500, 850):
+            messages.append({
+                "class": "ea", "stream": "oper", "type": "an", "shortName": short, "typeOfLevel": "isobaricInhPa",
+                "level": level, "dataDate": 20240115, "dataTime": 1200,
+                "values": mean + std * rng.standard_normal((181, 360)),
+            })
+    grib = tmp_path / "analysis.grib"
+    write_grib(grib, messages, GRIB_1DEG)
+    ds, stats = _prepare_default_and_threads("era5", [str(grib)], tmp_path, capfd, "--grid", "5.625")
+    assert list(ds["time"].values) == [np.datetime64("2024-01-15T12:00", "ns")]
+    assert list(ds["level"].values) == [500, 850] and "member" not in ds.dims
+    assert ds["geopotential"].dims == ("time", "level", "latitude", "longitude")
+    assert ds.sizes["latitude"] == 32 and ds.sizes["longitude"] == 64
+    (raw,) = _cfgrib(grib)
+    raw = raw.sel(isobaricInhPa=[500, 850])  # cfgrib lists levels top down
+    direct = raw.regrid.conservative(weatherbench_grid(5.625), latitude_coord="latitude")
+    for name, short in (("geopotential", "z"), ("temperature", "t")):
+        want = direct[short].transpose("isobaricInhPa", "latitude", "longitude").values
+        np.testing.assert_allclose(ds[name].isel(time=0).values, want, rtol=0, atol=f32_atol(want, ops=12))
+    assert stats.attrs["available"] == 0 and "1 time step" in stats.attrs["unavailable_reason"]
+
+
+def test_ens_control_and_perturbed_members_default_cluster(tmp_path: Path, capfd) -> None:
+    """Issue 18's second real case: an ECMWF ENS GRIB, control (cf, number 0) + 50 perturbed (pf) members
+    at one time, ``--format cds --native-grid``."""
+    rng = np.random.default_rng(1)
+    messages = []
+    for number in range(51):
+        for short, mean, std in (("z", 54000.0, 3000.0), ("t", 260.0, 15.0)):
+            for level in (500, 850):
+                messages.append({
+                    "stream": "enfo", "type": "cf" if number == 0 else "pf", "number": number,
+                    "numberOfForecastsInEnsemble": 51, "shortName": short, "typeOfLevel": "isobaricInhPa",
+                    "level": level, "dataDate": 20240115, "dataTime": 0, "stepRange": "24",
+                    "values": mean + std * rng.standard_normal((19, 36)),
+                })
+    grib = tmp_path / "ens.grib"
+    write_grib(grib, messages, GRIB_10DEG)
+    ds, stats = _prepare_default_and_threads(
+        "era5", [str(grib)], tmp_path, capfd, "--format", "cds", "--native-grid"
+    )
+    assert list(ds["time"].values) == [np.datetime64("2024-01-16T00:00", "ns")]  # valid time: init + 24 h
+    assert list(ds["member"].values) == list(range(51))  # control first, then the perturbed members
+    assert list(ds["level"].values) == [500, 850]
+    assert ds["temperature"].dims == ("time", "member", "level", "latitude", "longitude")
+    parts = {str(p["z"].attrs["GRIB_dataType"]): p.sel(isobaricInhPa=[500, 850]) for p in _cfgrib(grib)}
+    for name, short in (("geopotential", "z"), ("temperature", "t")):
+        control = parts["cf"][short].transpose("isobaricInhPa", "latitude", "longitude").values
+        perturbed = parts["pf"][short].transpose("number", "isobaricInhPa", "latitude", "longitude").values
+        np.testing.assert_array_equal(ds[name].sel(member=0).isel(time=0).values, control)
+        np.testing.assert_array_equal(ds[name].sel(member=slice(1, 50)).isel(time=0).values, perturbed)
+    assert stats.attrs["available"] == 0
+
+
+def test_real_era5_ensemble_one_time_step_default_cluster(shared_data: Path, tmp_path: Path, capfd) -> None:
+    """The real ERA5 EDA file cut to its first time (its own messages, copied): 10 members, one time."""
+    import eccodes
+
+    grib = tmp_path / "era5_one_time.grib"
+    with open(shared_data / "era5-levels-members.grib", "rb") as src, open(grib, "wb") as dst:
+        while (h := eccodes.codes_grib_new_from_file(src)) is not None:
+            if eccodes.codes_get(h, "dataDate") == 20170101 and eccodes.codes_get(h, "dataTime") == 0:
+                eccodes.codes_write(h, dst)
+            eccodes.codes_release(h)
+    ds, stats = _prepare_default_and_threads("era5", [str(grib)], tmp_path, capfd, "--native-grid")
+    assert ds.sizes["time"] == 1 and list(ds["member"].values) == list(range(10))
+    assert list(ds["level"].values) == [500, 850] and ds.sizes["latitude"] == 61
+    (raw,) = _cfgrib(grib)
+    want = raw["t"].sel(isobaricInhPa=[500, 850]).transpose("number", "isobaricInhPa", "latitude", "longitude").values
+    np.testing.assert_array_equal(ds["temperature"].isel(time=0).values, want)
+    assert stats.attrs["available"] == 0
+
+
+# ------------------------------------------------------------------------- other source kinds
+
+
+def test_weatherbench_folders_default_cluster(tmp_path: Path, capfd) -> None:
+    root = tmp_path / "5.625deg"
+    written = write_weatherbench(root, years=(1979,), steps=3)
+    ds, stats = _prepare_default_and_threads("era5", [str(root)], tmp_path, capfd)
+    np.testing.assert_array_equal(ds["temperature"].values, written["temperature"][0]["t"].values)
+    assert list(ds["level"].values) == [500, 850, 1000]
+    np.testing.assert_array_equal(ds["geopotential_500"].values, written["geopotential_500"][0]["z"].values)
+    assert stats.attrs["available"] == 1 and bool(np.isfinite(stats.to_array()).all())
+
+
+def test_wb2_zarr_default_cluster(tmp_path: Path, capfd) -> None:
+    url = str(tmp_path / "wb2.zarr")
+    write_wb2_zarr(url, times=8)
+    expected = wb2_dataset(times=8)
+    ds, stats = _prepare_default_and_threads("era5", [url], tmp_path, capfd)
+    for name in ("geopotential", "temperature", "2m_temperature", "land_sea_mask"):
+        np.testing.assert_array_equal(ds[name].values, expected[name].values)
+    assert stats.attrs["diff_step"] == "6h"
+
+
+def test_cmip6_default_cluster(tmp_path: Path, capfd) -> None:
+    write_cmip6(tmp_path / "cmip6", "zg", days=6, files=2)
+    ds, stats = _prepare_default_and_threads("cmip6", [str(tmp_path / "cmip6")], tmp_path, capfd)
+    assert list(ds["level"].values) == [500, 850] and ds.sizes["time"] == 6
+    assert ds.sizes["latitude"] == 32 and bool(np.isfinite(ds["geopotential"].values).all())
+    assert stats.attrs["diff_step"] == "1D"
+
+
+def test_ens10_one_init_with_truth_default_cluster(tmp_path: Path, capfd) -> None:
+    """ENS-10 with a single initialisation (one time step) and its ERA5 truth, default grid."""
+    paths = write_ens10(tmp_path / "grib", years=(2016,))
+    truth = era5_truth_10deg(pd.date_range("2016-01-02", periods=6, freq="12h"))
+    truth_nc = tmp_path / "truth.nc"
+    truth.to_netcdf(truth_nc)
+    ds, stats = _prepare_default_and_threads(
+        "ens10", [str(paths["pl"]), str(paths["sfc"])], tmp_path, capfd, "--truth", str(truth_nc)
+    )
+    assert ds.sizes["time"] == 1 and list(ds["member"].values) == list(range(1, 11))
+    assert list(ds["level"].values) == [500, 850] and ds.sizes["latitude"] == 32
+    assert {"geopotential_truth", "temperature_truth", "2m_temperature_truth"} <= set(ds.data_vars)
+    assert stats.attrs["available"] == 0
+    direct = truth["temperature"].sel(time="2016-01-04T00").regrid.conservative(
+        weatherbench_grid(5.625), latitude_coord="latitude"
+    )
+    np.testing.assert_allclose(ds["temperature_truth"].isel(time=0).values,
+                               direct.transpose("level", "latitude", "longitude").values, rtol=4 * EPS32)
