@@ -14,14 +14,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     study = sub.add_parser("study", help="seeded grid of variants with equal step budgets, scored on test time")
     study.add_argument("--config", required=True, type=Path, help="configs/studies/<name>.yaml")
     study.add_argument("--out", required=True, type=Path, help="study directory (runs/, study.json, study.md)")
+    study.add_argument("--shard", default="0/1", metavar="K/N",
+                       help="run only every N-th run starting at K (start N processes K = 0..N-1 to run a grid in "
+                            "parallel; each rewrites the summary from all finished runs); default 0/1")
     study.add_argument("overrides", nargs="*", help="overrides of the study file, e.g. steps=100 seeds=[0]")
 
 
 def run(args: argparse.Namespace) -> int:
     from smoeweather.experiments.study import load_study, run_study
 
+    try:
+        k, n = (int(v) for v in str(args.shard).split("/"))
+    except ValueError as err:
+        raise ValueError(f"--shard must be K/N (e.g. 0/2), got {args.shard!r}") from err
     study = load_study(args.config, args.overrides)
-    result = run_study(study, args.out)
+    result = run_study(study, args.out, shard=(k, n))
     from smoeweather.experiments.study import markdown
 
     print(markdown(result))

@@ -41,6 +41,9 @@ import yaml
 from smoeweather.config import ConfigError, apply_overrides, load_config
 from smoeweather.io import write_json, write_text
 
+STUDY_TASKS = ("weatherbench", "postprocess", "ens10")
+POSTPROCESS_TASKS = ("postprocess", "ens10")
+
 # Every run trains exactly ``steps`` optimizer steps: no wall-clock stop, no early stop (patience larger
 # than any possible number of validations), epochs unbounded.
 EQUAL_STEPS_OVERRIDES = (
@@ -74,13 +77,14 @@ class StudyConfig:
     overrides: list[str] = field(default_factory=list)
     scoring: str = "auto"
     val_every_steps: int | None = None
+    reference_baseline: str | None = None  # post-processing: a reference method (e.g. emos_gridpoint) to pair with
 
     def run_config(self, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
         """The resolved training config of one (variant, seed) run writing to ``out``."""
         cfg = load_config(variant.config, [*self.overrides, *variant.overrides])
-        if cfg.get("task") != "weatherbench":
+        if cfg.get("task") not in STUDY_TASKS:
             raise ConfigError(f"study {self.path}: variant {variant.name!r} ({variant.config}) is task "
-                              f"{cfg.get('task')!r}; a study scores weatherbench forecasts only")
+                              f"{cfg.get('task')!r}; a study scores {' or '.join(STUDY_TASKS)} runs only")
         every = self.val_every_steps or self.steps
         # validation (and so the best checkpoint) every ``every`` optimizer steps, across epoch ends
         budget = [f"trainer.max_steps={self.steps}", f"trainer.val_check_interval={every}",
@@ -122,9 +126,9 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
                           "step must be validated)")
     scoring = str(raw.get("scoring", "forecast"))
-    if scoring not in ("auto", "forecast"):
-        raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate), "
-                          f"got {scoring!r}")
+    if scoring not in ("auto", "forecast", "postprocess"):
+        raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate) or "
+                          f"'postprocess' (Gaussian CRPS of post-processing networks), got {scoring!r}")
     return StudyConfig(
         name=str(raw.get("name", path.stem)),
         path=path,
@@ -137,6 +141,7 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         overrides=[str(o) for o in raw.get("overrides") or []],
         scoring=scoring,
         val_every_steps=None if every is None else int(every),
+        reference_baseline=None if raw.get("reference_baseline") is None else str(raw["reference_baseline"]),
     )
 
 
@@ -177,6 +182,28 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
     return model, {k: v for k, v in out.items() if v}
 
 
+def postprocess_references(study: StudyConfig, cfg: dict[str, Any], out: Path,
+                           log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Raw ensemble, global and per-grid-point EMOS (fitted on the train split) CRPS on the test split,
+    computed once per study and kept in ``out/references.json``: {method: {lead: {target: crps}}}, plus
+    ``<method>:spread_skill`` and ``<method>:bias`` entries."""
+    import json
+
+    from smoeweather.postprocess.scoring import reference_scores
+
+    path = out / "references.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    log(f"study {study.name}: scoring the raw ensemble and fitting EMOS (global, per grid point) on the train split")
+    refs: dict[str, Any] = {}
+    for method, scores in reference_scores(cfg["data"]).items():
+        refs[method] = scores["crps"]
+        for metric in ("spread_skill", "bias"):
+            refs[f"{method}:{metric}"] = scores[metric]
+    write_json(path, refs)
+    return refs
+
+
 # ---- summary ---------------------------------------------------------------------------------------
 def _stats(values: list[float]) -> dict[str, float]:
     a = np.asarray(values, np.float64)
@@ -184,9 +211,12 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"mean": float(a.mean()), "std": std, "n": len(a)}
 
 
-def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targets: list[str]) -> dict[str, Any]:
+def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targets: list[str],
+              reference: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per variant, lead and target: mean ± std over seeds (ddof 1) and the paired difference to
-    ``baseline`` over the seeds both have: mean, standard error std(d)/√n and n (d < 0: better)."""
+    ``baseline`` over the seeds both have: mean, standard error std(d)/√n and n (d < 0: better). With
+    ``reference`` (name, {lead: {target: value}}) of a seed-free method, also the difference to it
+    (``diff_to_reference``: mean, SE over seeds)."""
     by_variant: dict[str, dict[int, dict[str, Any]]] = {}
     for r in runs:
         by_variant.setdefault(r["variant"], {})[int(r["seed"])] = r["scores"]
@@ -204,6 +234,11 @@ def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targe
                     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
                     item["diff_to_baseline"] = {"mean": float(d.mean()), "se": se, "n": len(d),
                                                 "seeds": paired}
+                if reference is not None:
+                    d = np.array([s[lead][t] - reference[1][lead][t] for s in seeds.values()])
+                    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+                    item["diff_to_reference"] = {"reference": reference[0], "mean": float(d.mean()), "se": se,
+                                                 "n": len(d)}
                 entry[key] = item
         out[variant] = entry
     return out
@@ -217,8 +252,9 @@ def markdown(study: dict[str, Any]) -> str:
     """study.md: one row per variant (mean ± std over seeds, n), then one of paired differences."""
     summary, leads, targets = study["summary"], study["leads"], study["targets"]
     cols = [f"{t}@{lead}" for lead in leads for t in targets]
+    score = study.get("score", "RMSE")
     lines = [f"# Study {study['name']} ({study['steps']} optimizer steps per run)", "",
-             "RMSE in physical units on the test period, mean ± std over seeds (n).", "",
+             f"{score} in physical units on the test period, mean ± std over seeds (n).", "",
              "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for variant, entry in summary.items():
         cells = [f"{_fmt(entry[c]['mean'])} ± {_fmt(entry[c]['std'], 2)} ({entry[c]['n']})" for c in cols]
@@ -241,6 +277,24 @@ def markdown(study: dict[str, Any]) -> str:
             text = f"{d['mean']:+.4g} ± {_fmt(d['se'], 2)} ({d['n']})"
             cells.append(f"**{text}**" if np.isfinite(d["se"]) and abs(d["mean"]) > 2 * d["se"] else text)
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    ref = study.get("reference_baseline")
+    if ref:
+        lines += ["", f"Difference to the reference `{ref}` (variant − reference per seed): mean ± standard error "
+                  "(n); **bold** where |mean| > 2 SE.", "",
+                  "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for variant, entry in summary.items():
+            cells = []
+            for c in cols:
+                d = entry[c].get("diff_to_reference")
+                text = "–" if d is None else f"{d['mean']:+.4g} ± {_fmt(d['se'], 2)} ({d['n']})"
+                bold = d is not None and np.isfinite(d["se"]) and abs(d["mean"]) > 2 * d["se"]
+                cells.append(f"**{text}**" if bold else text)
+            lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    for metric, means in study.get("extra_means", {}).items():
+        lines += ["", f"{metric.replace('_', '–')} (mean over seeds; references from one fit).", "",
+                  "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for variant, entry in means.items():
+            lines.append(f"| {variant} | " + " | ".join(_fmt(entry.get(c)) for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -270,30 +324,57 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     best = result.best_checkpoint or result.last_checkpoint
     if not best:
         raise ValueError(f"run {run_dir} left no checkpoint (steps {steps}); is the validation split empty?")
-    mode = "forecast"
-    scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
+    extra: dict[str, Any] = {}
+    if cfg["task"] in POSTPROCESS_TASKS:
+        from smoeweather.postprocess.scoring import score_checkpoint
+
+        mode = "postprocess"
+        all_scores = score_checkpoint(str(best), cfg["data"])
+        scores, extra = all_scores["crps"], {k: v for k, v in all_scores.items() if k != "crps"}
+        refs = postprocess_references(study, cfg, out, log)
+    else:
+        mode = "forecast"
+        scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
     record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": str(best),
-              "scoring": mode, "scores": scores, "references": refs}
+              "scoring": mode, "scores": scores, "extra": extra, "references": refs}
     write_json(done, record)
     return record
 
 
 def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] | None = None,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = print, shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) of ``study`` and write ``out/study.{json,md}``.
 
     Runs go seed-major (all variants of seed 0 first), so a half-finished grid already holds paired runs.
-    ``train_fn`` replaces :func:`smoeweather.training.run.train` (tests).
+    ``shard`` (k, n): this process runs only the runs whose position in that order is k modulo n, so n
+    processes (one per core or GPU share) run the grid at once; the summary is rebuilt from every finished
+    run found on disk, whichever process ran it. ``train_fn`` replaces :func:`smoeweather.training.run.train`.
     """
     out = Path(out)
-    runs: list[dict[str, Any]] = []
+    k, n = shard
+    if not (n >= 1 and 0 <= k < n):
+        raise ValueError(f"shard must be K/N with 0 <= K < N, got {k}/{n}")
     result: dict[str, Any] = {}
+    order = [(seed, variant) for seed in study.seeds for variant in study.variants]
+    for i, (seed, variant) in enumerate(order):
+        if i % n != k:
+            continue
+        run_one(study, variant, seed, out, train_fn=train_fn, log=log)
+        result = write_study(study, finished_records(study, out), out)
+    return result or write_study(study, finished_records(study, out), out)
+
+
+def finished_records(study: StudyConfig, out: Path) -> list[dict[str, Any]]:
+    """The ``result.json`` records of every finished run of ``study`` under ``out`` (seed-major order)."""
+    import json
+
+    records = []
     for seed in study.seeds:
         for variant in study.variants:
-            record = run_one(study, variant, seed, out, train_fn=train_fn, log=log)
-            runs.append(record)
-            result = write_study(study, runs, out)
-    return result
+            path = out / "runs" / variant.name / f"seed{seed}" / "result.json"
+            if path.is_file():
+                records.append(json.loads(path.read_text()))
+    return records
 
 
 def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
@@ -301,7 +382,22 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
     leads = [f"{lead}h" for lead in study.leads_h]
     refs = next((r["references"] for r in records if r.get("references")), {})
     runs = [{k: r[k] for k in ("variant", "seed", "steps", "scores", "best_checkpoint", "scoring")}
-            for r in records]
+            | {"extra": r.get("extra", {})} for r in records]
+    postprocess = any(r["scoring"] == "postprocess" for r in runs)
+    ref_name = study.reference_baseline
+    reference = (ref_name, refs[ref_name]) if ref_name and ref_name in refs else None
+    extra_means: dict[str, dict[str, dict[str, float]]] = {}
+    for metric in ("spread_skill", "bias") if postprocess else ():
+        table: dict[str, dict[str, float]] = {}
+        for variant in dict.fromkeys(r["variant"] for r in runs):
+            vals = [r["extra"][metric] for r in runs if r["variant"] == variant and metric in r["extra"]]
+            table[variant] = {f"{t}@{lead}": float(np.mean([v[lead][t] for v in vals]))
+                              for lead in leads for t in study.targets} if vals else {}
+        for method, scores in refs.items():
+            if method.endswith(f":{metric}"):
+                table[method.split(":")[0]] = {f"{t}@{lead}": float(scores[lead][t])
+                                               for lead in leads for t in study.targets}
+        extra_means[metric] = table
     study_json = {
         "name": study.name,
         "config": str(study.path),
@@ -312,9 +408,13 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
         "targets": study.targets,
         "variants": {v.name: {"config": str(v.config), "overrides": [*study.overrides, *v.overrides]}
                      for v in study.variants},
+        "score": "CRPS (latitude-weighted; Gaussian closed form, fair estimator for raw members)"
+        if postprocess else "RMSE",
         "runs": runs,
-        "references": refs,
-        "summary": summarise(runs, study.baseline, leads, study.targets),
+        "references": {k: v for k, v in refs.items() if ":" not in k},
+        "reference_baseline": ref_name if reference else None,
+        "summary": summarise(runs, study.baseline, leads, study.targets, reference),
+        "extra_means": extra_means,
     }
     write_json(out / "study.json", study_json)
     write_text(out / "study.md", markdown(study_json))

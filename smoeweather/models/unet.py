@@ -46,7 +46,14 @@ class Ens10UNet(nn.Module):
         smoe, experts_factor: SMoE version and its |E|/E (paper: 4).
         grid: (H, W) of the input; needed for the gates (level l has (H // 2^l, W // 2^l)).
         rc, damping, quantile: passed to every SMoE layer (paper defaults).
-        out_channels: 2 for the Gaussian head.
+        gate_init: ``uniform`` (the paper's per-location U(−b, b)) or ``coherent`` (one rank order of the
+            experts everywhere; :class:`~smoeweather.nn.gates.TensorRoutingGate`).
+        land_sea_prior: (H, W) land fraction or 0/1 mask; every gate gets it as a categorical prior, pooled to
+            its level's grid (area mean over 2^l × 2^l cells, land where ≥ 0.5). None = no prior.
+        prior_strength: logit margin of the prior groups at init (1 = they outrank all others).
+        share_gate: share one gate between the layers of equal (part, |E|, H, W) (default, the paper's
+            sharing); False = one gate per layer.
+        out_channels: 2 per target for the Gaussian head (μ, σ pairs, see :func:`gaussian_heads`).
         head_kernel: kernel of the final conv (1; the spcl/ens10 code uses 3).
         smoe_kwargs: further keyword arguments for :class:`SpatialMoE2d`.
     """
@@ -65,6 +72,10 @@ class Ens10UNet(nn.Module):
         out_channels: int = 2,
         head_kernel: int = 1,
         smoe_kwargs: dict[str, Any] | None = None,
+        gate_init: str = "uniform",
+        land_sea_prior: torch.Tensor | None = None,
+        prior_strength: float = 1.0,
+        share_gate: bool = True,
     ) -> None:
         super().__init__()
         widths = tuple(int(w) for w in widths)
@@ -75,6 +86,10 @@ class Ens10UNet(nn.Module):
         self.levels, self.widths, self.smoe, self.experts_factor = levels, widths, smoe, experts_factor
         self.grid = None if grid is None else (int(grid[0]), int(grid[1]))
         self._smoe_args = dict(rc=rc, damping=damping, quantile=quantile, **(smoe_kwargs or {}))
+        self.gate_init, self.prior_strength, self.share_gate = gate_init, float(prior_strength), bool(share_gate)
+        self.land_sea_prior = None if land_sea_prior is None else torch.as_tensor(land_sea_prior, dtype=torch.float32)
+        if smoe and self.land_sea_prior is not None and tuple(self.land_sea_prior.shape) != self.grid:
+            raise ValueError(f"land_sea_prior has shape {tuple(self.land_sea_prior.shape)}; grid is {self.grid}")
         self.gates = nn.ModuleDict()
 
         self.encoder = nn.ModuleList()
@@ -95,14 +110,24 @@ class Ens10UNet(nn.Module):
         assert self.grid is not None
         return self.grid[0] // 2**level, self.grid[1] // 2**level
 
+    def level_prior(self, level: int) -> torch.Tensor | None:
+        """Categorical land-sea map (H_l, W_l) of resolution level ``level`` (1 = land), or None."""
+        if self.land_sea_prior is None:
+            return None
+        frac = F.adaptive_avg_pool2d(self.land_sea_prior[None, None], self.level_grid(level))[0, 0]
+        return (frac >= 0.5).long()
+
     def _block(self, part: Literal["enc", "dec"], level: int, c_in: int, c_out: int) -> ConvBNReLU:
         if not self.smoe:
             return ConvBNReLU(nn.Conv2d(c_in, c_out, 3, padding=1), c_out)
         num_experts = self.experts_factor * c_out
         h, w = self.level_grid(level)
         key = f"{part}_E{num_experts}_H{h}_W{w}"
+        if not self.share_gate:
+            key += f"_{part}{level}_{len(self.gates)}"
         if key not in self.gates:
-            self.gates[key] = TensorRoutingGate(num_experts, h, w, num_selected=c_out)
+            self.gates[key] = TensorRoutingGate(num_experts, h, w, num_selected=c_out, init=self.gate_init,
+                                                prior=self.level_prior(level), prior_strength=self.prior_strength)
         layer = SpatialMoE2d(c_in, num_experts, c_out, gate=self.gates[key], kernel_size=3, padding="zeros",
                              **self._smoe_args)
         return ConvBNReLU(layer, c_out)
@@ -152,3 +177,15 @@ def gaussian_head(o: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor
     else:
         raise ValueError(f"positive must be 'softplus' or 'exp', got {positive!r}")
     return o[:, 0] * s + m, scale * s + eps
+
+
+def gaussian_heads(o: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor,
+                   eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian forecasts of T targets: ``o`` (B, 2T, H, W) as (μ, σ) pairs per target, ``ens_mean`` and
+    ``ens_std`` (B, T, H, W). Returns μ = o₂ₜ·s + m and σ = softplus(o₂ₜ₊₁)·s + eps, each (B, T, H, W),
+    in the units of ``ens_mean`` (:func:`gaussian_head` per target)."""
+    if o.dim() != 4 or o.shape[1] != 2 * ens_mean.shape[1] or ens_mean.shape != ens_std.shape:
+        raise ValueError(f"o must be (B, 2T, H, W) for ens_mean/ens_std (B, T, H, W); got {tuple(o.shape)}, "
+                         f"{tuple(ens_mean.shape)}, {tuple(ens_std.shape)}")
+    loc, raw_scale = o[:, 0::2], o[:, 1::2]
+    return loc * ens_std + ens_mean, F.softplus(raw_scale) * ens_std + eps

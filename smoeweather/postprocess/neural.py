@@ -1,11 +1,10 @@
-"""Apply an ENS-10 post-processing checkpoint (U-Net or SMoE-U-Net of ``smoe train`` with configs/ens10/*.yaml)
-to an ensemble store: ensemble mean/std of the predictor fields in, Gaussian (μ, σ) of the target out.
+"""Apply a post-processing network checkpoint (U-Net or SMoE-U-Net of ``smoe train`` with a ``postprocess`` or
+``ens10`` config) to any ensemble forecast in the project convention: Gaussian (μ, σ) of every target out.
 
-The network sees exactly what :class:`~smoeweather.data.ens10.Ens10Dataset` gave it in training: per
-predictor field the ensemble mean and the ensemble standard deviation (ddof = 1) in physical units (the
-checkpoint's :class:`~smoeweather.training.postprocessing.Ens10Postprocessor` normalises with its saved
-statistics), plus the target field's ensemble mean/std for the Gaussian head. Every lead of the store is
-processed (the network was trained at one lead; applying it at others is the caller's choice).
+The network sees exactly what :class:`~smoeweather.data.ensemble.EnsembleDataset` gave it in training (the
+checkpoint carries the field statistics, the static maps and the sample layout), so a checkpoint calibrates a
+forecast it never saw: another season, another stream, another machine. The forecast must have the training
+grid, fields, levels, leads and member count; a mismatch is refused by name before anything is computed.
 """
 
 from __future__ import annotations
@@ -17,81 +16,103 @@ import numpy as np
 import torch
 import xarray as xr
 
-from smoeweather.data.weather import field_name, parse_fields
+from smoeweather.data.ensemble import HOUR, EnsembleDataset, EnsembleSpec, check_forecast
+
+CACHE_LIMIT_BYTES = 2 * 1024**3
+"""Moments of a forecast smaller than this are computed in one pass; larger ones sample by sample."""
 
 
-def _field(forecast: xr.Dataset, name: str, level: int | None, where: str) -> xr.DataArray:
-    if name not in forecast.data_vars:
-        raise ValueError(f"{where}: the checkpoint needs {name!r}; the store has {list(forecast.data_vars)}")
-    da = forecast[name]
-    if level is not None:
-        if "level" not in da.dims or level not in da["level"].values:
-            raise ValueError(f"{where}: the checkpoint needs {name} at {level} hPa; not in the store")
-        da = da.sel(level=level, drop=True)
-    elif "level" in da.dims:
-        raise ValueError(f"{where}: {name} has levels; the checkpoint expects a single-level field")
-    return da.transpose("time", "prediction_timedelta", "member", "latitude", "longitude")
+def check_grid(forecast: xr.Dataset, latitude: Any, longitude: Any, where: str) -> None:
+    """ValueError unless ``forecast`` is on the (latitude, longitude) grid (to 1e-4°, the coordinates'
+    float32 round-off at 360°)."""
+    for name, want in (("latitude", np.asarray(latitude)), ("longitude", np.asarray(longitude))):
+        have = forecast[name].values
+        if have.shape != want.shape or not np.allclose(have, want, atol=1e-4):
+            raise ValueError(f"{where}: {name} differs from the training grid ({have.size} vs {want.size} points, "
+                             f"{have[:1]}..{have[-1:]} vs {want[:1]}..{want[-1:]}); regrid the forecast first")
 
 
 def apply_checkpoint(
     checkpoint: str | Path, forecast: xr.Dataset, batch_size: int = 8
 ) -> tuple[xr.Dataset, xr.Dataset, dict[str, Any]]:
-    """(μ, σ, attrs) of the checkpoint's target field for every (time, prediction_timedelta) of ``forecast``.
+    """(μ, σ, attrs) of every target of the checkpoint for every init of ``forecast`` (its trained leads).
 
-    μ, σ: Datasets with the target variable on (time, prediction_timedelta, [level], latitude, longitude),
-    units of the field. Raises ValueError for a checkpoint of another task, a missing field, or a grid or
-    ensemble size other than the training one (when the config records it).
+    μ, σ: Datasets with one variable per target variable on (time, prediction_timedelta, [level], latitude,
+    longitude), units of the field (levels that are not a target of that variable hold NaN). Raises
+    ValueError for a checkpoint of another task, or a missing field/level/lead, another grid or member count.
     """
     from smoeweather.training.checkpoint import load_trained
 
     trained = load_trained(checkpoint)
-    where = str(checkpoint)
-    if trained.task != "ens10":
-        raise ValueError(f"{where} is a {trained.task!r} checkpoint; post-processing needs an ens10 one")
-    dcfg = trained.config["data"]
-    predictors = parse_fields(dcfg["variables"])
-    targets = parse_fields(dcfg.get("target_variables") or dcfg["variables"])
-    if len(targets) != 1:
-        raise ValueError(f"{where}: expected one target field, got {[field_name(t) for t in targets]}")
-    members = dcfg.get("members")
-    if members is not None and int(members) != forecast.sizes["member"]:
-        raise ValueError(f"{where} was trained on {members} members; the store has {forecast.sizes['member']}")
-    grid = trained.config["model"].get("grid")
-    shape = [forecast.sizes["latitude"], forecast.sizes["longitude"]]
-    if grid is not None and list(grid) != shape:
-        raise ValueError(f"{where} was trained on a {grid} grid; the store's grid is {shape}")
-    fields = [_field(forecast, n, lv, where) for n, lv in predictors]
-    tname, tlevel = targets[0]
-    target = _field(forecast, tname, tlevel, where)
-    nt, nl = forecast.sizes["time"], forecast.sizes["prediction_timedelta"]
-    mu = np.empty((nt, nl, *shape), np.float32)
-    sigma = np.empty_like(mu)
+    where = f"{checkpoint} applied to {forecast.attrs.get('source_files', 'the forecast')}"
+    meta = trained.metadata or {}
+    if trained.task not in ("postprocess", "ens10") or "spec" not in meta:
+        raise ValueError(f"{checkpoint} is a {trained.task!r} checkpoint; post-processing needs a postprocess one")
+    spec = EnsembleSpec.from_config(meta["spec"])
+    check_forecast(forecast, spec, where)
+    check_grid(forecast, meta["latitude"], meta["longitude"], where)
+    members = int(meta["members"])
+    if forecast.sizes["member"] != members:
+        raise ValueError(f"{where}: {forecast.sizes['member']} members; the network was trained on {members} "
+                         "(the ensemble std it reads depends on the member count)")
+    stats = {k: (float(v[0]), float(v[1])) for k, v in meta["stats"].items()}
+    forecast = forecast.sortby("latitude")
+    size = 4 * forecast.sizes["time"] * len(spec.leads_h) * forecast.sizes["latitude"] * forecast.sizes["longitude"]
+    data = EnsembleDataset(forecast, None, spec, stats=stats, source=where,
+                           cache=size * 2 * (len(spec.predictors) + len(spec.targets)) < CACHE_LIMIT_BYTES)
+    nt, nl, grid = len(data.times), len(spec.leads_h), data.grid
+    targets = list(spec.targets)
+    mu = np.full((len(targets), nt, nl, *grid), np.nan, np.float32)
+    sigma = np.full_like(mu, np.nan)
     model = trained.model.eval()
-    pairs = [(i, j) for i in range(nt) for j in range(nl)]
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        ti = xr.DataArray([i for i, _ in chunk], dims="b")
-        li = xr.DataArray([j for _, j in chunk], dims="b")
-        xs = []
-        for da in fields:
-            ens = np.asarray(da.isel(time=ti, prediction_timedelta=li).values, np.float64)  # (B, M, H, W)
-            xs += [ens.mean(1), ens.std(1, ddof=1)]
-        x = torch.from_numpy(np.stack(xs, 1).astype(np.float32))
-        tens = np.asarray(target.isel(time=ti, prediction_timedelta=li).values, np.float64)
+    for start in range(0, len(data), batch_size):
+        items = list(range(start, min(start + batch_size, len(data))))
+        x, _, m, s = (torch.stack(parts) for parts in zip(*(data[i] for i in items)))
         with torch.no_grad():
-            m, s = model(x, torch.from_numpy(tens.mean(1).astype(np.float32)),
-                         torch.from_numpy(tens.std(1, ddof=1).astype(np.float32)))
-        for k, (i, j) in enumerate(chunk):
-            mu[i, j], sigma[i, j] = m[k].numpy(), s[k].numpy()
-    coords = {d: forecast[d] for d in ("time", "prediction_timedelta", "latitude", "longitude")}
+            out_mu, out_sigma = model(x, m, s)  # (B, T', H, W) normalised
+        for b, i in enumerate(items):
+            t, k = data.index[i]
+            leads = range(nl) if k is None else [k]
+            c = 0
+            for li in leads:
+                for j, f in enumerate(targets):
+                    mean, std = stats[f"{f[0]}_{f[1]}" if f[1] is not None else f[0]]
+                    mu[j, t, li] = out_mu[b, c].numpy() * std + mean
+                    sigma[j, t, li] = out_sigma[b, c].numpy() * std
+                    c += 1
+    mu_ds, sigma_ds = _to_datasets(mu, forecast, spec), _to_datasets(sigma, forecast, spec)
+    attrs = {"method": "network", "checkpoint": str(checkpoint), "checkpoint_sha256": trained.sha256,
+             "model": str(trained.config["model"].get("name", "")),
+             "smoe": int(bool(trained.config["model"].get("smoe", False))), "members": members,
+             "predictors": " ".join(meta["spec"]["variables"]),
+             "static_inputs": " ".join(meta.get("static_names", [])),
+             "train_inits": " ".join(meta.get("train_inits", []))}
+    return mu_ds, sigma_ds, attrs
+
+
+def _to_datasets(values: np.ndarray, forecast: xr.Dataset, spec: EnsembleSpec) -> xr.Dataset:
+    """(T, time, lead, H, W) per-target arrays → one variable per target name, levels stacked (NaN elsewhere)."""
+    leads = np.array([np.timedelta64(h, "h") for h in spec.leads_h]).astype("timedelta64[ns]")
+    coords = {"time": forecast["time"].values, "prediction_timedelta": leads,
+              "latitude": forecast["latitude"].values, "longitude": forecast["longitude"].values}
     dims = ("time", "prediction_timedelta", "latitude", "longitude")
-    mu_da = xr.DataArray(mu, dims=dims, coords=coords, attrs=dict(forecast[tname].attrs))
-    sigma_da = xr.DataArray(sigma, dims=dims, coords=coords, attrs=dict(forecast[tname].attrs))
-    if tlevel is not None:
-        mu_da = mu_da.expand_dims(level=[tlevel], axis=2)
-        sigma_da = sigma_da.expand_dims(level=[tlevel], axis=2)
-    attrs = {"method": "ens10_network", "checkpoint": str(checkpoint), "checkpoint_sha256": trained.sha256,
-             "model": str(trained.config["model"].get("name", "")), "smoe": int(bool(trained.config["model"].get(
-                 "smoe", False))), "members": int(forecast.sizes["member"]),
-             "predictors": " ".join(field_name(f) for f in predictors)}
-    return xr.Dataset({tname: mu_da}), xr.Dataset({tname: sigma_da}), attrs
+    out = {}
+    for name in dict.fromkeys(n for n, _ in spec.targets):
+        idx = [(j, lev) for j, (n, lev) in enumerate(spec.targets) if n == name]
+        attrs = dict(forecast[name].attrs)
+        if idx[0][1] is None:
+            out[name] = xr.DataArray(values[idx[0][0]], dims=dims, coords=coords, attrs=attrs)
+            continue
+        levels = sorted(lev for _, lev in idx)
+        arr = np.stack([values[j] for j, _ in sorted(idx, key=lambda p: p[1])], axis=2)
+        out[name] = xr.DataArray(arr, dims=(*dims[:2], "level", *dims[2:]),
+                                 coords={**coords, "level": levels}, attrs=attrs)
+    ds = xr.Dataset(out)
+    ds["prediction_timedelta"].attrs.update(standard_name="forecast_period", long_name="lead time")
+    return ds
+
+
+def lead_hours(ds: xr.Dataset) -> list[int]:
+    """Leads of a forecast Dataset in whole hours."""
+    return [int(v // HOUR) for v in ds["prediction_timedelta"].values.astype("timedelta64[ns]")]
+

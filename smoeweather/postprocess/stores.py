@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from pipelines.readers.forecast_nc import MEMBER_NAMES, open_forecast_nc, open_forecast_truth
+from pipelines.readers.forecast_nc import MEMBER_NAMES, TRUTH_SUFFIX, open_forecast_nc, open_forecast_truth
 from smoeweather.io import atomic_path
 
 STD_SUFFIX = "_std"
@@ -34,32 +34,102 @@ def _is_wb2_forecast(ds: xr.Dataset) -> bool:
             and np.issubdtype(ds["prediction_timedelta"].dtype, np.timedelta64))
 
 
-def open_ensemble(path: str | Path, variables: Sequence[str] | None = None) -> xr.Dataset:
-    """Ensemble forecast Dataset (lazy) of ``path``: only its variables with a ``member`` dim."""
-    path = Path(path)
+Sources = str | Path | Sequence[str | Path]
+
+
+def _paths(source: Sources) -> list[Path]:
+    paths = [Path(source)] if isinstance(source, str | Path) else [Path(p) for p in source]
+    if not paths:
+        raise ValueError("no ensemble source given (a path or a list of paths was expected)")
+    return paths
+
+
+def _is_ens10_store(ds: xr.Dataset) -> bool:
+    """A ``smoe data prepare ens10`` store: one lead as a scalar coord, truth as ``<name>_truth`` on init time."""
+    return ("member" in ds.dims and "time" in ds.dims and "prediction_timedelta" in ds.coords
+            and "prediction_timedelta" not in ds.dims)
+
+
+def _open_one_ensemble(path: Path) -> xr.Dataset:
     ds = _open_any(path)
+    if _is_ens10_store(ds):
+        names = [n for n in ds.data_vars if "member" in ds[n].dims and not str(n).endswith(TRUTH_SUFFIX)]
+        lead = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
+        out = ds[names].drop_vars([c for c in ds[names].coords if c not in ds[names].dims])
+        out = out.expand_dims(prediction_timedelta=[lead], axis=1)
+        order = ("time", "prediction_timedelta", "member", "level", "latitude", "longitude")
+        for n in names:
+            out[n] = out[n].transpose(*[d for d in order if d in out[n].dims])
+        out.attrs = dict(ds.attrs, source_format="ens10 store")
+        return out.sortby("latitude")
     if not (_is_wb2_forecast(ds) and "member" in ds.dims):
         ds = open_forecast_nc(path)
+    return ds.sortby("latitude") if "latitude" in ds.dims else ds
+
+
+def open_ensemble(source: Sources, variables: Sequence[str] | None = None) -> xr.Dataset:
+    """Ensemble forecast Dataset (lazy) in WeatherBench 2 conventions, from any supported layout.
+
+    ``source``: one path or several (concatenated along ``time``, duplicates refused). Layouts: a
+    WeatherBench 2 ensemble zarr/netCDF (``time`` = init, ``prediction_timedelta``, ``member``, [``level``],
+    ``latitude``, ``longitude``), a forecast file with other axis names (gcm_ens, SEAS5 ``sdate``/``ftime``;
+    :mod:`pipelines.readers.forecast_nc`) or a ``smoe data prepare ens10`` store (one lead). Only the
+    variables with a ``member`` dim are kept; latitude ascending.
+    """
+    paths = _paths(source)
+    parts = [_open_one_ensemble(p) for p in paths]
+    ds = parts[0] if len(parts) == 1 else _concat_times(parts, paths)
+    where = ", ".join(map(str, paths))
     names = [n for n in ds.data_vars if "member" in ds[n].dims]
     if variables:
         missing = [v for v in variables if v not in names]
         if missing:
-            raise ValueError(f"{path}: no ensemble variable(s) {missing}; it has {names}")
+            raise ValueError(f"{where}: no ensemble variable(s) {missing}; it has {names}")
         names = list(variables)
     if not names:
-        raise ValueError(f"{path}: no variable with a 'member' dimension (an ensemble forecast was expected)")
+        raise ValueError(f"{where}: no variable with a 'member' dimension (an ensemble forecast was expected)")
     if ds.sizes["member"] < 2:
-        raise ValueError(f"{path}: {ds.sizes['member']} member(s); post-processing needs at least 2")
+        raise ValueError(f"{where}: {ds.sizes['member']} member(s); post-processing needs at least 2")
     out = ds[names]
-    out.attrs = dict(ds.attrs, forecast_kind="ensemble")
+    out.attrs = dict(ds.attrs, forecast_kind="ensemble", source_files=where)
     return out
 
 
-def open_truth(path: str | Path | None, forecast_path: str | Path) -> xr.Dataset:
-    """Truth on ``time`` = valid time: from ``path`` (a canonical store, or a forecast file holding its truth),
-    or, when ``path`` is None, from the forecast file itself."""
-    src = Path(path) if path is not None else Path(forecast_path)
+def _concat_times(parts: list[xr.Dataset], paths: list[Path]) -> xr.Dataset:
+    """Concatenate per-file Datasets along ``time`` after checking that every other axis agrees."""
+    first = parts[0]
+    for p, ds in zip(paths[1:], parts[1:]):
+        for dim in ("prediction_timedelta", "member", "level", "latitude", "longitude"):
+            a = first[dim].values if dim in first.dims else None
+            b = ds[dim].values if dim in ds.dims else None
+            if (a is None) != (b is None) or (a is not None and (a.shape != b.shape or not np.array_equal(a, b))):
+                raise ValueError(f"{p}: {dim} differs from {paths[0]}'s; ensemble files must share every axis "
+                                 "except time")
+    out = xr.concat(parts, dim="time", data_vars="minimal", coords="minimal", compat="override",
+                    join="override", combine_attrs="drop_conflicts")
+    t = pd.DatetimeIndex(out["time"].values)
+    if t.has_duplicates:
+        raise ValueError(f"initialisation times repeat across {[str(p) for p in paths]} "
+                         f"(first {t[t.duplicated()][0]})")
+    return out.sortby("time")
+
+
+def _ens10_truth(ds: xr.Dataset, where: str) -> xr.Dataset:
+    """``<name>_truth`` on init times of an ENS-10 store → truth on valid times (``time`` = init + lead)."""
+    names = [n for n in ds.data_vars if str(n).endswith(TRUTH_SUFFIX)]
+    if not names:
+        raise ValueError(f"{where}: no <name>{TRUTH_SUFFIX} variable (prepare ens10 with --truth, or pass a truth)")
+    lead = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
+    out = ds[names].rename({n: str(n)[: -len(TRUTH_SUFFIX)] for n in names})
+    out = out.drop_vars([c for c in out.coords if c not in out.dims])
+    return out.assign_coords(time=ds["time"].values.astype("datetime64[ns]") + lead).sortby("latitude")
+
+
+def _open_one_truth(path: Path | None, forecast_path: Path) -> xr.Dataset:
+    src = path if path is not None else forecast_path
     ds = _open_any(src)
+    if _is_ens10_store(ds):
+        return _ens10_truth(ds, str(src))
     if any(m in ds.dims for m in MEMBER_NAMES) or path is None:
         try:
             return open_forecast_truth(src)
@@ -69,7 +139,54 @@ def open_truth(path: str | Path | None, forecast_path: str | Path) -> xr.Dataset
             raise
     if "time" not in ds.dims:
         raise ValueError(f"truth {src}: no 'time' dimension (valid times expected)")
-    return ds
+    return ds.sortby("latitude") if "latitude" in ds.dims else ds
+
+
+def open_truth(path: Sources | None, forecast_path: Sources) -> xr.Dataset:
+    """Truth on ``time`` = valid time: from ``path`` (a canonical store, or a forecast file holding its truth),
+    or, when ``path`` is None, from the forecast file(s) themselves (gcm_ens ``truth_<name>``, SEAS5
+    ``<name>_era5``, ENS-10 store ``<name>_truth``). Several files: their truths are merged; a valid time held
+    by two files must hold the same values."""
+    if path is not None:
+        parts = [_open_one_truth(p, p) for p in _paths(path)]
+    else:
+        parts = [_open_one_truth(None, p) for p in _paths(forecast_path)]
+    if len(parts) == 1:
+        return parts[0]
+    out = xr.concat(parts, dim="time", data_vars="minimal", coords="minimal", compat="override",
+                    join="override", combine_attrs="drop_conflicts")
+    t = pd.Index(out["time"].values)
+    if t.has_duplicates:
+        out = out.isel(time=~t.duplicated())
+    return out.sortby("time")
+
+
+STATIC_FIELDS = {"land_sea_mask": ("land_sea_mask", "lsm", "land_sea"),
+                 "orography": ("geopotential_at_surface", "orography", "z_surface", "surface_geopotential")}
+"""Static inputs read from a file, each with the variable names it may have there."""
+
+
+def open_static(source: Sources, names: Sequence[str]) -> xr.Dataset:
+    """Static (latitude, longitude) fields ``names`` (keys of :data:`STATIC_FIELDS`) from the first file of
+    ``source`` that holds them (latitude ascending). ValueError naming the files when one is missing."""
+    out = {}
+    paths = _paths(source)
+    for name in names:
+        if name not in STATIC_FIELDS:
+            raise ValueError(f"unknown static field {name!r}; expected one of {sorted(STATIC_FIELDS)} or 'latitude'")
+        for p in paths:
+            ds = _open_any(p)
+            hit = next((v for v in STATIC_FIELDS[name] if v in ds.variables
+                        and set(ds[v].dims) >= {"latitude", "longitude"}), None)
+            if hit is not None:
+                da = ds[hit].sortby("latitude")
+                extra = [d for d in da.dims if d not in ("latitude", "longitude")]
+                out[name] = da.isel({d: 0 for d in extra}, drop=True).astype(np.float64)
+                break
+        else:
+            raise ValueError(f"no static field {name!r} (any of {STATIC_FIELDS[name]}) on latitude/longitude in "
+                             f"{[str(p) for p in paths]}; set data.constants to a file that has it")
+    return xr.Dataset(out)
 
 
 def truth_at_valid_times(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:

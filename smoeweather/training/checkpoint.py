@@ -4,9 +4,10 @@
 The module is rebuilt from the checkpoint's saved config and metadata, then the saved weights (and the
 normalisation buffers, i.e. the training data's statistics) are loaded into it. WeatherBench checkpoints
 are rebuilt without touching any data store: channel names, grid and statistics all travel in the
-checkpoint, so a model can run on a store it never saw (another year, another machine). ENS-10 and heat
+checkpoint, so a model can run on a store it never saw (another year, another machine). Post-processing
+(``postprocess``/``ens10``) checkpoints likewise carry their statistics, static maps and grid. Heat and vision
 checkpoints go through their task builders in :mod:`smoeweather.training.tasks` (which open the training
-store named in the config).
+data named in the config).
 """
 
 from __future__ import annotations
@@ -55,6 +56,29 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def _postprocess_module(meta: dict[str, Any]) -> L.LightningModule:
+    """PostprocessingModule from checkpoint metadata alone (the static maps and gate scores are restored from
+    the state_dict; no ensemble file is opened)."""
+    from smoeweather.models.registry import build_weather_model
+    from smoeweather.training.postprocessing import EnsemblePostprocessor, PostprocessingModule
+    from smoeweather.training.tasks import _module_kwargs
+
+    cfg = meta["config"]
+    grid = (len(meta["latitude"]), len(meta["longitude"]))
+    targets, static = list(meta["target_names"]), list(meta.get("static_names", []))
+    mcfg = dict(cfg["model"])
+    mcfg.setdefault("in_channels", len(meta["channel_names"]))
+    mcfg.setdefault("out_channels", 2 * len(targets))
+    mcfg.setdefault("grid", list(grid))
+    prior = torch.zeros(grid) if mcfg.get("gate_prior") == "land_sea" and mcfg.get("smoe") else None
+    net = build_weather_model(mcfg, land_sea_prior=prior)
+    model = EnsemblePostprocessor(net, torch.zeros(len(static), *grid), len(targets))
+    stats = meta["stats"]
+    target_std = [float(stats[n.split("@")[0]][1]) for n in targets]
+    metadata = {k: v for k, v in meta.items() if k != "format_version"}
+    return PostprocessingModule(model, targets, target_std, metadata=metadata, **_module_kwargs(cfg))
 
 
 def _weatherbench_module(meta: dict[str, Any]) -> L.LightningModule:
@@ -109,6 +133,8 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu") -> 
         raise CheckpointFormatError(f"{path}: the smoeweather metadata holds no config")
     if task == "weatherbench" and all(k in meta for k in ("channel_names", "target_names", "latitude", "longitude")):
         module = _weatherbench_module(meta)
+    elif task in ("postprocess", "ens10") and "spec" in meta:
+        module = _postprocess_module(meta)
     else:
         from smoeweather.training.tasks import TASKS, build
 

@@ -1,6 +1,6 @@
 """Task builders of ``smoe train``: config → (:class:`SplitDataModule`, LightningModule) per ``task``.
 
-``BUILDERS`` maps a task name to its builder (``weatherbench``, ``ens10``, ``heat``, ``vision``); the config
+``BUILDERS`` maps a task name to its builder (``weatherbench``, ``postprocess`` = ``ens10``, ``heat``, ``vision``); the config
 schema of each task lives in :mod:`smoeweather.training.schema`.
 """
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -21,7 +22,7 @@ from smoeweather.training.regression import FieldRegressionModule
 from smoeweather.training.stores import _splits, base_dataset, ensure_store, land_sea_mask
 from smoeweather.training.vision import build_vision
 
-TASKS = ("weatherbench", "ens10", "heat", "vision")
+TASKS = ("weatherbench", "postprocess", "ens10", "heat", "vision")
 
 
 def _uses_land_sea_prior(mcfg: dict[str, Any]) -> bool:
@@ -93,32 +94,85 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
     return data, module
 
 
-def build_ens10(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
-    """ENS-10 post-processing: data module and :class:`PostprocessingModule` from a config."""
-    from smoeweather.data.ens10 import Ens10Dataset
+def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
+    """Ensemble post-processing (task ``postprocess``; ``ens10`` is the same task): data module and
+    :class:`PostprocessingModule` from a config.
+
+    ``data.source`` (or ``data.store``): any ensemble source(s) of :func:`~smoeweather.postprocess.stores.
+    open_ensemble`; ``data.truth``: truth store (default: the truth inside the source); ``data.static``: static
+    inputs (``land_sea_mask``, ``orography``, ``latitude``) from ``data.constants`` or the source; splits by
+    ``<split>_years`` / ``<split>_period`` on initialisation times (a period also bounds the valid times).
+    """
+    from smoeweather.data.ensemble import EnsembleDataset, EnsembleSpec, split_times, static_channels
     from smoeweather.models.registry import build_weather_model
-    from smoeweather.training.postprocessing import PostprocessingModule, postprocessor_for
+    from smoeweather.postprocess.stores import open_ensemble, open_static, open_truth, truth_at_valid_times
+    from smoeweather.training.postprocessing import EnsemblePostprocessor, PostprocessingModule
 
     dcfg = dict(cfg["data"])
-    store = ensure_store(dcfg)
+    source = dcfg.get("source") or dcfg.get("store")
+    if not source:
+        raise ValueError("a postprocess config needs data.source (ensemble file(s) or store)")
+    if dcfg.get("store") and not dcfg.get("source"):
+        ensure_store(dcfg)
+    forecast = open_ensemble(source)
+    spec = EnsembleSpec.from_config(dcfg, forecast)
+    truth_all = open_truth(dcfg.get("truth"), source)
+    targets = list(dict.fromkeys(name for name, _ in spec.targets))
+    cache = dcfg.get("cache", True)
 
-    def make(years: tuple[int, int] | None) -> Dataset:
-        return Ens10Dataset(store, dcfg["variables"], dcfg.get("target_variables"), years=years)
+    def make(split: str, stats: dict[str, tuple[float, float]] | None) -> EnsembleDataset:
+        keep = split_times(forecast["time"].values, max(spec.leads_h), dcfg.get(f"{split}_years"),
+                           dcfg.get(f"{split}_period"))
+        if len(keep) == 0:
+            raise ValueError(f"{source}: no initialisation time in the {split} split (years "
+                             f"{dcfg.get(f'{split}_years')}, period {dcfg.get(f'{split}_period')})")
+        fc = forecast.isel(time=keep)
+        truth = truth_at_valid_times(fc[targets], truth_all)
+        return EnsembleDataset(fc, truth, spec, stats=stats, cache=bool(cache), source=str(source))
 
-    data = _datamodule(cfg, lambda: _splits(dcfg, make), default_batch=8)
-    train_ds = base_dataset(data.dataset("train"))
+    built: dict[str, EnsembleDataset] = {"train": make("train", None)}
+    train_ds = built["train"]
+
+    def splits() -> dict[str, Dataset]:
+        for split in ("valid", "test"):
+            if split not in built:
+                built[split] = make(split, train_ds.stats)
+        return dict(built)
+
+    data = _datamodule(cfg, splits, default_batch=8)
+    static_names = list(dcfg.get("static") or [])
     mcfg = dict(cfg["model"])
-    mcfg.setdefault("in_channels", len(train_ds.channel_names))
+    wants_prior = mcfg.get("gate_prior") == "land_sea" and mcfg.get("smoe")
+    file_static = [n for n in static_names if n != "latitude"] + (["land_sea_mask"] if wants_prior else [])
+    file_static = list(dict.fromkeys(file_static))
+    static = open_static(dcfg.get("constants") or source, file_static) if file_static else None
+    channels, names = static_channels(static_names, static, train_ds.latitude, train_ds.longitude)
+    prior = torch.as_tensor(static["land_sea_mask"].values, dtype=torch.float32) if wants_prior else None
+    mcfg.setdefault("in_channels", len(train_ds.channel_names) + len(names))
+    mcfg.setdefault("out_channels", 2 * len(train_ds.target_names))
     mcfg.setdefault("grid", list(train_ds.grid))
-    model = postprocessor_for(build_weather_model(mcfg), train_ds)
+    net = build_weather_model(mcfg, land_sea_prior=prior)
+    model = EnsemblePostprocessor(net, torch.from_numpy(channels), len(train_ds.target_names))
     metadata = {
-        "task": "ens10",
+        "task": str(cfg.get("task", "postprocess")),
         "config": cfg,
-        "channel_names": train_ds.channel_names,
+        "spec": spec.to_config(),
+        "stats": {k: list(v) for k, v in train_ds.stats.items()},
+        "channel_names": train_ds.channel_names + names,
+        "static_names": names,
         "target_names": train_ds.target_names,
-        "normalisation": _stats_metadata(model),
+        "latitude": train_ds.latitude.tolist(),
+        "longitude": train_ds.longitude.tolist(),
+        "members": train_ds.members,
+        "train_inits": [str(train_ds.times[0])[:19], str(train_ds.times[-1])[:19]],
     }
-    return data, PostprocessingModule(model, metadata=metadata, **_module_kwargs(cfg))
+    target_std = [train_ds.stats[n.split("@")[0]][1] for n in train_ds.target_names]
+    module = PostprocessingModule(model, train_ds.target_names, target_std, metadata=metadata,
+                                  **_module_kwargs(cfg))
+    return data, module
+
+
+build_ens10 = build_postprocess  # ENS-10 stores go through the same path (one ensemble convention)
 
 
 def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
@@ -154,7 +208,8 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
 
 BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.LightningModule]]] = {
     "weatherbench": build_weatherbench,
-    "ens10": build_ens10,
+    "postprocess": build_postprocess,
+    "ens10": build_postprocess,
     "heat": build_heat,
     "vision": build_vision,
 }

@@ -1,0 +1,114 @@
+"""Scores of post-processed forecasts on one split of an ensemble source, per target field and lead:
+latitude-weighted CRPS (closed-form Gaussian for (μ, σ); the fair estimator for raw members), spread–skill
+ratio and bias of the mean, in the field's units. Used by the post-processing study (:mod:`smoeweather.
+experiments.study`) for networks, EMOS and the raw ensemble alike, on the same inits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from smoeweather.data.ensemble import HOUR, EnsembleSpec, split_times
+from smoeweather.data.weather import Field, field_name
+from smoeweather.metrics import probabilistic
+from smoeweather.metrics.weights import latitude_weights, weighted_mean
+
+METRICS = ("crps", "spread_skill", "bias")
+SPACE_TIME = ("time", "latitude", "longitude")
+
+
+def _sel(ds: xr.Dataset, f: Field) -> xr.DataArray:
+    da = ds[f[0]]
+    return (da.sel(level=f[1], drop=True) if f[1] is not None else da).astype(np.float64)
+
+
+def _by_lead(da: xr.DataArray) -> dict[str, float]:
+    return {f"{int(v // HOUR)}h": float(x) for v, x in
+            zip(da["prediction_timedelta"].values.astype("timedelta64[ns]"), np.atleast_1d(da.values))}
+
+
+def score_gaussian(mu: xr.Dataset, sigma: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
+                   ) -> dict[str, dict[str, dict[str, float]]]:
+    """{metric: {lead: {target: value}}} of N(μ, σ²) forecasts against ``truth`` (same dims, valid times)."""
+    out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in METRICS}
+    w = latitude_weights(truth["latitude"])
+    for f in targets:
+        m, s, y = _sel(mu, f), _sel(sigma, f), _sel(truth, f)
+        values = {"crps": weighted_mean(probabilistic.crps_gaussian(m, s, y), SPACE_TIME, w),
+                  "spread_skill": probabilistic.spread_skill_ratio_gaussian(m, s, y, w, SPACE_TIME),
+                  "bias": weighted_mean(m - y, SPACE_TIME, w)}
+        for metric, da in values.items():
+            for lead, v in _by_lead(da.compute()).items():
+                out[metric].setdefault(lead, {})[field_name(f)] = v
+    return out
+
+
+def score_ensemble(forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
+                   ) -> dict[str, dict[str, dict[str, float]]]:
+    """{metric: {lead: {target: value}}} of raw ensemble members (fair CRPS) against ``truth``."""
+    out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in METRICS}
+    w = latitude_weights(truth["latitude"])
+    for f in targets:
+        x, y = _sel(forecast, f), _sel(truth, f)
+        values = {"crps": weighted_mean(probabilistic.crps_ensemble(x, y, estimator="fair"), SPACE_TIME, w),
+                  "spread_skill": probabilistic.spread_skill_ratio(x, y, w, SPACE_TIME),
+                  "bias": weighted_mean(x.mean("member") - y, SPACE_TIME, w)}
+        for metric, da in values.items():
+            for lead, v in _by_lead(da.compute()).items():
+                out[metric].setdefault(lead, {})[field_name(f)] = v
+    return out
+
+
+def split_forecast(dcfg: dict[str, Any], split: str) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
+    """(forecast, truth at valid times, spec) of one split of a postprocess config's ``data`` block, at the
+    spec's leads, loaded into memory."""
+    from smoeweather.postprocess.stores import open_ensemble, open_truth, truth_at_valid_times
+
+    source = dcfg.get("source") or dcfg.get("store")
+    forecast = open_ensemble(source)
+    spec = EnsembleSpec.from_config(dcfg, forecast)
+    keep = split_times(forecast["time"].values, max(spec.leads_h), dcfg.get(f"{split}_years"),
+                       dcfg.get(f"{split}_period"))
+    if len(keep) == 0:
+        raise ValueError(f"{source}: no initialisation time in the {split} split")
+    leads = [np.timedelta64(h, "h").astype("timedelta64[ns]") for h in spec.leads_h]
+    names = list(dict.fromkeys(n for n, _ in (*spec.predictors, *spec.targets)))
+    fc = forecast[names].isel(time=keep).sel(prediction_timedelta=leads).load()
+    truth = truth_at_valid_times(fc[list(dict.fromkeys(n for n, _ in spec.targets))],
+                                 open_truth(dcfg.get("truth"), source)).load()
+    return fc, truth, spec
+
+
+def score_checkpoint(checkpoint: str, dcfg: dict[str, Any], split: str = "test"
+                     ) -> dict[str, dict[str, dict[str, float]]]:
+    """Scores of a post-processing network checkpoint on ``split`` of the config's source."""
+    from smoeweather.postprocess.neural import apply_checkpoint
+
+    fc, truth, spec = split_forecast(dcfg, split)
+    mu, sigma, _ = apply_checkpoint(checkpoint, fc)
+    return score_gaussian(mu, sigma, truth, spec.targets)
+
+
+def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """{method: scores} of the raw ensemble, global EMOS and per-grid-point EMOS, both EMOS fitted on the
+    config's train split (the same inits the networks train on) and scored on ``split``."""
+    from smoeweather.postprocess.emos import apply_emos, fit_emos
+
+    train_fc, train_truth, spec = split_forecast(dcfg, "train")
+    test_fc, test_truth, _ = split_forecast(dcfg, split)
+    targets = list(spec.targets)
+    names = list(dict.fromkeys(n for n, _ in targets))
+    out = {"raw": score_ensemble(test_fc[names], test_truth, targets)}
+    for method, per_gridpoint in (("emos_global", False), ("emos_gridpoint", True)):
+        params = fit_emos(train_fc[names], train_truth, per_gridpoint=per_gridpoint)
+        mu, sigma = apply_emos(params, test_fc[names])
+        out[method] = score_gaussian(mu, sigma, test_truth, targets)
+    return out
+
+
+__all__ = ["METRICS", "reference_scores", "score_checkpoint", "score_ensemble", "score_gaussian",
+           "split_forecast"]
