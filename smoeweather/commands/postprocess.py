@@ -1,112 +1,180 @@
-"""``smoe postprocess``: ensemble forecasts → Gaussian (μ, σ) forecast stores; EMOS cross-validation; a
-synthetic imperfect ensemble for demos.
+"""``smoe postprocess``: fit a post-processing model once, apply it to any later forecast; EMOS
+cross-validation; a synthetic imperfect ensemble for demos.
 
-    smoe postprocess --method emos [--per-gridpoint] --forecast ENS --truth TRUTH --train-period A B --out PP.zarr
-    smoe postprocess --checkpoint CKPT --forecast ENS --out PP.zarr
-    smoe postprocess --crossval --forecast ENS [--truth TRUTH] [--fold year|month] --out DIR
-    smoe postprocess --synthetic STORE --out ENS.zarr [--members 10] [--lead 24h 48h] [--init A B] [--seed 0]
+    smoe postprocess fit --method emos [--per-gridpoint] --forecast ENS [--truth TRUTH] [--train-period A B]
+                         [--variables ...] --out MODEL.nc
+    smoe postprocess apply MODEL.nc|CKPT.ckpt --forecast NEW --out PP.zarr [--apply-period A B]
+                           [--members N [--members-out ENS_PP.zarr]] [--quantiles 0.1 0.5 0.9 [--quantiles-out Q.zarr]]
+    smoe postprocess crossval --forecast ENS [--truth TRUTH] [--fold year|month] --out DIR
+    smoe postprocess synthetic STORE --out ENS.zarr [--members 10] [--lead 24h 48h] [--init A B] [--seed 0]
 
-ENS: an ensemble store (WeatherBench 2 conventions) or a forecast file such as SEAS5 hindcasts
-(sdate/ftime/member); TRUTH: a canonical store with valid times (default: the truth inside ENS).
+ENS/NEW: an ensemble store (WeatherBench 2 conventions), a gcm_ens reforecast file or a forecast file such as
+SEAS5 hindcasts (sdate/ftime/member); TRUTH: a canonical store with valid times (default: the truth inside ENS).
+MODEL.nc: CF netCDF of the EMOS coefficients (smoeweather.postprocess.model_file); CKPT: a post-processing
+network checkpoint of ``smoe train``. ``apply`` writes the Gaussian (μ, σ) store to --out, and with
+--members N the ECC-Q calibrated members (an ensemble store, default PP_members.zarr) and with --quantiles
+a quantile store (default PP_quantiles.zarr): one store per product, each with its own forecast_kind, all
+scored by ``smoe evaluate``. Every check (model vs forecast: field, level, lead, members, grid; outputs
+that exist without --overwrite) runs before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 NAME = "postprocess"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("postprocess", help="post-process ensembles (EMOS, ENS-10 networks) into μ/σ stores",
+    p = sub.add_parser("postprocess", help="post-process ensembles: fit once (EMOS), apply many (EMOS or network)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--method", choices=["emos"], help="statistical post-processing method")
-    mode.add_argument("--checkpoint", type=Path, help="ENS-10 U-Net / SMoE-U-Net checkpoint of `smoe train`")
-    mode.add_argument("--crossval", action="store_true",
-                      help="leave-one-year/month-out EMOS vs raw ensemble CRPS → DIR/crossval.{json,md}")
-    mode.add_argument("--synthetic", type=Path, metavar="STORE",
-                      help="build a seeded imperfect ensemble (with truth = STORE) → --out ENS.zarr")
-    p.add_argument("--forecast", type=Path, help="ensemble store or forecast file")
-    p.add_argument("--truth", type=Path, help="truth store (valid times); default: the truth inside --forecast")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--per-gridpoint", action="store_true", help="EMOS: one fit per grid point (default global)")
-    p.add_argument("--train-period", nargs=2, metavar=("A", "B"),
-                   help="EMOS: init times used for fitting (dates or years, inclusive)")
-    p.add_argument("--apply-period", nargs=2, metavar=("A", "B"),
-                   help="init times written (default: those outside --train-period)")
-    p.add_argument("--variables", nargs="+", help="ensemble variables to use (default: all)")
-    p.add_argument("--iterations", type=int, default=300, help="EMOS: L-BFGS iterations (default 300)")
-    p.add_argument("--fold", choices=["year", "month"], default="year", help="--crossval folds (default year)")
-    p.add_argument("--members", type=int, default=10, help="--synthetic: members (default 10)")
-    p.add_argument("--lead", nargs="+", default=["24h", "48h"], help="--synthetic: lead times (default 24h 48h)")
-    p.add_argument("--init", nargs=2, metavar=("START", "END"), help="--synthetic: init period (default: all)")
-    p.add_argument("--every", default="24h", help="--synthetic: init spacing (default 24h)")
-    p.add_argument("--seed", type=int, default=0, help="--synthetic: random seed (default 0)")
-    p.add_argument("--batch-size", type=int, default=8, help="--checkpoint: init times per batch")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    verbs = p.add_subparsers(dest="pp_verb", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+
+    f = verbs.add_parser("fit", parents=[common], help="fit EMOS coefficients → CF netCDF model file")
+    f.add_argument("--method", choices=["emos"], default="emos", help="statistical method (default emos)")
+    f.add_argument("--per-gridpoint", action="store_true", help="one fit per grid point (default: global)")
+    f.add_argument("--forecast", type=Path, required=True, help="training ensemble (store or forecast file)")
+    f.add_argument("--truth", type=Path, help="truth store (valid times); default: the truth inside --forecast")
+    f.add_argument("--train-period", nargs=2, metavar=("A", "B"),
+                   help="init times used for fitting (dates or years, inclusive; default: all)")
+    f.add_argument("--variables", nargs="+", help="ensemble variables to fit (default: all)")
+    f.add_argument("--iterations", type=int, default=None,
+                   help="max Newton iterations per fit (default 50; 300 L-BFGS iterations with --solver lbfgs)")
+    f.add_argument("--solver", choices=["newton", "lbfgs"], default="newton",
+                   help="newton: batched per-group Newton (default); lbfgs: the earlier reference solver")
+    f.add_argument("--out", type=Path, required=True, help="model file (netCDF, e.g. emos.nc)")
+
+    a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with a model file or checkpoint")
+    a.add_argument("model", type=Path, help="EMOS model file of `smoe postprocess fit` or a network *.ckpt")
+    a.add_argument("--forecast", type=Path, required=True, help="ensemble store or forecast file to calibrate")
+    a.add_argument("--out", type=Path, required=True, help="Gaussian (μ, σ) store (zarr)")
+    a.add_argument("--apply-period", nargs=2, metavar=("A", "B"), help="init times to calibrate (default: all)")
+    a.add_argument("--members", type=int, help="also write N ECC-Q calibrated members (N = raw member count)")
+    a.add_argument("--members-out", type=Path, help="members store (default: <out>_members.zarr)")
+    a.add_argument("--quantiles", nargs="+", type=float, help="also write these predictive quantiles, e.g. 0.1 0.5 0.9")
+    a.add_argument("--quantiles-out", type=Path, help="quantile store (default: <out>_quantiles.zarr)")
+    a.add_argument("--batch-size", type=int, default=8, help="checkpoints: samples per network batch")
+
+    c = verbs.add_parser("crossval", help="leave-one-year/month-out EMOS vs raw CRPS → DIR/crossval.{json,md}")
+    c.add_argument("--forecast", type=Path, required=True)
+    c.add_argument("--truth", type=Path)
+    c.add_argument("--variables", nargs="+")
+    c.add_argument("--fold", choices=["year", "month"], default="year", help="folds (default year)")
+    c.add_argument("--iterations", type=int, default=None, help="max Newton iterations per fit (default 50)")
+    c.add_argument("--out", type=Path, required=True, help="output folder")
+
+    s = verbs.add_parser("synthetic", parents=[common], help="seeded imperfect ensemble of a canonical store")
+    s.add_argument("store", type=Path, help="canonical store (the truth)")
+    s.add_argument("--out", type=Path, required=True, help="ensemble store (zarr)")
+    s.add_argument("--members", type=int, default=10, help="members (default 10)")
+    s.add_argument("--lead", nargs="+", default=["24h", "48h"], help="lead times (default 24h 48h)")
+    s.add_argument("--init", nargs=2, metavar=("START", "END"), help="init period (default: all)")
+    s.add_argument("--every", default="24h", help="init spacing (default 24h)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--variables", nargs="+", help="fields, e.g. geopotential_500 (default Z500, T850)")
 
 
-def _need(args: argparse.Namespace, *names: str) -> None:
-    for n in names:
-        if getattr(args, n) is None:
-            mode = "--method emos" if args.method else "--checkpoint" if args.checkpoint else "--crossval"
-            raise ValueError(f"{mode} needs --{n.replace('_', '-')}")
+def _sibling(out: Path, suffix: str) -> Path:
+    return out.with_name(f"{out.stem}_{suffix}{out.suffix or '.zarr'}")
 
 
 def run(args: argparse.Namespace) -> int:
+    return {"fit": _fit, "apply": _apply, "crossval": _crossval, "synthetic": _synthetic}[args.pp_verb](args)
+
+
+def _synthetic(args: argparse.Namespace) -> int:
+    from smoeweather.postprocess.synthetic import write_synthetic_ensemble
+
+    print(write_synthetic_ensemble(args.store, args.out, members=args.members, leads=args.lead, init=args.init,
+                                   every=args.every, seed=args.seed, variables=args.variables,
+                                   overwrite=args.overwrite))
+    return 0
+
+
+def _crossval(args: argparse.Namespace) -> int:
+    from smoeweather.io import write_json, write_text
     from smoeweather.postprocess import stores
+    from smoeweather.postprocess.crossval import crossvalidate, markdown
 
-    if args.synthetic is not None:
-        from smoeweather.postprocess.synthetic import write_synthetic_ensemble
-
-        out = write_synthetic_ensemble(args.synthetic, args.out, members=args.members, leads=args.lead,
-                                       init=args.init, every=args.every, seed=args.seed,
-                                       variables=args.variables, overwrite=args.overwrite)
-        print(out)
-        return 0
-    _need(args, "forecast")
     forecast = stores.open_ensemble(args.forecast, args.variables)
-    if args.checkpoint is not None:
+    truth = stores.truth_at_valid_times(forecast, stores.open_truth(args.truth, args.forecast))
+    result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations, source=str(args.forecast))
+    write_json(args.out / "crossval.json", result)
+    write_text(args.out / "crossval.md", markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from smoeweather.postprocess import stores
+    from smoeweather.postprocess.emos import fit_emos
+    from smoeweather.postprocess.model_file import write_model
+
+    if args.out.exists() and not args.overwrite:
+        raise FileExistsError(f"{args.out} already exists (pass --overwrite to replace it)")
+    forecast = stores.select_period(stores.open_ensemble(args.forecast, args.variables), args.train_period)
+    truth = stores.truth_at_valid_times(forecast, stores.open_truth(args.truth, args.forecast))
+    forecast = forecast.load()
+    params = fit_emos(forecast, truth.load(), per_gridpoint=args.per_gridpoint, iterations=args.iterations,
+                      solver=args.solver)
+    attrs = {"forecast": str(args.forecast), "truth": str(args.truth or args.forecast),
+             "train_period": " ".join(map(str, args.train_period)) if args.train_period else "all"}
+    out = write_model(params, forecast, args.out, attrs, overwrite=args.overwrite)
+    print(f"{out}: {params.attrs['groups']} EMOS fit(s), {params.attrs['groups_not_converged']} not converged")
+    return 0
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from smoeweather.postprocess import stores
+    from smoeweather.postprocess.ecc import check_quantile_levels, ecc_members, gaussian_quantiles, write_store
+
+    # every check before anything is computed or written
+    members_out = (args.members_out or _sibling(args.out, "members")) if args.members is not None else None
+    quantiles_out = (args.quantiles_out or _sibling(args.out, "quantiles")) if args.quantiles else None
+    levels = check_quantile_levels(args.quantiles) if args.quantiles else None
+    outs = [p for p in (args.out, members_out, quantiles_out) if p is not None]
+    if len({p.resolve() for p in outs}) < len(outs):
+        raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
+    for p in outs:
+        if p.exists() and not args.overwrite:
+            raise FileExistsError(f"{p} already exists (pass --overwrite to replace it)")
+    if not args.model.exists():
+        raise FileNotFoundError(f"model {args.model} does not exist")
+    forecast = stores.select_period(stores.open_ensemble(args.forecast), args.apply_period)
+    if args.members is not None and args.members != forecast.sizes["member"]:
+        raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
+                         f"ensemble's member count ({forecast.sizes['member']} in {args.forecast})")
+    if args.model.suffix == ".ckpt":
         from smoeweather.postprocess.neural import apply_checkpoint
 
-        if args.apply_period:
-            forecast = stores.select_period(forecast, args.apply_period)
-        mu, sigma, attrs = apply_checkpoint(args.checkpoint, forecast, batch_size=args.batch_size)
-        print(stores.write_gaussian(mu, sigma, args.out, {**attrs, "forecast": str(args.forecast)},
-                                    overwrite=args.overwrite))
-        return 0
-    if not args.crossval:
-        _need(args, "train_period")
-    truth = stores.truth_at_valid_times(forecast, stores.open_truth(args.truth, args.forecast))
-    if args.crossval:
-        from smoeweather.io import write_json, write_text
-        from smoeweather.postprocess.crossval import crossvalidate, markdown
-
-        result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations,
-                               source=str(args.forecast))
-        write_json(args.out / "crossval.json", result)
-        write_text(args.out / "crossval.md", markdown(result))
-        print(markdown(result))
-        return 0
-    from smoeweather.postprocess.emos import apply_emos, fit_emos
-
-    train_fc = stores.select_period(forecast, args.train_period)
-    train_truth = truth.sel(time=train_fc["time"])
-    params = fit_emos(train_fc.load(), train_truth.load(), per_gridpoint=args.per_gridpoint,
-                      iterations=args.iterations)
-    if args.apply_period:
-        target = stores.select_period(forecast, args.apply_period)
+        mu, sigma, attrs = apply_checkpoint(args.model, forecast, batch_size=args.batch_size)
     else:
-        target = stores.select_period(forecast, args.train_period, invert=True)
-    mu, sigma = apply_emos(params, target)
-    attrs = {"method": "emos", "per_gridpoint": int(args.per_gridpoint), "forecast": str(args.forecast),
-             "truth": str(args.truth or args.forecast), "train_period": " ".join(map(str, args.train_period)),
-             "lbfgs_iterations": args.iterations,
-             # global fits are small enough to keep in the store's attrs (per grid point: too large)
-             "emos_coefficients": None if args.per_gridpoint else json.dumps(
-                 {n: {"dims": list(params[n].dims), "values": params[n].values.tolist()} for n in params.data_vars})}
+        from smoeweather.postprocess.emos import apply_emos
+        from smoeweather.postprocess.model_file import check_forecast, read_model
+
+        params, mattrs = read_model(args.model)
+        forecast = check_forecast(mattrs, forecast, str(args.model), str(args.forecast))
+        mu, sigma = apply_emos(params, forecast.load())
+        attrs = {"method": "emos" + ("_gridpoint" if int(mattrs["per_gridpoint"]) else "_global"),
+                 "model": str(args.model), "model_train_period": mattrs.get("train_period"),
+                 "members": int(forecast.sizes["member"])}
+    attrs = {**attrs, "forecast": str(args.forecast)}
+    mu, sigma = mu.load(), sigma.load()
+    products = []
+    if members_out is not None:
+        raw = forecast[list(mu.data_vars)]
+        if "level" in mu.dims:
+            raw = raw.sel(level=mu["level"].values)
+        ens = ecc_members(mu, sigma, raw.load(), args.members)
+        products.append((ens, members_out, "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
+                                                        "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}))
+    if quantiles_out is not None:
+        products.append((gaussian_quantiles(mu, sigma, levels), quantiles_out, "quantiles",
+                         {**attrs, "method": f"{attrs['method']}_quantiles"}))
     print(stores.write_gaussian(mu, sigma, args.out, attrs, overwrite=args.overwrite))
+    for ds, path, kind, a in products:
+        print(write_store(ds, path, kind, a, overwrite=args.overwrite))
     return 0

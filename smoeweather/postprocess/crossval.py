@@ -48,7 +48,7 @@ def _fields(ds: xr.Dataset) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def crossvalidate(forecast: xr.Dataset, truth: xr.Dataset, fold: str = "year", iterations: int = 300,
+def crossvalidate(forecast: xr.Dataset, truth: xr.Dataset, fold: str = "year", iterations: int | None = None,
                   source: str = "") -> dict[str, Any]:
     """Cross-validated CRPS of the raw ensemble and of EMOS (see module docstring).
 
@@ -86,7 +86,7 @@ def crossvalidate(forecast: xr.Dataset, truth: xr.Dataset, fold: str = "year", i
             row["raw_spread_skill"] = float(ssr[name].sel(at))
             scores[label][lead_label(td)] = row
     return {"source": source, "fold": fold, "folds": [int(f) for f in folds], "n_inits": int(forecast.sizes["time"]),
-            "members": int(forecast.sizes["member"]), "lbfgs_iterations": iterations, "scores": scores,
+            "members": int(forecast.sizes["member"]), "iterations": iterations, "scores": scores,
             "units": units}
 
 

@@ -1,0 +1,128 @@
+"""EMOS model files: the fitted coefficients as a CF netCDF, and the checks that a new forecast matches them.
+
+Layout: one variable per field and coefficient, ``<name>_a``, ``<name>_b``, ``<name>_c``, ``<name>_d``, on
+(``prediction_timedelta``, [``level``], [``latitude``, ``longitude``]) — the grid dims only for a per-grid-point
+fit; ``latitude``/``longitude`` coordinates are written either way (the grid the model was fitted on).
+Units: a in the field's units, b and d ``1``, c in the field's units squared. The predictive distribution is
+N(a + b·mean, c + d·var), mean and var (ddof = 1) over the ensemble members. Global attributes record the
+method, the fit (global / per grid point), fields, levels, leads (hours), member count, training period and
+inits, source files, solver and the software version; the file is written atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from smoeweather.io import atomic_path
+from smoeweather.postprocess.emos import COEFFICIENTS
+
+KIND = "smoeweather_emos_model"
+_LONG = {"a": "EMOS intercept of the predictive mean", "b": "EMOS slope on the ensemble mean",
+         "c": "EMOS constant term of the predictive variance", "d": "EMOS slope on the ensemble variance"}
+
+
+def _units(units: str, coef: str) -> str:
+    if coef in ("b", "d"):
+        return "1"
+    if coef == "c":
+        return f"({units})**2" if units else ""
+    return units
+
+
+def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs: dict[str, Any],
+                overwrite: bool = False) -> Path:
+    """Write ``params`` (of :func:`~.emos.fit_emos`) fitted on ``forecast`` (the training ensemble) to ``out``."""
+    ds = xr.Dataset(coords={"latitude": forecast["latitude"].values, "longitude": forecast["longitude"].values})
+    ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
+    ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
+    for name in params.data_vars:
+        units = str(params[name].attrs.get("units", ""))
+        for c in COEFFICIENTS:
+            da = params[name].sel(coefficient=c, drop=True).astype(np.float64)
+            ds[f"{name}_{c}"] = da.assign_attrs(units=_units(units, c), long_name=f"{_LONG[c]} ({name})")
+    ds["prediction_timedelta"].attrs.update(standard_name="forecast_period", long_name="lead time")
+    levels = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
+    leads = pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")
+    times = pd.DatetimeIndex(forecast["time"].values)
+    from smoeweather.forecast.output import code_version
+
+    ds.attrs = {
+        "Conventions": "CF-1.8", "title": "EMOS coefficients (smoe postprocess fit)", "kind": KIND,
+        "method": "emos", "per_gridpoint": int(params.attrs.get("per_gridpoint", 0)),
+        "fields": " ".join(str(n) for n in params.data_vars), "levels": " ".join(map(str, levels)),
+        "leads_hours": " ".join(str(int(h)) for h in leads), "members": int(forecast.sizes["member"]),
+        "grid": f"{forecast.sizes['latitude']}x{forecast.sizes['longitude']}",
+        "n_train_inits": len(times), "train_first_init": str(times.min()), "train_last_init": str(times.max()),
+        "solver": str(params.attrs.get("solver", "")), "iterations": int(params.attrs.get("iterations", 0)),
+        "groups_not_converged": int(params.attrs.get("groups_not_converged", 0)),
+        "software": f"smoeweather {code_version()}",
+        "predictive_distribution": "N(a + b*mean, c + d*var), ensemble mean and variance (ddof=1) over members",
+        **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
+    }
+    for v in ds.variables.values():
+        v.encoding = {}
+    out = Path(out)
+    with atomic_path(out, overwrite=overwrite) as tmp:
+        ds.to_netcdf(tmp)
+    return out
+
+
+def read_model(path: str | Path) -> tuple[xr.Dataset, dict[str, Any]]:
+    """(coefficients in :func:`~.emos.fit_emos` form, attrs, with ``latitude``/``longitude`` arrays) of a file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"EMOS model {path} does not exist")
+    with xr.open_dataset(path) as raw:
+        ds = raw.load()
+    if ds.attrs.get("kind") != KIND:
+        raise ValueError(f"{path} is not an EMOS model file of `smoe postprocess fit` (attribute kind={KIND!r})")
+    params = {}
+    for name in str(ds.attrs["fields"]).split():
+        parts = [ds[f"{name}_{c}"] for c in COEFFICIENTS]
+        da = xr.concat(parts, "coefficient").assign_coords(coefficient=list(COEFFICIENTS))
+        params[name] = da.transpose(..., "coefficient").drop_vars(
+            [c for c in ("latitude", "longitude") if c in da.coords and c not in da.dims]
+        ).assign_attrs(units=parts[0].attrs.get("units", ""))
+    attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values)
+    return xr.Dataset(params, attrs={k: v for k, v in ds.attrs.items()}), attrs
+
+
+def check_forecast(attrs: dict[str, Any], forecast: xr.Dataset, model: str, where: str) -> xr.Dataset:
+    """``forecast`` reduced to the model's fields and levels; ValueError naming the first mismatch (field,
+    level, lead, member count or grid) between the model file ``model`` and the forecast ``where``."""
+    fields = str(attrs["fields"]).split()
+    missing = [f for f in fields if f not in forecast.data_vars]
+    if missing:
+        raise ValueError(f"{where} lacks field(s) {missing} that the model {model} was fitted for "
+                         f"(forecast fields: {list(forecast.data_vars)})")
+    forecast = forecast[fields]
+    levels = [int(v) for v in str(attrs.get("levels", "")).split()]
+    if levels:
+        have = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
+        lacking = [lv for lv in levels if lv not in have]
+        if lacking:
+            raise ValueError(f"{where} lacks level(s) {lacking} hPa of the model {model} (forecast levels: {have})")
+        forecast = forecast.sel(level=levels)
+    elif "level" in forecast.dims:
+        raise ValueError(f"{where} has a level dim; the model {model} was fitted on single-level fields")
+    leads = [int(h) for h in str(attrs["leads_hours"]).split()]
+    have_leads = [int(h) for h in pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")]
+    extra = [h for h in have_leads if h not in leads]
+    if extra:
+        raise ValueError(f"{where} has lead(s) {extra} h that the model {model} has no coefficients for "
+                         f"(model leads: {leads} h)")
+    members = int(attrs["members"])
+    if forecast.sizes["member"] != members:
+        raise ValueError(f"{where} has {forecast.sizes['member']} members; the model {model} was fitted on "
+                         f"{members} (the ensemble variance of another member count is another predictor)")
+    for c in ("latitude", "longitude"):
+        a, b = np.asarray(attrs[c], np.float64), forecast[c].values.astype(np.float64)
+        if a.shape != b.shape or not np.allclose(a, b, rtol=0, atol=1e-6):
+            raise ValueError(f"{where}: {c} grid ({len(b)} points, {b.min():g}..{b.max():g}) differs from the "
+                             f"model {model}'s ({len(a)} points, {a.min():g}..{a.max():g}); regrid first")
+    return forecast
