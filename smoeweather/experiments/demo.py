@@ -92,9 +92,12 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members: int = 10
 def run_demo(out: Path, steps: int = 362) -> int:
     """Run every command of :func:`plan_demo`; stop at the first failure (its exit code is returned).
 
-    Each step runs as its own ``python -m smoeweather`` process, exactly the command a user would type:
-    run in one process, the eleven steps (torch, Lightning, dask, zarr, cartopy/GEOS) finished correctly but
-    the interpreter aborted at exit with a native double free, which turned a good demo into exit 134.
+    Each step runs as its own ``python -m smoeweather`` process, exactly the command a user would type.
+    The whole chain also runs in one process (tests/test_one_process.py). It used to abort at interpreter exit
+    with ``free(): invalid pointer`` (exit 134): eccodes, imported by xarray's engine guessing, loads eckitlib's
+    bundled PROJ/curl with RTLD_GLOBAL, and pyproj (imported by cartopy for the maps) then bound to that PROJ
+    instead of its own, so two PROJ copies freed the same objects at exit. ``smoeweather/__init__.py`` now
+    loads pyproj and netCDF4 before anything can import eccodes (details and upstream issue there).
     """
     plan = plan_demo(out, steps=steps)
     started = time.perf_counter()
