@@ -5,9 +5,12 @@ truth at its VALID time ``time + prediction_timedelta``; all methods are scored 
 initialisations (those common to every forecast), so the table compares like with like. Scores per
 (method, field, lead): latitude-weighted RMSE (square root after the time mean) and bias of the
 deterministic forecast or ensemble mean / Gaussian μ, ACC against a day-of-year climatology (with
-``climatology``), and for ensembles the fair CRPS and the spread–skill ratio, for Gaussian forecasts the
-Gaussian CRPS. Unless ``references=False``, persistence (from the truth) and, with ``climatology``, the
-day-of-year climatology are added as methods for the same initialisations and leads.
+``climatology``), and for ensembles the fair CRPS and the spread–skill ratio, for Gaussian forecasts
+(``<name>``, ``<name>_std``) the closed-form Gaussian CRPS and spread–skill, for quantile forecasts (dim
+``quantile``) the pinball loss averaged over the levels (RMSE/bias of their median). The truth may be a
+prepared store, canonical files, or the truth held inside an ensemble forecast file (gcm_ens, SEAS5).
+Unless ``references=False``, persistence (from the truth) and, with ``climatology``, the day-of-year
+climatology are added as methods for the same initialisations and leads.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from pipelines.readers.forecast_nc import MEMBER_NAMES
 from smoeweather.data.weather import Field, field_name, parse_fields
 from smoeweather.metrics import deterministic as det
 from smoeweather.metrics.weights import latitude_weights, weighted_mean
 
-METRICS = ("rmse", "bias", "acc", "crps", "spread_skill")
+METRICS = ("rmse", "bias", "acc", "crps", "spread_skill", "quantile_loss")
+KINDS = ("deterministic", "ensemble", "gaussian", "quantiles")
 UNITLESS = ("acc", "spread_skill")
 SPACE_TIME = ("time", "latitude", "longitude")
 
@@ -36,6 +41,10 @@ def open_forecast(path: str | Path) -> xr.Dataset:
     if not path.exists():
         raise FileNotFoundError(f"forecast {path} does not exist")
     ds = xr.open_zarr(path) if path.is_dir() else xr.open_dataset(path)
+    if "prediction_timedelta" not in ds.dims and any(m in ds.dims for m in MEMBER_NAMES):
+        from smoeweather.postprocess.stores import open_ensemble  # a forecast file (SEAS5-like): its ensemble
+
+        ds = open_ensemble(path)
     for dim in ("time", "prediction_timedelta", "latitude", "longitude"):
         if dim not in ds.dims:
             raise ValueError(f"forecast {path}: missing dim {dim!r} (WeatherBench 2 layout: time = init, "
@@ -43,10 +52,30 @@ def open_forecast(path: str | Path) -> xr.Dataset:
     return ds.sortby("latitude")
 
 
+def open_truth_source(truth: str | Path | Sequence[str | Path]) -> tuple[xr.Dataset, bool]:
+    """(truth Dataset on valid times, whether it came from inside a forecast file).
+
+    A single forecast file with an ensemble dim (gcm_ens: ``truth_<name>`` on ``valid_time``; SEAS5: the
+    verifying analysis on init/lead) gives the truth it holds; anything else opens as a prepared store or
+    canonical file(s).
+    """
+    from smoeweather.forecast.sources import open_source
+
+    if isinstance(truth, str | Path) and Path(truth).is_file():
+        with xr.open_dataset(truth) as raw:
+            is_forecast_file = any(m in raw.dims for m in MEMBER_NAMES)
+        if is_forecast_file:
+            from pipelines.readers.forecast_nc import open_forecast_truth
+
+            ds = open_forecast_truth(truth)
+            return ds.sortby(["latitude", "longitude"]), True
+    return open_source(truth), False
+
+
 def _forecast_kind(ds: xr.Dataset) -> str:
     kind = ds.attrs.get("forecast_kind") or ("ensemble" if "member" in ds.dims else "deterministic")
-    if kind not in ("deterministic", "ensemble", "gaussian"):
-        raise ValueError(f"forecast_kind must be deterministic, ensemble or gaussian, got {kind!r}")
+    if kind not in KINDS:
+        raise ValueError(f"forecast_kind must be one of {KINDS}, got {kind!r}")
     return str(kind)
 
 
@@ -90,7 +119,12 @@ def _scores_one(fc: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, clim: 
                 w: xr.DataArray) -> dict[str, xr.DataArray]:
     """Metric → DataArray over prediction_timedelta for one forecast field."""
     da = _select(fc, f).astype(np.float64)
-    point = da.mean("member") if kind == "ensemble" else da
+    if kind == "ensemble":
+        point = da.mean("member")
+    elif kind == "quantiles":
+        point = median_of_quantiles(da)
+    else:
+        point = da
     out = {
         "rmse": det.rmse(point, truth, w, SPACE_TIME),
         "bias": det.bias(point, truth, w, SPACE_TIME),
@@ -109,7 +143,23 @@ def _scores_one(fc: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, clim: 
         sigma = _select(fc, f, f"{f[0]}_std").astype(np.float64)
         out["crps"] = weighted_mean(probabilistic.crps_gaussian(da, sigma, truth), SPACE_TIME, w)
         out["spread_skill"] = probabilistic.spread_skill_ratio_gaussian(da, sigma, truth, w, SPACE_TIME)
+    elif kind == "quantiles":
+        from smoeweather.metrics import probabilistic  # noqa: PLC0415
+
+        loss = probabilistic.quantile_loss(da, truth).mean("quantile")
+        out["quantile_loss"] = weighted_mean(loss, SPACE_TIME, w)
     return {k: v.compute() for k, v in out.items()}
+
+
+def median_of_quantiles(da: xr.DataArray) -> xr.DataArray:
+    """The 0.5 quantile of a quantile forecast (dim ``quantile``): taken if present, else linearly
+    interpolated between the levels around 0.5, else the level nearest 0.5."""
+    q = da["quantile"].values
+    if np.any(np.isclose(q, 0.5)):
+        return da.sel(quantile=q[np.isclose(q, 0.5)][0], drop=True)
+    if q.min() < 0.5 < q.max():
+        return da.interp(quantile=0.5).drop_vars("quantile")
+    return da.isel(quantile=int(np.argmin(abs(q - 0.5))), drop=True)
 
 
 def evaluate(
@@ -129,13 +179,17 @@ def evaluate(
     """
     from smoeweather.forecast.climatology import climatology_at, doy_climatology
     from smoeweather.forecast.output import HOUR, code_version
-    from smoeweather.forecast.sources import describe, open_source
+    from smoeweather.forecast.sources import describe
 
     named = _named(forecasts)
     if not named:
         raise ValueError("evaluate needs at least one forecast")
-    truth_ds = open_source(truth)
+    truth_ds, in_file = open_truth_source(truth)
     where_truth = f"truth {describe(truth)}"
+    if in_file and references:
+        warnings.warn(f"{where_truth}: truth held inside a forecast file; no persistence/climatology references",
+                      stacklevel=2)
+        references = False
     fcs = {n: open_forecast(p) for n, p in named.items()}
     kinds = {n: _forecast_kind(ds) for n, ds in fcs.items()}
     for n, ds in fcs.items():
@@ -228,7 +282,8 @@ def evaluate(
     scores = xr.Dataset(data, coords=coords)
     long = {"rmse": "latitude-weighted RMSE (sqrt after time mean)", "bias": "latitude-weighted mean error",
             "acc": "anomaly correlation coefficient (WeatherBench 2)",
-            "crps": "latitude-weighted CRPS (fair for ensembles)",
+            "crps": "latitude-weighted CRPS (fair for ensembles, closed form for Gaussian forecasts)",
+            "quantile_loss": "latitude-weighted pinball loss, mean over the quantile levels",
             "spread_skill": "spread-skill ratio", "n_time": "initialisations with truth"}
     for k in scores.data_vars:
         scores[k].attrs["long_name"] = long[k]

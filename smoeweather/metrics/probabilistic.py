@@ -1,5 +1,5 @@
-"""Probabilistic scores (pure xarray, dask-friendly): ensemble and Gaussian CRPS, threshold-weighted CRPS,
-Extreme Forecast Index, spread–skill ratio.
+"""Probabilistic scores (pure xarray, dask-friendly): ensemble and Gaussian CRPS, quantile (pinball) loss,
+threshold-weighted CRPS, Extreme Forecast Index, spread–skill ratio.
 
 Conventions: ``forecast`` carries the ensemble on ``member_dim``; ``truth`` has the same other dims (or
 broadcasts to them). Per-point functions (:func:`crps_ensemble`, :func:`crps_gaussian`,
@@ -125,6 +125,20 @@ def crps_gaussian(mu: X, sigma: X, truth: xr.DataArray | xr.Dataset) -> X:
     truth = _matching_truth(mu, truth)
     return xr.apply_ufunc(_crps_gaussian_np, mu, sigma, truth, dask="parallelized",
                           output_dtypes=[np.float64], keep_attrs=True)
+
+
+def quantile_loss(forecast: X, truth: xr.DataArray | xr.Dataset, quantile_dim: str = "quantile") -> X:
+    """Pinball loss per point and level: ρ_q(y − x_q) = (y − x_q)·(q − 1{y < x_q}), q the ``quantile_dim``
+    coordinate (probability levels in (0, 1)); units of the field, no reduction. Its mean over levels
+    q = (k − ½)/K tends to ½·CRPS as K grows (Laio & Tamea 2007); ``scores.continuous.quantile_score``."""
+    if quantile_dim not in forecast.dims:
+        raise ValueError(f"quantile forecast has no {quantile_dim!r} dim (dims: {tuple(forecast.dims)})")
+    q = forecast[quantile_dim]
+    if bool(((q <= 0) | (q >= 1)).any()):
+        raise ValueError(f"quantile levels must lie in (0, 1), got {q.values.tolist()}")
+    truth = _matching_truth(forecast, truth)
+    err = truth - forecast
+    return err * (q - (err < 0))
 
 
 def _chain(x: X, threshold: float | xr.DataArray, tail: str) -> X:
