@@ -29,8 +29,8 @@ from pipelines.errors import DataError
 from pipelines.grids import cell_area_weights, weatherbench_grid
 from pipelines.prepare import open_store, prepare
 from smoeweather.cli import main
-from smoeweather.data.ens10 import Ens10Dataset
-from smoeweather.data.weather import WeatherBenchDataset
+from smoeweather.data.ensemble import open_ensemble_dataset
+from smoeweather.data.weather import WeatherBenchDataset, field_name
 
 GRIB = "era5-levels-members.grib"
 TA_CMIP6 = "ta_day_MPI-ESM1-2-HR_historical_r1i1p1f1_gn_20000101-20041231.nc"
@@ -222,7 +222,7 @@ def test_ens10_with_truth_to_dataset(ens10, tmp_path: Path) -> None:
     assert ds.sizes["member"] == 10 and ds.sizes["time"] == 2
     assert {"geopotential_truth", "temperature_truth", "2m_temperature_truth"} <= set(ds.data_vars)
     fields = [("geopotential", 500), ("temperature", 850), ("2m_temperature", None)]
-    data = Ens10Dataset(out, fields)
+    data = open_ensemble_dataset(out, {"variables": fields})
     pl, sfc = _cfgrib(paths["pl"]), _cfgrib(paths["sfc"])
     for i in range(len(data)):
         init = data.init_time(i)
@@ -234,15 +234,13 @@ def test_ens10_with_truth_to_dataset(ens10, tmp_path: Path) -> None:
             else:
                 short = {"geopotential": "z", "temperature": "t"}[name]
                 ens = pl[short].sel(time=init, step=np.timedelta64(48, "h"), isobaricInhPa=level).values
-            mean, std = data.input_mean[c], data.input_std[c]
+            mean, std = data.stats[field_name((name, level))]
             np.testing.assert_allclose(x[2 * c] * std + mean, ens.mean(0), rtol=0, atol=f32_atol(ens, mean))
             spread = ens.astype(np.float64).std(0, ddof=1)  # the dataset computes it in float64 too
             np.testing.assert_allclose(x[2 * c + 1] * std, spread, rtol=4 * EPS32)  # /std, float32, ·std
             want = truth[name].sel(time=valid)
             want = want.sel(level=level) if level is not None else want
-            np.testing.assert_allclose(
-                data.denormalize_target(y)[c], want.values, rtol=0, atol=f32_atol(want, data.target_mean[c])
-            )
+            np.testing.assert_allclose(y[c] * std + mean, want.values, rtol=0, atol=f32_atol(want, mean))
 
 
 def test_ens10_regridded_members_cli_and_mismatch(ens10, tmp_path: Path, capsys) -> None:

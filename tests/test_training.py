@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 # tests/test_vision*.py with its own image data
 CONFIGS = sorted(
     p for p in (REPO / "configs").glob("*/*.yaml")
-    if not p.name.startswith("_") and load_config(p).get("task") in ("weatherbench", "ens10", "heat")
+    if not p.name.startswith("_") and load_config(p).get("task") in ("weatherbench", "ens10", "postprocess", "heat")
 )
 SMOE = (
     [str(REPO / ".venv" / "bin" / "smoe")]
@@ -134,6 +134,7 @@ def ens_store(tmp_path_factory: pytest.TempPathFactory, world_store: str) -> str
             "level": [500],
             "latitude": world.latitude.values,
             "longitude": world.longitude.values,
+            "prediction_timedelta": np.timedelta64(48, "h"),  # one lead, as `smoe data prepare ens10` writes it
         },
     )
     path = tmp_path_factory.mktemp("ens") / "ens.zarr"
@@ -190,6 +191,20 @@ def tiny_overrides(task: str, stores: dict[str, str], out: Path) -> list[str]:
             "data.variables=[geopotential_500, temperature_500]",
             "data.target_variables=[geopotential_500]",
             "model.widths=[4, 8, 16]",
+        ]
+    if task == "postprocess":  # the ENS-10-like store through the same path; static maps from the world store
+        return [
+            *common,
+            *data,
+            f"data.source={stores['ens']}",
+            f"data.constants={stores['world']}",
+            "data.variables=[geopotential_500, temperature_500]",
+            "data.target_variables=[geopotential_500, temperature_500]",
+            "data.leads_h=null",
+            "model.widths=[4, 8, 16]",
+            "trainer.max_steps=-1",
+            "trainer.val_check_interval=1.0",
+            "trainer.check_val_every_n_epoch=1",
         ]
     return [
         *common,

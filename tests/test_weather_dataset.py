@@ -11,7 +11,6 @@ from fake_layouts import EPS32, f32_atol
 from torch.utils.data import DataLoader
 
 from pipelines.prepare import write_store
-from smoeweather.data.ens10 import Ens10Dataset
 from smoeweather.data.weather import WeatherBenchDataset
 from smoeweather.training.datamodule import SplitDataModule
 
@@ -150,7 +149,11 @@ def test_bad_requests_are_clear_errors(store: str) -> None:
         WeatherBenchDataset("nowhere.zarr", FIELDS)
 
 
-def test_ens10_mean_std_inputs_and_truth_target(tmp_path) -> None:
+def test_ens10_store_mean_std_inputs_and_truth_target(tmp_path) -> None:
+    """An ENS-10 store (one lead, ``<name>_truth`` on init times) goes through the one ensemble convention:
+    x = [ens mean, ens std] normalised by the training statistics, y = the truth at init + lead."""
+    from smoeweather.data.ensemble import open_ensemble_dataset
+
     time = pd.date_range("2016-01-04", periods=6, freq="3D4h")
     rng = np.random.default_rng(2)
     ens = 5_000 + 100 * rng.normal(size=(6, 5, 1, 4, 8))
@@ -168,19 +171,24 @@ def test_ens10_mean_std_inputs_and_truth_target(tmp_path) -> None:
             "level": [500],
             "latitude": [-60.0, -20, 20, 60],
             "longitude": np.arange(8) * 45.0,
+            "prediction_timedelta": np.timedelta64(48, "h"),
         },
     )
     store = _store(tmp_path / "ens.zarr", ds)
-    data = Ens10Dataset(store, [("geopotential", 500)])
+    data = open_ensemble_dataset(store, {"variables": ["geopotential_500"]})
+    assert data.spec.leads_h == (48,)
     x, y, mu, sigma = data[2]
     assert x.shape == (2, 4, 8) and data.channel_names == [
-        "geopotential_500_ens_mean",
-        "geopotential_500_ens_std",
+        "geopotential_500_ens_mean@48h",
+        "geopotential_500_ens_std@48h",
     ]
-    tol = f32_atol(ens[2, :, 0], data.target_mean)  # normalise, float32, denormalise
-    np.testing.assert_allclose(data.denormalize_target(mu).numpy()[0], ens[2, :, 0].mean(0), rtol=0, atol=tol)
-    spread = np.asarray(ens[2, :, 0], np.float64).std(0, ddof=1)
-    # the store holds float32: each member moved by ≤ |x|·EPS32/2, which moves their std by at most as much
-    np.testing.assert_allclose(sigma.numpy()[0] * data.target_std[0], spread, rtol=4 * EPS32, atol=f32_atol(ens))
+    mean, std = data.stats["geopotential_500"]
+    ens32 = ens.astype(np.float32)  # the store holds float32
+    tol = f32_atol(ens[2, :, 0], mean)  # normalise, float32, denormalise
+    np.testing.assert_allclose(mu.numpy()[0] * std + mean, ens32[2, :, 0].astype(np.float64).mean(0), rtol=0,
+                               atol=tol)
+    np.testing.assert_allclose(mean, ens32.astype(np.float64).mean(1).mean(), rtol=0, atol=tol)
+    spread = np.asarray(ens32[2, :, 0], np.float64).std(0, ddof=1)
+    np.testing.assert_allclose(sigma.numpy()[0] * std, spread, rtol=4 * EPS32, atol=f32_atol(ens))
     truth = np.asarray(ds["geopotential_truth"][2, 0])
-    np.testing.assert_allclose(data.denormalize_target(y).numpy()[0], truth, rtol=0, atol=tol)
+    np.testing.assert_allclose(y.numpy()[0] * std + mean, truth, rtol=0, atol=tol)

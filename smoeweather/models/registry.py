@@ -22,7 +22,8 @@ from smoeweather.models.unet import Ens10UNet
 _RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "smoe", "grid", "conv",
                 "lrlcn_rank"}
 _UNET_KEYS = {"in_channels", "levels", "widths", "smoe", "experts_factor", "grid", "rc", "damping",
-              "quantile", "out_channels", "head_kernel", "smoe_kwargs"}
+              "quantile", "out_channels", "head_kernel", "smoe_kwargs", "gate_init", "gate_prior", "prior_strength",
+              "share_gate"}
 
 
 def _check_keys(cfg: dict[str, Any], allowed: set[str], name: str) -> None:
@@ -31,11 +32,31 @@ def _check_keys(cfg: dict[str, Any], allowed: set[str], name: str) -> None:
         raise ValueError(f"unknown keys {sorted(unknown)} for model {name!r}; allowed: {sorted(allowed)}")
 
 
+def model_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    """What the keys of a weather ``model`` block are passed to, for the config type check
+    (:class:`smoeweather.config.Arguments`): (constructor, mapping, key suffix) for the network named by
+    ``name`` and its nested blocks (``smoe`` of a ResNet, ``layer_kwargs``/``smoe_kwargs`` of the SMoE
+    layer). Types come from the constructors' hints, so new constructor arguments are checked as added."""
+    from smoeweather.nn.smoe import SpatialMoE2d
+
+    name = cfg.get("name")
+    if name == "resnet":
+        out: list[tuple[Any, Any, str]] = [(WeatherBenchResNet, cfg, "")]
+        smoe = cfg.get("smoe")
+        if isinstance(smoe, dict):
+            out += [(SMoEPlacement, smoe, ".smoe"), (SpatialMoE2d, smoe.get("layer_kwargs"), ".smoe.layer_kwargs")]
+        return out
+    if name == "unet":
+        return [(Ens10UNet, cfg, ""), (SpatialMoE2d, cfg.get("smoe_kwargs"), ".smoe_kwargs")]
+    return []  # an unknown name is refused by build_weather_model
+
+
 def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
     """Network from a config dict with ``name`` in {``resnet``, ``unet``}.
 
-    ``land_sea_prior`` (H, W) is used (and then required) only by a ResNet whose
-    ``smoe.gate_prior == "land_sea"``; it is ignored otherwise. Unknown keys are an error.
+    ``land_sea_prior`` (H, W) is used (and then required) only by a ResNet whose ``smoe.gate_prior ==
+    "land_sea"`` or an SMoE U-Net whose ``gate_prior == "land_sea"``; it is ignored otherwise. Unknown keys
+    are an error.
     """
     cfg = copy.deepcopy(dict(cfg))
     name = cfg.get("name")
@@ -54,6 +75,13 @@ def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None
             kwargs["grid"] = tuple(kwargs["grid"])
         if "widths" in kwargs:
             kwargs["widths"] = tuple(kwargs["widths"])
+        prior = kwargs.pop("gate_prior", None)
+        if prior not in (None, "none", "land_sea"):
+            raise ValueError(f"model.gate_prior must be 'land_sea' or null, got {prior!r}")
+        if prior == "land_sea" and kwargs.get("smoe"):
+            if land_sea_prior is None:
+                raise ValueError("model.gate_prior: land_sea needs a land-sea mask (data.static or data.constants)")
+            kwargs["land_sea_prior"] = land_sea_prior
         return Ens10UNet(**kwargs)
     raise ValueError(f"unknown weather model {name!r}; expected 'resnet' or 'unet'")
 

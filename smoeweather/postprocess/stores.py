@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from pipelines.readers.forecast_nc import MEMBER_NAMES, TRUTH_SUFFIX, open_forecast_nc, open_forecast_truth
+from pipelines.readers.forecast_nc import LEAD_NAMES, MEMBER_NAMES, TRUTH_SUFFIX, open_forecast_nc, open_forecast_truth
 from smoeweather.io import atomic_path
 
 STD_SUFFIX = "_std"
@@ -45,16 +45,32 @@ def _paths(source: Sources) -> list[Path]:
 
 
 def _is_ens10_store(ds: xr.Dataset) -> bool:
-    """A ``smoe data prepare ens10`` store: one lead as a scalar coord, truth as ``<name>_truth`` on init time."""
-    return ("member" in ds.dims and "time" in ds.dims and "prediction_timedelta" in ds.coords
-            and "prediction_timedelta" not in ds.dims)
+    """A ``smoe data prepare ens10`` store: ``time`` = init, ``member``, one lead (no lead dim), truth as
+    ``<name>_truth`` on the init time."""
+    return "member" in ds.dims and "time" in ds.dims and "prediction_timedelta" not in ds.dims
+
+
+def _ens10_lead(ds: xr.Dataset, where: str) -> np.timedelta64:
+    """The one lead of an ENS-10 store: its scalar ``prediction_timedelta``, ``valid_time − time`` or the
+    ``lead_time`` attribute ("48 h") that ``smoe data prepare ens10`` writes."""
+    if "prediction_timedelta" in ds.coords:
+        return ds["prediction_timedelta"].values.astype("timedelta64[ns]")
+    if "valid_time" in ds.coords and ds["valid_time"].dims == ("time",):
+        leads = np.unique(ds["valid_time"].values - ds["time"].values)
+        if len(leads) == 1:
+            return leads[0].astype("timedelta64[ns]")
+    text = str(ds.attrs.get("lead_time", "")).replace(" ", "")
+    if text:
+        return pd.Timedelta(text).to_timedelta64().astype("timedelta64[ns]")
+    raise ValueError(f"{where}: an ensemble store without a lead time (no prediction_timedelta dim or coord, "
+                     "no valid_time, no lead_time attribute); expected a `smoe data prepare ens10` store")
 
 
 def _open_one_ensemble(path: Path) -> xr.Dataset:
     ds = _open_any(path)
-    if _is_ens10_store(ds):
+    if _is_ens10_store(ds) and "time" in ds.indexes and not _has_other_init_axes(ds):
         names = [n for n in ds.data_vars if "member" in ds[n].dims and not str(n).endswith(TRUTH_SUFFIX)]
-        lead = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
+        lead = _ens10_lead(ds, str(path))
         out = ds[names].drop_vars([c for c in ds[names].coords if c not in ds[names].dims])
         out = out.expand_dims(prediction_timedelta=[lead], axis=1)
         order = ("time", "prediction_timedelta", "member", "level", "latitude", "longitude")
@@ -114,12 +130,17 @@ def _concat_times(parts: list[xr.Dataset], paths: list[Path]) -> xr.Dataset:
     return out.sortby("time")
 
 
+def _has_other_init_axes(ds: xr.Dataset) -> bool:
+    """True for forecast files whose lead axis has another name (SEAS5 ``ftime``, ``step``, ``lead_time``)."""
+    return any(d in ds.dims for d in LEAD_NAMES)
+
+
 def _ens10_truth(ds: xr.Dataset, where: str) -> xr.Dataset:
     """``<name>_truth`` on init times of an ENS-10 store → truth on valid times (``time`` = init + lead)."""
     names = [n for n in ds.data_vars if str(n).endswith(TRUTH_SUFFIX)]
     if not names:
         raise ValueError(f"{where}: no <name>{TRUTH_SUFFIX} variable (prepare ens10 with --truth, or pass a truth)")
-    lead = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
+    lead = _ens10_lead(ds, where)
     out = ds[names].rename({n: str(n)[: -len(TRUTH_SUFFIX)] for n in names})
     out = out.drop_vars([c for c in out.coords if c not in out.dims])
     return out.assign_coords(time=ds["time"].values.astype("datetime64[ns]") + lead).sortby("latitude")
@@ -128,7 +149,7 @@ def _ens10_truth(ds: xr.Dataset, where: str) -> xr.Dataset:
 def _open_one_truth(path: Path | None, forecast_path: Path) -> xr.Dataset:
     src = path if path is not None else forecast_path
     ds = _open_any(src)
-    if _is_ens10_store(ds):
+    if _is_ens10_store(ds) and "time" in ds.indexes and not _has_other_init_axes(ds):
         return _ens10_truth(ds, str(src))
     if any(m in ds.dims for m in MEMBER_NAMES) or path is None:
         try:

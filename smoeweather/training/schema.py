@@ -6,6 +6,11 @@ added later (e.g. ``vision``) call :func:`register_task_schema`; a task without 
 ``model`` blocks of the weather tasks are checked by :func:`smoeweather.models.registry.build_weather_model`
 (its key lists depend on ``model.name``) and heat models by their constructors; ``trainer`` keys are the
 parameters of :class:`lightning.Trainer` except those ``smoe train`` sets itself.
+
+Value types of the blocks passed on as keyword arguments (``model`` of every task, ``trainer``,
+``data.world``, ``data.generate``) are checked against the type hints of what receives them
+(:data:`ARGUMENTS`, :data:`MODEL_ARGUMENTS`): a wrong type names the key and the expected type before
+anything is built, and a new constructor argument is covered by its hint without a schema change.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from smoeweather.config import Block, ConfigError, validate
+from smoeweather.config import Arguments, Block, ConfigError, validate
 
 NUM = (float,)  # an int is accepted where a float is (1e-3 and 1 alike)
 INT, BOOL, STR, LIST = (int,), (bool,), (str,), (list,)
@@ -69,11 +74,19 @@ WEATHERBENCH_DATA = Block({
     **SPLIT_KEYS,
     **LOADER_KEYS,
 })
-ENS10_DATA = Block({
-    "store": STR,
+ENS10_DATA = Block({  # task postprocess (= ens10): smoeweather.training.tasks.build_postprocess
+    "store": STR,  # a `smoe data prepare ens10` store (alias of source; created from world/sources if missing)
+    "source": (str, list),  # ensemble file(s)/store(s) of any supported layout
+    "truth": (str, list, NULL),  # truth store(s); default: the truth inside the source
+    "constants": (str, NULL),  # file with land_sea_mask / geopotential_at_surface (default: the source)
     **STORE_CREATION,
     "variables": LIST,
     "target_variables": (list, NULL),
+    "leads_h": (list, NULL),  # default: every lead of the source
+    "lead_h": (int, NULL),
+    "lead_as_input": BOOL,
+    "static": (list, NULL),  # land_sea_mask, orography, latitude
+    "cache": BOOL,
     **SPLIT_KEYS,
     **LOADER_KEYS,
 })
@@ -104,6 +117,7 @@ def _task(data: Block) -> Block:
 
 TASK_SCHEMAS: dict[str, Any] = {
     "weatherbench": lambda: _task(WEATHERBENCH_DATA),
+    "postprocess": lambda: _task(ENS10_DATA),
     "ens10": lambda: _task(ENS10_DATA),
     "heat": lambda: _task(HEAT_DATA),
 }
@@ -120,11 +134,69 @@ def schema_for(task: str) -> Block:
     return TASK_SCHEMAS.get(task, common)()
 
 
+def _weather_model(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    from smoeweather.models.registry import model_arguments
+
+    return model_arguments(value)
+
+
+def _heat_model(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    from smoeweather.models.heat import _BUILDERS, build_heat_model
+
+    builder = _BUILDERS.get(value.get("name", "smoe"))
+    return [(build_heat_model, value, "")] + ([(builder, value, "")] if builder is not None else [])
+
+
+def _vision_model(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    from smoeweather.models import vision
+    from smoeweather.nn.resblock_moe import ResBlockMoE
+
+    name = value.get("name")
+    model = {"vit": vision.ViTClassifier, "vmoe": vision.ViTClassifier, "e3": vision.ViTClassifier,
+             "resnet": vision.ResNet, "cnn": vision.ThreeLayerCNN}.get(name)
+    out: list[tuple[Any, Any, str]] = [(model, value, "")] if model is not None else []
+    if name == "resnet" and isinstance(value.get("moe"), dict):
+        out.append((ResBlockMoE, value["moe"], ".moe"))
+    return out + [(vision.apply_emoe, value.get("emoe"), ".emoe")]
+
+
+MODEL_ARGUMENTS: dict[str, Arguments] = {
+    "weatherbench": Arguments(_weather_model),
+    "ens10": Arguments(_weather_model),
+    "postprocess": Arguments(_weather_model),
+    "heat": Arguments(_heat_model, nullable=True),
+    "vision": Arguments(_vision_model),
+}
+"""task → the ``model`` block's :class:`~smoeweather.config.Arguments` (constructors chosen by ``model.name``)."""
+
+ARGUMENTS: dict[str, Arguments] = {
+    "trainer": Arguments.of("lightning:Trainer", nullable=True),
+    "data.world": Arguments.of("pipelines.world:generate_world", nullable=True),
+    "data.generate": Arguments.of("pipelines.heat_diffusion:generate", nullable=True),
+}
+"""Dotted key → :class:`~smoeweather.config.Arguments` of the blocks every task passes on as keywords."""
+
+
+def check_argument_types(cfg: dict[str, Any]) -> None:
+    """ConfigError naming the key and expected type when a value passed on as a keyword argument (the
+    ``model`` block of ``cfg['task']``, ``trainer``, ``data.world``, ``data.generate``) does not fit the
+    receiving parameter's type hint."""
+    specs = {**ARGUMENTS, **({"model": MODEL_ARGUMENTS[cfg["task"]]} if cfg.get("task") in MODEL_ARGUMENTS else {})}
+    for path, spec in specs.items():
+        node: Any = cfg
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            spec.check(node, path)
+
+
 def validate_train_config(cfg: dict[str, Any]) -> None:
-    """ConfigError unless ``cfg`` fits the schema of its task (unknown key, wrong type, missing task)."""
+    """ConfigError unless ``cfg`` fits the schema of its task (unknown key, wrong type, missing task),
+    including the types of the ``model`` and ``trainer`` values (:func:`check_argument_types`)."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"a training config must be a mapping, got {type(cfg).__name__}")
     task = cfg.get("task")
     if not isinstance(task, str):
         raise ConfigError(f"config key 'task' must name the task (one of {', '.join(TASK_SCHEMAS)}), got {task!r}")
     validate(cfg, schema_for(task))
+    check_argument_types(cfg)

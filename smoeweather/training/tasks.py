@@ -1,7 +1,7 @@
 """Task builders of ``smoe train``: config → (:class:`SplitDataModule`, LightningModule) per ``task``.
 
-``BUILDERS`` maps a task name to its builder (``weatherbench``, ``postprocess`` = ``ens10``, ``heat``, ``vision``); the config
-schema of each task lives in :mod:`smoeweather.training.schema`.
+``BUILDERS`` maps a task name to its builder (``weatherbench``, ``postprocess`` = ``ens10``, ``heat``,
+``vision``); the config schema of each task lives in :mod:`smoeweather.training.schema`.
 """
 
 from __future__ import annotations
