@@ -3,6 +3,7 @@ and versioned checkpoint metadata (resolved config, normalisation statistics, ch
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning as L
@@ -10,6 +11,9 @@ import torch
 from torch import nn
 
 from smoeweather.nn.smoe import rc_loss_value, set_loss_scale
+
+warnings.filterwarnings("ignore", message=r".*ReduceLROnPlateau conditioned on metric val_loss which is not "
+                        r"available but strict is set to `False`.*")
 
 
 def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
@@ -131,4 +135,8 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, factor=self.plateau_factor, patience=self.plateau_patience
         )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
+        # strict=False: with validation every N steps (trainer.val_check_interval, `smoe study`) an epoch can end
+        # before the first validation; the plateau scheduler then waits for a val_loss instead of aborting
+        # the run (Lightning's "Skipping learning rate update" warning for it is filtered below).
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss", "strict": False}}
