@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,181 @@ def validate(cfg: Any, schema: Block, where: str = "") -> None:
         spec = schema.keys[key]
         if isinstance(spec, Block):
             validate(value, spec, path)
+        elif isinstance(spec, Arguments):
+            spec.check(value, path)
         elif not _type_ok(value, spec):
             expected = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in spec)
             raise ConfigError(f"config key {path!r} must be {expected}, got {type(value).__name__} {value!r}")
+
+
+# ---- keyword arguments of a callable: types from its hints (or defaults) ------------------------------
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_hint(value: Any, hint: Any) -> bool | None:
+    """True/False when ``value`` (a YAML value) fits type hint ``hint``; None when the hint is not
+    understood (a class of its own, a callable …): unknown is never an error.
+
+    YAML has no tuples: a list fits ``tuple[...]``/``Sequence[...]``; an int fits ``float``; a bool fits only
+    ``bool``."""
+    import collections.abc as cabc
+    import types
+    import typing
+
+    if hint in (Any, object, inspect.Parameter.empty):
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        results = [_check_hint(value, a) for a in args]
+        return True if any(r is True for r in results) else (None if None in results else False)
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return _is_number(value)
+    if hint is str:
+        return isinstance(value, str)
+    sequences = (list, tuple, cabc.Sequence, cabc.Iterable, cabc.Collection, cabc.MutableSequence)
+    if hint in sequences or origin in sequences:
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                return False
+            results = [_check_hint(v, a) for v, a in zip(value, args)]
+        else:
+            results = [_check_hint(v, args[0]) for v in value] if args else []
+        return False if False in results else True
+    if hint in (dict, cabc.Mapping, cabc.MutableMapping) or origin in (dict, cabc.Mapping, cabc.MutableMapping):
+        if not isinstance(value, dict):
+            return False
+        if len(args) == 2:
+            results = [_check_hint(v, args[1]) for v in value.values()]
+            return False if False in results else True
+        return True
+    return None
+
+
+def describe_hint(hint: Any) -> str:
+    """A type hint in config words: ``int``, ``float``, ``list of int``, ``one of 'a', 'b'``, ``… or null``."""
+    import collections.abc as cabc
+    import types
+    import typing
+
+    if hint is None or hint is type(None):
+        return "null"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = [describe_hint(a) for a in args if a is not type(None)]
+        return " or ".join(dict.fromkeys(parts + (["null"] if type(None) in args else [])))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if hint in _TYPE_NAMES:
+        return _TYPE_NAMES[hint]
+    sequences = (list, tuple, cabc.Sequence, cabc.Iterable, cabc.Collection, cabc.MutableSequence)
+    if hint in sequences or origin in sequences:
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return f"a list of {len(args)} {' / '.join(dict.fromkeys(describe_hint(a) for a in args))}"
+        return f"a list of {describe_hint(args[0])}" if args and args[0] is not Any else "a list"
+    if hint in (dict, cabc.Mapping, cabc.MutableMapping) or origin in (dict, cabc.Mapping, cabc.MutableMapping):
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Resolved type hints of ``fn`` (a function or a class: its ``__init__``; dataclasses: their fields);
+    names whose hints cannot be resolved are left out."""
+    import dataclasses
+    import typing
+
+    targets: list[Any] = [fn] if inspect.isfunction(fn) or inspect.ismethod(fn) else []
+    if inspect.isclass(fn):
+        targets = [fn] if dataclasses.is_dataclass(fn) else [fn.__init__]
+    out: dict[str, Any] = {}
+    for target in targets:
+        try:
+            out.update(typing.get_type_hints(target))
+        except Exception:  # noqa: BLE001 - an unresolvable forward reference: resolve one name at a time
+            module = inspect.getmodule(target)
+            for name, raw in getattr(target, "__annotations__", {}).items():
+                try:
+                    out[name] = eval(raw, vars(module)) if isinstance(raw, str) else raw  # noqa: S307
+                except Exception:  # noqa: BLE001
+                    continue
+    return out
+
+
+def _hint_from_default(default: Any) -> Any:
+    """A hint for an unannotated parameter from its default (None / other objects: no hint)."""
+    if isinstance(default, bool):
+        return bool
+    if _is_number(default):
+        return float  # 0 or 0.5: a number either way
+    if isinstance(default, str):
+        return str
+    if isinstance(default, list | tuple):
+        return list
+    return inspect.Parameter.empty
+
+
+def check_arguments(fn: Callable[..., Any], values: dict[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
+    """ConfigError when a value of ``values`` (keyword arguments of ``fn``, from a config block at dotted
+    path ``where``) does not fit the parameter's type hint, or its default's type when unannotated.
+
+    Names the key and the expected type (``config key 'model.width' must be int, got str 'abc'``). Keys
+    that are not parameters of ``fn`` and hints that are not understood are left to the caller and ``fn``.
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    hints = _hints(fn)
+    for key, value in values.items():
+        param = params.get(key)
+        if key in skip or param is None or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        hint = hints.get(key, inspect.Parameter.empty)
+        if hint is inspect.Parameter.empty:
+            hint = _hint_from_default(param.default)
+        if _check_hint(value, hint) is False:
+            path = f"{where}.{key}" if where else str(key)
+            expected = "a number" if key not in hints and hint is float else describe_hint(hint)
+            raise ConfigError(f"config key {path!r} must be {expected}, got {type(value).__name__} {value!r}")
+
+
+class Arguments:
+    """Schema spec of a mapping whose keys are keyword arguments of callables: ``targets(value)`` returns
+    ``[(callable, mapping, key suffix), ...]`` (e.g. the model class named by ``model.name`` and its
+    nested blocks), each checked with :func:`check_arguments`, so a new constructor argument is checked
+    from its type hint without a schema change. ``nullable``: the block may be ``null``."""
+
+    def __init__(self, targets: Callable[[dict[str, Any]], list[tuple[Callable[..., Any], Any, str]]],
+                 nullable: bool = False) -> None:
+        self.targets, self.nullable = targets, nullable
+
+    @classmethod
+    def of(cls, target: str, nullable: bool = False) -> Arguments:
+        """The keyword arguments of one callable named ``"package.module:name"`` (imported when checked)."""
+
+        def targets(value: dict[str, Any]) -> list[tuple[Callable[..., Any], Any, str]]:
+            import importlib
+
+            module, name = target.split(":")
+            return [(getattr(importlib.import_module(module), name), value, "")]
+
+        return cls(targets, nullable)
+
+    def check(self, value: Any, where: str) -> None:
+        if value is None and self.nullable:
+            return
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {type(value).__name__} {value!r}")
+        for fn, values, suffix in self.targets(value):
+            if isinstance(values, dict):
+                check_arguments(fn, values, f"{where}{suffix}")
