@@ -157,10 +157,13 @@ def test_synthetic_ensemble_is_seeded_biased_and_underdispersive(tmp_path: Path)
 def test_cli_synthetic_emos_crossval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     world = _world(tmp_path / "w.zarr")
     ens, pp = tmp_path / "ens.zarr", tmp_path / "pp.zarr"
-    assert main(["postprocess", "--synthetic", str(world), "--out", str(ens), "--members", "5",
+    assert main(["postprocess", "synthetic", str(world), "--out", str(ens), "--members", "5",
                  "--every", "96h", "--seed", "0"]) == 0
-    assert main(["postprocess", "--method", "emos", "--per-gridpoint", "--forecast", str(ens), "--truth", str(world),
-                 "--train-period", "2001", "2001", "--out", str(pp), "--iterations", "50"]) == 0
+    model = tmp_path / "emos.nc"
+    assert main(["postprocess", "fit", "--method", "emos", "--per-gridpoint", "--forecast", str(ens), "--truth",
+                 str(world), "--train-period", "2001", "2001", "--out", str(model)]) == 0
+    assert main(["postprocess", "apply", str(model), "--forecast", str(ens), "--apply-period", "2002", "2002",
+                 "--out", str(pp)]) == 0
     out = xr.open_zarr(pp)
     assert out.attrs["forecast_kind"] == "gaussian" and {"geopotential_std", "temperature_std"} <= set(out.data_vars)
     assert pd.DatetimeIndex(out["time"].values).year.min() == 2002  # applied outside the training period
@@ -170,8 +173,8 @@ def test_cli_synthetic_emos_crossval(tmp_path: Path, capsys: pytest.CaptureFixtu
     mu, sigma = stores.split_gaussian(out)
     assert float(crps_gaussian(mu, sigma, truth)["temperature"].mean()) < float(
         crps_ensemble(fc, truth)["temperature"].mean())
-    assert main(["postprocess", "--crossval", "--forecast", str(ens), "--truth", str(world),
-                 "--out", str(tmp_path / "cv"), "--iterations", "50"]) == 0
+    assert main(["postprocess", "crossval", "--forecast", str(ens), "--truth", str(world),
+                 "--out", str(tmp_path / "cv")]) == 0
     result = json.loads((tmp_path / "cv" / "crossval.json").read_text())
     assert result["folds"] == [2001, 2002]
     for field in ("geopotential_500", "temperature_850"):
@@ -179,10 +182,11 @@ def test_cli_synthetic_emos_crossval(tmp_path: Path, capsys: pytest.CaptureFixtu
             assert min(row["emos_global"], row["emos_gridpoint"]) < row["raw_fair"]
     assert "| temperature_850 (K) | 24h |" in (tmp_path / "cv" / "crossval.md").read_text()
     # user errors: one clear line, exit 2
-    assert main(["postprocess", "--method", "emos", "--forecast", str(ens), "--out", str(pp)]) == 2
-    assert "--train-period" in capsys.readouterr().err
-    assert main(["postprocess", "--method", "emos", "--forecast", str(tmp_path / "nope.zarr"), "--out",
-                 str(pp), "--train-period", "2001", "2001"]) == 2
+    assert main(["postprocess", "fit", "--forecast", str(ens), "--out", str(model)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["postprocess", "fit", "--forecast", str(tmp_path / "nope.zarr"), "--out",
+                 str(tmp_path / "m2.nc"), "--train-period", "2001", "2001"]) == 2
+    assert "nope.zarr" in capsys.readouterr().err
 
 
 def test_seas5_leave_one_year_out_emos_beats_raw(shared_data: Path) -> None:
@@ -214,12 +218,12 @@ def _ens10_store(ens: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
 
 @pytest.mark.parametrize("config", ["unet_z500.yaml", "smoe_unet_z500.yaml"])
 def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str) -> None:
-    """Train a tiny U-Net / SMoE-U-Net for a few steps, apply it with ``smoe postprocess --checkpoint`` and check
+    """Train a tiny U-Net / SMoE-U-Net for a few steps, apply it with ``smoe postprocess apply CKPT`` and check
     μ, σ against the network run on the training dataset's own samples (same features, same normalisation)."""
     import torch
+    from smoeweather.data.ens10 import Ens10Dataset
 
     from smoeweather.config import load_config
-    from smoeweather.data.ens10 import Ens10Dataset
     from smoeweather.training.checkpoint import load_trained
     from smoeweather.training.run import train
 
@@ -239,7 +243,7 @@ def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str)
     result = train(load_config(repo / "configs" / "ens10" / config, overrides))
     ckpt = result.last_checkpoint
     out = tmp_path / "pp.zarr"
-    assert main(["postprocess", "--checkpoint", str(ckpt), "--forecast", str(ens_path), "--out", str(out)]) == 0
+    assert main(["postprocess", "apply", str(ckpt), "--forecast", str(ens_path), "--out", str(out)]) == 0
     pp = xr.open_zarr(out)
     assert pp.attrs["forecast_kind"] == "gaussian" and pp.attrs["members"] == 5
     assert pp["geopotential"].dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
@@ -259,5 +263,5 @@ def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str)
         np.testing.assert_allclose(got["geopotential"].values, mu, rtol=0, atol=tol)
         np.testing.assert_allclose(got["geopotential_std"].values, sigma, rtol=0, atol=tol)
     # a non-ens10 checkpoint / a missing field are clear errors
-    assert main(["postprocess", "--checkpoint", str(tmp_path / "none.ckpt"), "--forecast", str(ens_path),
+    assert main(["postprocess", "apply", str(tmp_path / "none.ckpt"), "--forecast", str(ens_path),
                  "--out", str(tmp_path / "x.zarr")]) == 2

@@ -2,7 +2,8 @@
 
 default world (synthetic, 5.625°) → train the dense ResNet and the SMoE ResNet with the land-sea gate prior
 (equal optimizer steps) → forecast 3 and 5 days on the held-out year → score against persistence and
-day-of-year climatology → post-process a small synthetic ensemble with EMOS → maps of the learned routing,
+day-of-year climatology → post-process a small synthetic ensemble (EMOS per grid point: fit on 2002,
+apply to 2003, with ECC-Q calibrated members) → maps of the learned routing,
 score curves and a forecast map. Prints the scores tables and the paths of the PNGs.
 
 Every step is a ``smoe`` command (see :data:`DemoPlan.commands`), so the demo doubles as a worked example.
@@ -38,7 +39,7 @@ class DemoPlan:
     pngs: list[str] = field(default_factory=list)
 
 
-def plan_demo(out: Path, steps: int = 362, every: str = "24h", members: int = 10) -> DemoPlan:
+def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 10) -> DemoPlan:
     """Build the command list for :func:`run_demo` (no side effects)."""
     out = Path(out)
     store = out / "data" / "default_world.zarr"
@@ -68,15 +69,21 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members: int = 10
     plan.tables.append(scores / "scores.md")
 
     ens = out / "ensemble" / "synthetic_ens.zarr"
+    model = out / "ensemble" / "emos_gridpoint.nc"
     emos = out / "ensemble" / "emos.zarr"
+    members = out / "ensemble" / "emos_members.zarr"
     pp_scores = out / "ensemble" / "scores"
-    plan.commands.append(["postprocess", "--synthetic", str(store), "--members", str(members),
+    plan.commands.append(["postprocess", "synthetic", str(store), "--members", str(members_n),
                           "--init", "2002-01-01", "2003-12-30", "--every", "72h", "--out", str(ens), "--overwrite"])
-    plan.commands.append(["postprocess", "--method", "emos", "--forecast", str(ens), "--truth", str(store),
-                          "--train-period", "2002", "2002", "--out", str(emos), "--overwrite"])
-    # Both scored on the inits they share: the held-out year 2003 (EMOS writes only inits outside its fit).
-    plan.commands.append(["evaluate", f"raw_ensemble={ens}", f"emos={emos}", "--truth", str(store),
-                          "--no-references", "--out", str(pp_scores)])
+    # fit once on 2002, apply to the held-out 2003 forecasts: Gaussian store + ECC-Q calibrated members
+    plan.commands.append(["postprocess", "fit", "--method", "emos", "--per-gridpoint", "--forecast", str(ens),
+                          "--truth", str(store), "--train-period", "2002", "2002", "--out", str(model), "--overwrite"])
+    plan.commands.append(["postprocess", "apply", str(model), "--forecast", str(ens), "--apply-period", "2003", "2003",
+                          "--out", str(emos), "--members", str(members_n), "--members-out", str(members),
+                          "--overwrite"])
+    # scored on the inits they share: the held-out year 2003
+    plan.commands.append(["evaluate", f"raw_ensemble={ens}", f"emos={emos}", f"emos_ecc_members={members}",
+                          "--truth", str(store), "--no-references", "--out", str(pp_scores)])
     plan.tables.append(pp_scores / "scores.md")
 
     maps = out / "maps"
