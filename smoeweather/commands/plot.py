@@ -4,6 +4,7 @@
     smoe plot forecast FC.zarr --truth STORE --field geopotential_500 --lead 72h --init 2003-01-01T00 --out DIR
     smoe plot error FC.zarr --truth STORE --field temperature_850 --lead 120h [--init T] --out DIR
     smoe plot scores DIR/scores.nc --out DIR
+    smoe plot emos MODEL.nc --out DIR
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                                           " (default: all inits, time mean)"))
         p.add_argument("--name", default=None, help="label of the forecast in titles (default: file name)")
         p.add_argument("--out", required=True, type=Path, help="output folder")
+    e = verbs.add_parser("emos", help="maps of per-grid-point EMOS coefficients (a, b, √c, d) of a model file",
+                         parents=[maps])
+    e.add_argument("model", type=Path, help="model file of `smoe postprocess fit --per-gridpoint`")
+    e.add_argument("--out", required=True, type=Path, help="output folder")
     s = verbs.add_parser("scores", help="score vs lead per field and metric, one line per method")
     s.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
     s.add_argument("--out", required=True, type=Path, help="output folder")
@@ -69,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
 
         paths = [plot_error(args.forecast, args.truth, args.field, args.lead, args.out, args.init, args.name,
                             proj=args.projection)]
+    elif args.plot_verb == "emos":
+        from smoeweather.plotting.emos import plot_emos
+
+        paths = plot_emos(args.model, args.out, proj=args.projection)
     else:
         from smoeweather.plotting.scores import plot_scores
 
