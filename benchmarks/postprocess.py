@@ -146,7 +146,7 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join([
         f"# Post-processing benchmark ({r['machine']}, {r['threads']} torch threads)", "",
         f"EMOS per-grid-point fit, {f['groups']} groups × {f['samples_per_group']} inits ({f['source']}):", "",
-        "| solver | groups | time [s] | groups/s | mean CRPS on the reference subset (std. units of the data) |",
+        "| solver | groups | time [s] | groups/s | mean CRPS on the reference subset (field units, Z and T pooled) |",
         "|---|---:|---:|---:|---:|",
         f"| batched Newton (new) | {f['groups']} | {f['newton_s']:.1f} | {f['newton_groups_per_s']:.0f} | "
         f"{f['crps_subset_newton']:.6g} |",
