@@ -190,6 +190,22 @@ def test_checkpoint_applies_to_another_stream(streams: dict[str, Path], tmp_path
     np.testing.assert_allclose(sigma["temperature"].sel(level=850).isel(time=i, prediction_timedelta=1).values,
                                n_sigma[0, 3].numpy() * std, rtol=8 * EPS32)
 
+    if smoe:  # `smoe plot routing` maps the gate of every U-Net level, each with its level's prior
+        out = tmp_path / "maps"
+        assert main(["plot", "routing", str(ckpt), "--out", str(out)]) == 0
+        heights = set()
+        for nc in sorted(out.glob("routing_*.nc")):
+            with xr.open_dataset(nc) as r:
+                assert "prior_category" in r, nc
+                h = r.sizes["latitude"]
+                heights.add(h)
+                pooled = (xr.open_dataset(streams["a"])["land_sea_mask"].values
+                          .reshape(h, 8 // h, 2 * h, 8 // h).mean((1, 3)) >= 0.5)
+                np.testing.assert_array_equal(r["prior_category"].values, pooled.astype(int))
+                # trained 6 steps from a coherent prior init: routing still follows the prior everywhere
+                assert int(r["n_experts_outside_prior_group"].max()) == 0
+        assert heights == {8, 4}
+
     with pytest.raises(ValueError, match="members"):
         apply_checkpoint(ckpt, fc_b.isel(member=slice(0, 3)))
     with pytest.raises(ValueError, match="latitude"):

@@ -147,17 +147,37 @@ def load_land_sea(path: str | Path, shape: tuple[int, int]) -> tuple[np.ndarray,
     return values, f"{path}:{name}"
 
 
+def _land_sea_files(config: dict[str, Any]) -> list[str]:
+    """Files that may hold the training land-sea mask: ``data.store``, ``data.constants``, ``data.source``."""
+    data = config.get("data") or {}
+    files = [data.get("store"), data.get("constants")]
+    source = data.get("source")
+    files += list(source) if isinstance(source, list | tuple) else [source]
+    return [str(f) for f in files if f and Path(str(f)).exists()]
+
+
 def _prior_categories(config: dict[str, Any], shape: tuple[int, int], land_sea: str | Path | None,
-                      north_to_south: bool = False) -> tuple[np.ndarray, str]:
+                      north_to_south: bool = False, pool: int = 1, unet: bool = False) -> tuple[np.ndarray, str]:
     """The categorical prior the gates were initialised from: land fraction > 0.5 → 1 (land), else 0, as
-    :class:`~smoeweather.models.resnet.WeatherBenchResNet` does with the store's ``land_sea_mask``."""
+    :class:`~smoeweather.models.resnet.WeatherBenchResNet` does with the store's ``land_sea_mask``; with
+    ``unet`` the mask's pool × pool block mean ≥ 0.5 (pool = 2^l at U-Net level l), as
+    :meth:`~smoeweather.models.unet.Ens10UNet.level_prior` does."""
+    full = (shape[0] * pool, shape[1] * pool)
+    files = _land_sea_files(config)
     if land_sea is not None:
-        lsm, source = load_land_sea(land_sea, shape)
+        lsm, source = load_land_sea(land_sea, full)
     else:
-        store = (config.get("data") or {}).get("store")
-        if store and Path(store).exists():
-            lsm, source = load_land_sea(store, shape)
-        elif tuple(shape) == (32, 64):
+        if files:
+            lsm, source = None, ""
+            for f in files:
+                try:
+                    lsm, source = load_land_sea(f, full)
+                    break
+                except ValueError:
+                    continue
+            if lsm is None:
+                raise ValueError(f"none of {files} holds a land-sea mask on the {full} grid; pass --land-sea")
+        elif tuple(full) == (32, 64):
             # the training store is gone; the default world uses this packaged mask (latitude ascending)
             from pipelines.world import land_fraction
 
@@ -165,8 +185,12 @@ def _prior_categories(config: dict[str, Any], shape: tuple[int, int], land_sea: 
             lsm = lsm[::-1] if north_to_south else lsm  # into the model's row order
         else:
             raise FileNotFoundError(
-                f"the training store {store} is not there to rebuild the land-sea prior; pass --land-sea"
+                f"the training data {files or config.get('data')} is not there to rebuild the land-sea prior; "
+                "pass --land-sea"
             )
+    if unet:
+        frac = lsm.reshape(shape[0], pool, shape[1], pool).mean((1, 3))
+        return (frac >= 0.5).astype(np.int64), f"{source} (block mean over {pool}×{pool} cells ≥ 0.5)"
     return (lsm > 0.5).astype(np.int64), source
 
 
@@ -181,8 +205,11 @@ def gate_routings(model: nn.Module, metadata: dict[str, Any] | None = None, conf
     found = _gate_layers(model)
     if not found:
         raise ValueError("the model has no SMoE tensor-routing gate (dense model?): nothing to map")
-    smoe_cfg = (config.get("model") or {}).get("smoe")
-    uses_prior = isinstance(smoe_cfg, dict) and smoe_cfg.get("gate_prior") == "land_sea"
+    mcfg = config.get("model") or {}
+    smoe_cfg = mcfg.get("smoe")
+    unet_prior = mcfg.get("gate_prior") == "land_sea"  # the post-processing U-Net: a prior at every level
+    uses_prior = (isinstance(smoe_cfg, dict) and smoe_cfg.get("gate_prior") == "land_sea") or unet_prior
+    smoe_cfg = smoe_cfg if isinstance(smoe_cfg, dict) else mcfg
     grid = _model_grid(metadata, config)
     out = []
     for name, gate, layers in found:
@@ -194,7 +221,10 @@ def gate_routings(model: nn.Module, metadata: dict[str, Any] | None = None, conf
         lat, lon = _gate_grid(grid, h, w)
         scores = _routing_scores(gate, layers[0][1])
         prior, source = (None, None)
-        if uses_prior and (grid is None or (h, w) == (len(grid[0]), len(grid[1]))):
+        if unet_prior and grid is not None and len(grid[0]) % h == 0 and len(grid[0]) // h == len(grid[1]) // w:
+            prior, source = _prior_categories(config, (h, w), land_sea, north_to_south=bool(lat[0] > lat[-1]),
+                                              pool=len(grid[0]) // h, unet=True)
+        elif uses_prior and not unet_prior and (grid is None or (h, w) == (len(grid[0]), len(grid[1]))):
             prior, source = _prior_categories(config, (h, w), land_sea, north_to_south=bool(lat[0] > lat[-1]))
         if lat[0] > lat[-1]:  # north-to-south grid: flip rows so every map and file has latitude ascending
             lat, scores = lat[::-1], scores[:, ::-1]
