@@ -222,3 +222,20 @@ def test_ensemble_spec_names() -> None:
     assert spec.channel_names == ["geopotential_500_ens_mean@24h", "geopotential_500_ens_std@24h",
                                   "geopotential_500_ens_mean@48h", "geopotential_500_ens_std@48h"]
     assert spec.target_names == ["temperature_850@24h", "temperature_850@48h"]
+
+
+@pytest.mark.shared_data
+def test_real_files_train_the_same_networks(shared_data: Path) -> None:
+    """The shared gcm_ens stream and the real SEAS5 hindcast file (monthly leads, truth inside) open as
+    training samples through the same convention."""
+    seas5 = open_ensemble_dataset(shared_data / "cstools_seas5_era5_tas_med.nc", {"variables": ["2m_temperature"]})
+    assert seas5.spec.leads_h == (0, 720, 1464) and seas5.members == 15
+    x, y, m, s = seas5[0]
+    assert x.shape == (6, 22, 53) and y.shape == m.shape == s.shape == (3, 22, 53)
+    assert torch.isfinite(y).all() and bool((s > 0).all())
+    gcm = open_ensemble_dataset(shared_data / "gcm_ens" / "gcm_ens_2006.nc",
+                                {"variables": ["geopotential_500", "temperature_850"], "leads_h": [48]},
+                                period=["2006-01-01", "2006-02-28"])
+    assert gcm.grid == (32, 64) and gcm.members == 10 and len(gcm) == 29
+    x, y, _, _ = gcm[0]
+    assert x.shape == (4, 32, 64) and y.shape == (2, 32, 64)
