@@ -26,6 +26,7 @@ import hashlib
 import json
 import subprocess
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,17 @@ from pipelines.errors import DataError
 from pipelines.grids import regrid, same_grid, weatherbench_grid
 from pipelines.readers._files import resolve_sources
 from pipelines.statistics import compute_statistics, select_years
+
+# cfgrib (0.9.15) combines the variables of a GRIB file with ``xr.merge`` without an explicit ``compat``;
+# xarray (2025.08+) then warns on every GRIB read that the default ``compat`` will change. The warning is
+# about cfgrib's own call, not the data (the readers merge with explicit arguments and the tests pin the
+# values), so it is silenced for cfgrib's module only; every other FutureWarning still shows.
+warnings.filterwarnings(
+    "ignore",
+    message="In a future version of xarray the default value for compat will change",
+    category=FutureWarning,
+    module="cfgrib",
+)
 
 KINDS = ("era5", "cmip6", "ens10", "world")
 ERA5_FORMATS = ("weatherbench", "wb2", "cds")
@@ -91,7 +103,17 @@ def dask_client(scheduler: str | None) -> Iterator[Any]:
     if scheduler is None:
         with (
             LocalCluster(
-                processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None
+                processes=False,
+                n_workers=1,
+                threads_per_worker=2,
+                dashboard_address=None,
+                # distributed's scheduler starts an HTTP server (health/metrics routes) even without a
+                # dashboard, on dashboard_address or else port 8787; when 8787 is taken (a second prepare,
+                # a notebook's cluster) it warns "Port 8787 is already in use ... Hosting the HTTP server on
+                # port N instead" on every run. Port 0 on the loopback: a free port, no warning, nothing
+                # exposed; ``dashboard=False`` keeps the dashboard off (LocalCluster's own kwargs would
+                # turn it on for any address).
+                scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
             ) as cluster,
             Client(cluster) as client,
         ):

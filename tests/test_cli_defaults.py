@@ -10,6 +10,12 @@ time step by copying its own messages.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +40,7 @@ from pipelines.grids import weatherbench_grid
 from pipelines.prepare import open_store
 from smoeweather.cli import main
 
+REPO = Path(__file__).resolve().parents[1]
 GRIB_1DEG = {
     "Ni": 360,
     "Nj": 181,
@@ -44,7 +51,15 @@ GRIB_1DEG = {
     "iDirectionIncrementInDegrees": 1.0,
     "jDirectionIncrementInDegrees": 1.0,
 }
-CHATTER = ("Traceback", "CancelledError")
+CHATTER = (  # library chatter a user must not see (issue 18 §5), and failures
+    "Hosting the HTTP server",  # distributed: its HTTP server's default port 8787 was taken
+    "FutureWarning",  # cfgrib's xr.merge, torch's LeafSpec deprecation in Lightning
+    "💡 Tip",  # Lightning's litlogger / litmodels advertisements
+    "weights_only",  # Lightning's INFO at every checkpoint save
+    "LeafSpec",  # torch deprecation raised inside Lightning
+    "Traceback",
+    "CancelledError",  # distributed's progress bar cut off by a cluster shutdown
+)
 
 
 def _cfgrib(path: Path) -> xr.Dataset:
@@ -55,6 +70,21 @@ def _cfgrib(path: Path) -> xr.Dataset:
     return [p.sortby("latitude").load() for p in parts]
 
 
+@contextlib.contextmanager
+def _port_8787_taken() -> Iterator[None]:
+    """Hold distributed's default HTTP port, as a second prepare or a notebook's cluster does."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("", 8787))
+        sock.listen(1)
+    except OSError:  # already taken by someone else: the same situation
+        pass
+    try:
+        yield
+    finally:
+        sock.close()
+
+
 def _prepare_default_and_threads(
     kind: str, source: list[str], tmp_path: Path, capfd: pytest.CaptureFixture, *extra: str
 ) -> tuple[xr.Dataset, xr.Dataset]:
@@ -63,7 +93,8 @@ def _prepare_default_and_threads(
     chatter. Returns (data, statistics) of the default store."""
     default, threads = tmp_path / f"{kind}_default.zarr", tmp_path / f"{kind}_threads.zarr"
     capfd.readouterr()
-    assert main(["data", "prepare", kind, "--source", *source, "--out", str(default), *extra]) == 0
+    with _port_8787_taken():
+        assert main(["data", "prepare", kind, "--source", *source, "--out", str(default), *extra]) == 0
     out = capfd.readouterr()
     assert f"wrote {default}" in out.out
     for noise in CHATTER:
@@ -211,3 +242,55 @@ def test_ens10_one_init_with_truth_default_cluster(tmp_path: Path, capfd) -> Non
     )
     np.testing.assert_allclose(ds["temperature_truth"].isel(time=0).values,
                                direct.transpose("level", "latitude", "longitude").values, rtol=4 * EPS32)
+
+
+# ------------------------------------------------------------------------------- quiet output (§5)
+
+QUIET_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import numpy as np
+from fake_layouts import write_grib
+from pipelines.prepare import write_store
+from pipelines.world import simulate_world
+from smoeweather.cli import main
+
+out = Path(sys.argv[1])
+rng = np.random.default_rng(0)
+write_grib(out / "an.grib", [
+    {{"stream": "oper", "type": "an", "shortName": s, "typeOfLevel": "isobaricInhPa", "level": lev,
+      "dataDate": 20240115, "dataTime": 1200, "values": m + rng.standard_normal((19, 36))}}
+    for s, m in (("z", 54000.0), ("t", 260.0)) for lev in (500, 850)])
+assert main(["data", "prepare", "era5", "--source", str(out / "an.grib"), "--out", str(out / "an.zarr")]) == 0
+world = simulate_world((2000, 2000), seed=0, n_steps=240)
+write_store(lambda: world, out / "world.zarr", args={{"test": 1}}, train_years=None, source="test", time_chunk=8)
+assert main(["data", "stats", str(out / "world.zarr")]) == 0
+periods = {{"train": ["2000-01-01", "2000-01-31"], "valid": ["2000-02-01", "2000-02-20"],
+           "test": ["2000-02-21", "2000-02-29"]}}
+assert main(["train", "--config", {config!r}, f"output_dir={{out / 'run'}}", f"data.store={{out / 'world.zarr'}}",
+             "data.world=null", "data.train_years=null", "data.valid_years=null", "data.test_years=null",
+             *[f"data.{{k}}_period=[{{a}}, {{b}}]" for k, (a, b) in periods.items()],
+             "data.variables=[geopotential_500, temperature_850]", "data.lead_choices_h=[24]",
+             "data.batch_size=4", "data.num_workers=2", "model.width=4", "model.blocks=1", "trainer.max_epochs=1",
+             "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1",
+             "trainer.enable_progress_bar=false"]) == 0
+"""
+
+
+def test_prepare_stats_train_print_no_library_chatter(tmp_path: Path) -> None:
+    """A fresh interpreter (default warning filters, as a user's shell) runs a GRIB prepare on the default
+    cluster with port 8787 taken, ``smoe data stats`` and a small ``smoe train`` (with loader worker
+    processes, as the ENS-10 and paper configs use): progress and results, no library chatter."""
+    script = QUIET_SCRIPT.format(tests=str(REPO / "tests"),
+                                 config=str(REPO / "configs" / "weatherbench" / "world_dense.yaml"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
+    with _port_8787_taken():
+        run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                             cwd=REPO, env=env, timeout=600)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert f"wrote {tmp_path / 'an.zarr'}" in run.stdout  # progress and results are still shown
+    assert "temperature [K]" in run.stdout and "smoe train: best checkpoint" in run.stdout
+    for noise in CHATTER:
+        assert noise not in output, f"library chatter {noise!r} in:\n{output}"

@@ -21,6 +21,8 @@ the GCM world, merged along time) or ``data.generate`` (heat diffusion).
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,38 @@ from smoeweather.training.tasks import (
     build_ens10,
     build_heat,
     build_weatherbench,
+)
+
+
+class _WithoutLibraryChatter(logging.Filter):
+    """Drops log records of a library whose message starts with one of ``prefixes``; all others pass."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+_QUIET_LOGGERS = {
+    # Lightning 2.6 advertises litlogger/litmodels ("💡 Tip: For seamless cloud ...") at INFO on every fit,
+    # through whichever of these two loggers lightning_utilities' rank_zero_info was pointed at last
+    "lightning.pytorch.utilities.rank_zero": ("💡 Tip:",),
+    "lightning.fabric.utilities.rank_zero": ("💡 Tip:",),
+    # Lightning logs this at INFO whenever a checkpoint is saved without ``weights_only`` (every epoch here)
+    "lightning.pytorch.trainer.connectors.checkpoint_connector": ("`weights_only` was not set",),
+}
+for _name, _prefixes in _QUIET_LOGGERS.items():
+    _logger = logging.getLogger(_name)
+    if not any(isinstance(f, _WithoutLibraryChatter) for f in _logger.filters):
+        _logger.addFilter(_WithoutLibraryChatter(*_prefixes))
+
+# torch (2.13 here) deprecates ``LeafSpec``, which Lightning's own pytree helper still builds on every fit: a
+# FutureWarning for Lightning's code, not the user's
+warnings.filterwarnings(
+    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
+    module="lightning",
 )
 
 __all__ = [  # the entry point, plus re-exports of the builders, stores and weight loading it uses
