@@ -294,3 +294,18 @@ def test_prepare_stats_train_print_no_library_chatter(tmp_path: Path) -> None:
     assert "temperature [K]" in run.stdout and "smoe train: best checkpoint" in run.stdout
     for noise in CHATTER:
         assert noise not in output, f"library chatter {noise!r} in:\n{output}"
+
+
+def test_world_store_kind_default_cluster(tmp_path: Path, capfd) -> None:
+    """Kind ``world`` (a canonical netCDF, e.g. the GCM world's files), years and levels selected."""
+    from pipelines.world import simulate_world
+
+    world = simulate_world((2000, 2000), seed=0, n_steps=24)
+    world.to_netcdf(tmp_path / "world.nc")
+    ds, stats = _prepare_default_and_threads(
+        "world", [str(tmp_path / "world.nc")], tmp_path, capfd, "--levels", "500", "850"
+    )
+    assert list(ds["level"].values) == [500, 850] and ds.sizes["time"] == 24
+    np.testing.assert_allclose(ds["temperature"].values, world["temperature"].sel(level=[500, 850]).values,
+                               rtol=EPS32)
+    assert stats.attrs["available"] == 1
