@@ -267,7 +267,7 @@ def write_gaussian(mu: xr.Dataset, sigma: xr.Dataset, out: str | Path, attrs: di
         v.encoding = {}
     out = Path(out)
     with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.chunk({"time": 1}).to_zarr(tmp, mode="w", consolidated=True)
+        ds.chunk({"time": 1}).to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)  # as the prepared stores
     return out
 
 

@@ -128,5 +128,5 @@ def write_synthetic_ensemble(store: str | Path, out: str | Path, overwrite: bool
     for v in ds.variables.values():  # the source store's codecs need not suit the new store
         v.encoding = {}
     with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.chunk({"time": 8}).to_zarr(tmp, mode="w", consolidated=True)
+        ds.chunk({"time": 8}).to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)  # as the prepared stores
     return out
