@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f = verbs.add_parser("fit", parents=[common], help="fit EMOS coefficients → CF netCDF model file")
     f.add_argument("--method", choices=["emos"], default="emos", help="statistical method (default emos)")
     f.add_argument("--per-gridpoint", action="store_true", help="one fit per grid point (default: global)")
-    f.add_argument("--forecast", type=Path, required=True, help="training ensemble (store or forecast file)")
+    f.add_argument("--forecast", type=Path, nargs="+", required=True,
+                   help="training ensemble: store(s) or forecast file(s), concatenated along init time")
     f.add_argument("--truth", type=Path, help="truth store (valid times); default: the truth inside --forecast")
     f.add_argument("--train-period", nargs=2, metavar=("A", "B"),
                    help="init times used for fitting (dates or years, inclusive; default: all)")
@@ -49,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with a model file or checkpoint")
     a.add_argument("model", type=Path, help="EMOS model file of `smoe postprocess fit` or a network *.ckpt")
-    a.add_argument("--forecast", type=Path, required=True, help="ensemble store or forecast file to calibrate")
+    a.add_argument("--forecast", type=Path, nargs="+", required=True,
+                   help="ensemble store(s) or forecast file(s) to calibrate (several: concatenated along init time)")
     a.add_argument("--out", type=Path, required=True, help="Gaussian (μ, σ) store (zarr)")
     a.add_argument("--apply-period", nargs=2, metavar=("A", "B"), help="init times to calibrate (default: all)")
     a.add_argument("--members", type=int, help="also write N ECC-Q calibrated members (N = raw member count)")
@@ -59,7 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--batch-size", type=int, default=8, help="checkpoints: samples per network batch")
 
     c = verbs.add_parser("crossval", help="leave-one-year/month-out EMOS vs raw CRPS → DIR/crossval.{json,md}")
-    c.add_argument("--forecast", type=Path, required=True)
+    c.add_argument("--forecast", type=Path, nargs="+", required=True,
+                   help="ensemble store(s) or forecast file(s) with their truth")
     c.add_argument("--truth", type=Path)
     c.add_argument("--variables", nargs="+")
     c.add_argument("--fold", choices=["year", "month"], default="year", help="folds (default year)")
@@ -101,7 +104,8 @@ def _crossval(args: argparse.Namespace) -> int:
 
     forecast = stores.open_ensemble(args.forecast, args.variables)
     truth = stores.truth_at_valid_times(forecast, stores.open_truth(args.truth, args.forecast))
-    result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations, source=str(args.forecast))
+    result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations,
+                           source=" ".join(map(str, args.forecast)))
     write_json(args.out / "crossval.json", result)
     write_text(args.out / "crossval.md", markdown(result))
     print(markdown(result))
@@ -120,7 +124,8 @@ def _fit(args: argparse.Namespace) -> int:
     forecast = forecast.load()
     params = fit_emos(forecast, truth.load(), per_gridpoint=args.per_gridpoint, iterations=args.iterations,
                       solver=args.solver)
-    attrs = {"forecast": str(args.forecast), "truth": str(args.truth or args.forecast),
+    sources = " ".join(map(str, args.forecast))
+    attrs = {"forecast": sources, "truth": str(args.truth or sources),
              "train_period": " ".join(map(str, args.train_period)) if args.train_period else "all"}
     out = write_model(params, forecast, args.out, attrs, overwrite=args.overwrite)
     print(f"{out}: {params.attrs['groups']} EMOS fit(s), {params.attrs['groups_not_converged']} not converged")
@@ -146,7 +151,7 @@ def _apply(args: argparse.Namespace) -> int:
     forecast = stores.select_period(stores.open_ensemble(args.forecast), args.apply_period)
     if args.members is not None and args.members != forecast.sizes["member"]:
         raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
-                         f"ensemble's member count ({forecast.sizes['member']} in {args.forecast})")
+                         f"ensemble's member count ({forecast.sizes['member']} in {' '.join(map(str, args.forecast))})")
     if args.model.suffix == ".ckpt":
         from smoeweather.postprocess.neural import apply_checkpoint
 
@@ -156,12 +161,12 @@ def _apply(args: argparse.Namespace) -> int:
         from smoeweather.postprocess.model_file import check_forecast, read_model
 
         params, mattrs = read_model(args.model)
-        forecast = check_forecast(mattrs, forecast, str(args.model), str(args.forecast))
+        forecast = check_forecast(mattrs, forecast, str(args.model), " ".join(map(str, args.forecast)))
         mu, sigma = apply_emos(params, forecast.load())
         attrs = {"method": "emos" + ("_gridpoint" if int(mattrs["per_gridpoint"]) else "_global"),
                  "model": str(args.model), "model_train_period": mattrs.get("train_period"),
                  "members": int(forecast.sizes["member"])}
-    attrs = {**attrs, "forecast": str(args.forecast)}
+    attrs = {**attrs, "forecast": " ".join(map(str, args.forecast))}
     mu, sigma = mu.load(), sigma.load()
     products = []
     if members_out is not None:
