@@ -16,7 +16,13 @@ from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.config import load_config
 from smoeweather.nn.smoe import SpatialMoE2d
-from smoeweather.training.diagnostics import RoutingDiagnostics, routing_layout, top_sets
+from smoeweather.training.diagnostics import (
+    RoutingDiagnostics,
+    ranked_selection,
+    routing_layout,
+    selection_change,
+    top_sets,
+)
 from smoeweather.training.run import train
 from smoeweather.training.tasks import build
 
@@ -114,3 +120,37 @@ def test_callback_in_training_logs_every_layer(world_store: str, tmp_path: Path)
     cols = [c for c in metrics.columns if c.startswith("routing/blocks.0.block1.layer/")]
     assert {"routing/blocks.0.block1.layer/flagged", "routing/blocks.0.block1.layer/changed"} <= set(cols)
     assert np.isfinite(metrics["routing/blocks.0.block1.layer/flagged"].dropna()).all()
+
+
+def test_selection_change_gap_and_swap_closed_form() -> None:
+    # |E| = 4, k = 2 on a 1×2 grid; ranked selections (slot 0 = highest score)
+    scores = torch.tensor([[3.0, 0.0], [2.0, 1.0], [1.0, 5.0], [0.0, 4.0]]).view(4, 1, 2)
+    now = ranked_selection(scores, 2)
+    assert now[:, 0, 0].tolist() == [0, 1] and now[:, 0, 1].tolist() == [2, 3]
+    layout = routing_layout(scores, 2)
+    assert layout["selected_mean"] == pytest.approx((3 + 2 + 5 + 4) / 4)
+    assert layout["unselected_mean"] == pytest.approx((1 + 0 + 0 + 1) / 4)
+    assert layout["gap"] == pytest.approx(3.5 - 0.5)
+    # location 0: same set, order reversed; location 1: the set swapped wholesale ({0, 1} before)
+    before = torch.tensor([[1, 0], [0, 1]]).view(2, 1, 2)
+    out = selection_change(now, previous=before, initial=before)
+    assert out["changed"] == 0.5  # one of two locations has another set
+    assert out["order_kept"] == 0.0  # no slot holds the same expert
+    assert out["swapped"] == 0.5  # location 1 lost both initial experts, location 0 none
+    assert selection_change(now, now, now) == {"changed": 0.0, "order_kept": 1.0, "swapped": 0.0}
+
+
+def test_vision_training_logs_routing_diagnostics(tmp_path: Path) -> None:
+    """`smoe train` of the SMoE-CNN logs the routing diagnostics per epoch (changed, gap, swapped, order kept,
+    flagged) for each of its three SMoE layers."""
+    overrides = [f"output_dir={tmp_path}", "model.channels=8", "model.smoe.num_experts=16", "data.max_train=128",
+                 "trainer.max_epochs=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false"]
+    cfg = load_config(REPO / "configs/vision/smoe_cnn.yaml", overrides)
+    result = train(cfg)
+    cb = next(c for c in result.trainer.callbacks if isinstance(c, RoutingDiagnostics))
+    assert {h["layer"] for h in cb.history} == {"layers.0.0", "layers.1.0", "layers.2.0"}
+    metrics = pd.read_csv(next((tmp_path / "logs").rglob("metrics.csv")))
+    for key in ("changed", "gap", "swapped", "order_kept", "flagged"):
+        values = metrics[f"routing/layers.1.0/{key}"].dropna()
+        assert len(values) == 2 and np.isfinite(values).all()
+    assert np.allclose(metrics["routing/layers.1.0/flagged"].dropna(), 0.7, atol=0.01)  # 1 − q, Finding 2

@@ -290,3 +290,252 @@ def run_cli(args: argparse.Namespace) -> int:
     print(markdown(results))
     print(f"smoe vision benchmark: wrote {Path(args.out) / 'vision_benchmark.json'}")
     return 0
+
+
+# ---- SMoE-CNN collapse study (issue 18, part 3; docs/smoe-weather-findings.md Finding 6) ------------------
+
+COLLAPSE_CONFIG = CONFIG_DIR / "collapse.yaml"
+
+
+def routing_trace_record(model: nn.Module, initial: torch.Tensor | None, previous: torch.Tensor | None,
+                         flagged: list[float]) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """Diagnostics of the (shared) tensor gate of ``model``'s SMoE layers: selected/unselected mean logit and
+    their gap, set/rank change against ``previous`` and ``initial`` (see
+    :mod:`smoeweather.training.diagnostics`), and the mean flagged fraction over ``flagged`` (per-step means
+    over the layers). Returns (record, the current ranked selection); ({}, None) without SMoE layers."""
+    from smoeweather.nn.gates import TensorRoutingGate
+    from smoeweather.nn.smoe import smoe_layers
+    from smoeweather.training.diagnostics import ranked_selection, routing_layout, selection_change
+
+    layers = [m for m in smoe_layers(model) if isinstance(m.gate, TensorRoutingGate)]
+    if not layers:
+        return {}, None
+    weight, k = layers[0].gate.weight, layers[0].num_selected
+    now = ranked_selection(weight, k)
+    layout = routing_layout(weight, k)
+    record = {key: round(layout[key], 5) for key in ("selected_mean", "unselected_mean", "gap", "margin")}
+    record.update({key: round(v, 5) for key, v in selection_change(now, previous, initial).items()})
+    record["flagged"] = round(float(np.mean(flagged)), 5) if flagged else None
+    return record, now
+
+
+def damping_gradient_cosine(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float] | None:
+    """Per SMoE layer: cosine similarity between the expert-weight gradient of the mean CE on (x, y) as the
+    layer computes it (its damping) and the undamped gradient (damping None), on a copy of ``model`` in
+    training mode (batch statistics; the model itself is untouched). None without damped SMoE layers."""
+    from smoeweather.nn.smoe import smoe_layers
+
+    probe = copy.deepcopy(model).train()
+    layers = smoe_layers(probe)
+    if not layers or all(m.damping is None for m in layers):
+        return None
+    damping = [m.damping for m in layers]
+    grads = []
+    for setting in (damping, [None] * len(layers)):
+        for m, d in zip(layers, setting):
+            m.damping = d
+        probe.zero_grad(set_to_none=True)
+        member_cross_entropy(probe(x), y).backward()
+        grads.append([m.experts.weight.grad.flatten().clone() for m in layers])
+    return [round(float(nn.functional.cosine_similarity(a, b, dim=0)), 4) for a, b in zip(*grads)]
+
+
+def collapse_run(model_cfg: dict[str, Any], steps: int, seed: int, eval_steps: list[int], log_every: int = 50,
+                 lr: float = 1e-3, batch_size: int = 64, dataset: str = "digits", path: str | None = None,
+                 split_seed: int = 0) -> dict[str, Any]:
+    """Train one model for ``steps`` Adam steps (constant lr, so the state at step n is that of an n-step
+    budget) on a fixed seeded split; test accuracy / NLL at ``eval_steps``; training loss and routing
+    diagnostics every ``log_every`` steps. ``seed`` sets the init and the data order."""
+    from smoeweather.nn.smoe import smoe_layers
+
+    splits = load_images(dataset, path, seed=split_seed)
+    datasets, _, _ = standardise(splits)
+    test_x, test_y = datasets["test"].images, torch.as_tensor(splits.labels["test"])
+    probe_x, probe_y = datasets["train"].images[:256], torch.as_tensor(splits.labels["train"][:256])
+    c, h, w = splits.shape
+    generator = torch.Generator().manual_seed(seed)
+    loader = torch.utils.data.DataLoader(datasets["train"], batch_size=batch_size, shuffle=True, drop_last=True,
+                                         generator=generator)
+    torch.manual_seed(seed)
+    model = build_vision_model(model_cfg, c, len(splits.classes), (h, w))
+    layers = smoe_layers(model)
+    _, initial = routing_trace_record(model, None, None, [])
+    previous = initial
+    losses: list[float] = []
+    flagged: list[float] = []
+    evals: list[dict[str, Any]] = []
+    trace: list[dict[str, Any]] = []
+
+    def on_step(step: int) -> None:
+        nonlocal previous
+        fractions = [m.last_misrouted_fraction for m in layers if m.last_misrouted_fraction is not None]
+        if fractions:
+            flagged.append(float(torch.stack(fractions).mean()))
+        if step % log_every == 0:
+            record, previous = routing_trace_record(model, initial, previous, flagged[-log_every:])
+            trace.append({"step": step, "train_loss": round(float(np.mean(losses[-log_every:])), 5), **record})
+        if step in eval_steps:
+            with torch.no_grad():
+                model.eval()
+                logits = model(test_x)[0].float()
+                model.train()
+            evals.append({"step": step, "accuracy": round(float((logits.argmax(1) == test_y).float().mean()), 5),
+                          "nll": round(float(nn.functional.cross_entropy(logits, test_y)), 5),
+                          "damping_grad_cosine": damping_gradient_cosine(model, probe_x, probe_y)})
+
+    torch.manual_seed(seed)  # as train_steps: the same loop, with the loss of every step kept for the trace
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    step = 0
+    while step < steps:
+        for x, y in loader:
+            loss = member_cross_entropy(model(x), y)
+            aux = weighted_aux_loss(model, 0.0)
+            (loss if aux is None else loss + aux).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            step += 1
+            on_step(step)
+            if step >= steps:
+                break
+    return {"evals": evals, "trace": trace, "params": count_parameters(model)}
+
+
+def collapse_study(out: str | Path, config: str | Path | None = None, arms: list[str] | None = None,
+                   seeds: list[int] | None = None) -> list[Path]:
+    """Run the (arm, seed) jobs of the collapse study config not yet in ``out/jobs`` (resumable; run several
+    processes with disjoint ``arms``/``seeds`` to use more cores). Returns the job files written."""
+    cfg = load_config(config or COLLAPSE_CONFIG)
+    quick = (load_config(CONFIG_DIR / "benchmark.yaml").get("quick") or {}).get("model_overrides", {})
+    dcfg = cfg.get("data", {})
+    jobs = Path(out) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    written = []
+    for arm in arms or list(cfg["arms"]):
+        spec = cfg["arms"][arm]
+        model_cfg = row_model_config(spec["row"], deep_merge(quick.get(spec["row"], {}), spec.get("model", {})))
+        for seed in seeds if seeds is not None else cfg["seeds"]:
+            path = jobs / f"{arm}__seed{seed}.json"
+            if path.exists():
+                continue
+            result = collapse_run(model_cfg, int(cfg["steps"]), int(seed), [int(s) for s in cfg["eval_steps"]],
+                                  int(cfg.get("log_every", 50)), float(cfg.get("lr", 1e-3)),
+                                  int(dcfg.get("batch_size", 64)), dcfg.get("dataset", "digits"), dcfg.get("path"),
+                                  int(cfg.get("split_seed", 0)))
+            write_json(path, {"arm": arm, "seed": int(seed), "model": model_cfg, **result})
+            print(f"vision collapse: {arm} seed {seed}: {result['evals']}", flush=True)
+            written.append(path)
+    return written
+
+
+def collapse_summary(out: str | Path, config: str | Path | None = None, name: str = "vision_collapse") -> dict:
+    """Aggregate ``out/jobs`` into ``out/<name>.json``, ``.md`` (accuracy mean ± std per arm and step, paired
+    differences to the arm ``smoe_cnn`` ± standard error) and ``<name>.png`` (diagnostics over training)."""
+    cfg = load_config(config or COLLAPSE_CONFIG)
+    out = Path(out)
+    runs = [json.loads(p.read_text()) for p in sorted((out / "jobs").glob("*.json"))]
+    for r in runs:  # a job run longer than the config's budget: its first ``steps`` are that budget's run
+        r["trace"] = [t for t in r["trace"] if t["step"] <= int(cfg["steps"])]
+    arms = [a for a in cfg["arms"] if any(r["arm"] == a for r in runs)]
+    steps = [int(s) for s in cfg["eval_steps"]]
+    acc = {a: {r["seed"]: {e["step"]: e["accuracy"] for e in r["evals"]} for r in runs if r["arm"] == a}
+           for a in arms}
+    table = []
+    for a in arms:
+        model = next(r["model"] for r in runs if r["arm"] == a)
+        row: dict[str, Any] = {"arm": a, "seeds": sorted(acc[a]), "model": model}
+        for s in steps:
+            vals = np.array([acc[a][seed][s] for seed in sorted(acc[a]) if s in acc[a][seed]])
+            sd = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+            row[f"acc_{s}"] = [round(float(vals.mean()), 4), round(sd, 4)]
+        first, last = steps[0], steps[-1]
+        diff = np.array([acc[a][seed][last] - acc[a][seed][first] for seed in acc[a]])
+        row["last_minus_first"] = [round(float(diff.mean()), 4),
+                                   round(float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0, 4)]
+        table.append(row)
+    reference = "smoe_cnn"
+    paired = {}
+    if reference in acc:
+        for a in arms:
+            if a == reference:
+                continue
+            common = sorted(set(acc[a]) & set(acc[reference]))
+            paired[a] = {}
+            for s in steps:
+                d = np.array([acc[a][seed][s] - acc[reference][seed][s] for seed in common])
+                se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+                paired[a][str(s)] = [round(float(d.mean()), 4), round(se, 4)]
+    summary = {"config": cfg, "table": table, "paired_vs_smoe_cnn": paired,
+               "traces": {f"{r['arm']}__seed{r['seed']}": r["trace"] for r in runs},
+               "provenance": {"torch": torch.__version__, "jobs": len(runs)}}
+    write_json(out / f"{name}.json", summary)
+    lines = ["# SMoE-CNN collapse study (digits, quick row size)", "",
+             f"{cfg['steps']} constant-lr Adam steps (lr {cfg['lr']}), seeds {cfg['seeds']}, one seeded split; test "
+             "accuracy mean ± std over seeds. Config: configs/vision/collapse.yaml.", "",
+             "| arm | " + " | ".join(f"acc @ {s}" for s in steps) + f" | acc {steps[-1]} − acc {steps[0]} (± SE) |",
+             "|---|" + "---:|" * (len(steps) + 1)]
+    for row in table:
+        cells = [f"{row[f'acc_{s}'][0]:.3f} ± {row[f'acc_{s}'][1]:.3f}" for s in steps]
+        d = row["last_minus_first"]
+        lines.append(f"| {row['arm']} | " + " | ".join(cells) + f" | {d[0]:+.3f} ± {d[1]:.3f} |")
+    if paired:
+        lines += ["", "Paired difference to `smoe_cnn` (same seed), mean ± SE:", "",
+                  "| arm | " + " | ".join(f"Δ @ {s}" for s in steps) + " |", "|---|" + "---:|" * len(steps)]
+        for a, by_step in paired.items():
+            lines.append(f"| {a} | " + " | ".join(f"{by_step[str(s)][0]:+.3f} ± {by_step[str(s)][1]:.3f}"
+                                                   for s in steps) + " |")
+    cosines = {a: {s: [e["damping_grad_cosine"] for r in runs if r["arm"] == a for e in r["evals"]
+                       if e["step"] == s and e.get("damping_grad_cosine")] for s in steps} for a in arms}
+    damped = [a for a in arms if any(cosines[a].values())]
+    if damped:
+        lines += ["", "Cosine between the damped and the undamped expert-weight gradient (256 training images, "
+                  "per SMoE layer 1/2/3, seed mean):", "", "| arm | " + " | ".join(f"step {s}" for s in steps) + " |",
+                  "|---|" + "---:|" * len(steps)]
+        for a in damped:
+            cells = ["/".join(f"{v:.2f}" for v in np.mean(cosines[a][s], axis=0)) if cosines[a][s] else "–"
+                     for s in steps]
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    lines += ["", "Diagnostics over training (seed means, shared gate): " + f"{name}.png."]
+    for a in arms:
+        if a == "cnn":
+            continue
+        tr = [r["trace"] for r in runs if r["arm"] == a]
+        last = {k: float(np.mean([t[-1][k] for t in tr])) for k in ("gap", "swapped", "order_kept", "flagged")
+                if tr and tr[0][-1].get(k) is not None}
+        lines.append(f"- {a} at step {tr[0][-1]['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in last.items()))
+    write_text(out / f"{name}.md", "\n".join(lines) + "\n")
+    plot_collapse_diagnostics(summary["traces"], out / f"{name}.png")
+    return summary
+
+
+def plot_collapse_diagnostics(traces: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
+    """Seed-mean curves per arm over training: training loss, selected/unselected mean gate logit, swapped
+    share of the initial selection, rank order kept since the previous point, flagged fraction."""
+    from smoeweather.plotting.vision import _save, plt
+
+    by_arm: dict[str, list[list[dict[str, Any]]]] = {}
+    for key, trace in traces.items():
+        by_arm.setdefault(key.split("__seed")[0], []).append(trace)
+    panels = [("train_loss", "training loss (50-step mean)"), ("selected_mean", "mean gate logit: selected (—), "
+              "unselected (--)"), ("swapped", "share of the initial selection swapped out"),
+              ("order_kept", "slots with the same expert as 50 steps before"),
+              ("flagged", "flagged (misrouted) fraction")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    for i, (arm, runs) in enumerate(sorted(by_arm.items())):
+        color = f"C{i}"
+        steps = np.array([r["step"] for r in runs[0]])
+        for ax, (key, title) in zip(axes, panels):
+            if runs[0][0].get(key) is None:
+                continue
+            values = np.array([[r[key] for r in run] for run in runs], dtype=float).mean(0)
+            ax.plot(steps, values, color=color, label=f"{arm} ({len(runs)} seeds)")
+            if key == "selected_mean":
+                other = np.array([[r["unselected_mean"] for r in run] for run in runs], dtype=float).mean(0)
+                ax.plot(steps, other, color=color, ls="--")
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step")
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, Path(path))

@@ -10,7 +10,10 @@
   a ResBlock-MoE layer after that stage.
 * ``cnn``: three 3×3 conv layers of ``channels`` filters with BN + ReLU, GAP and a linear head (SMoE
   paper App. D); ``smoe`` (dict) replaces every conv by a :class:`SpatialMoE2d` with 2·channels experts
-  selecting ``channels`` and one tensor-routing gate shared by all layers (App. D / Table D.1).
+  selecting ``channels`` and one tensor-routing gate shared by all layers (App. D / Table D.1);
+  ``smoe.gate_init`` (``uniform`` | ``coherent``) and ``smoe.gate_frozen`` set that gate, the other
+  ``smoe`` keys are :class:`SpatialMoE2d` arguments (configs/vision/smoe_cnn.yaml turns damping off:
+  docs/smoe-weather-findings.md, Finding 6).
 
 Any model takes ``emoe: {experts: N, k: k, blocks: [...]}``: the FFNs of those ViT blocks (or, for
 ``cnn``, the conv layers with those indices) become EMoE layers; :func:`recluster_emoe` regroups them
@@ -87,7 +90,8 @@ class ThreeLayerCNN(nn.Module):
         if smoe is not None:
             smoe = dict(smoe)
             experts = int(smoe.pop("num_experts", 2 * channels))
-            gate = TensorRoutingGate(experts, *image_size, num_selected=channels)
+            gate = TensorRoutingGate(experts, *image_size, num_selected=channels, init=smoe.pop("gate_init", "uniform"),
+                                     frozen=bool(smoe.pop("gate_frozen", False)))
         cin = in_channels
         for _ in range(3):
             if gate is None:

@@ -11,6 +11,15 @@ For every :class:`~smoeweather.nn.smoe.SpatialMoE2d` layer (name = its module pa
   the selection is from changing (gate-score units);
 * ``usage_min``, ``usage_max``: smallest / largest fraction of locations at which an expert is selected
   (E/|E| each when perfectly balanced); ``unused``: fraction of experts selected nowhere;
+* ``selected_mean``, ``unselected_mean``, ``gap``: mean gate score of the selected / unselected (location,
+  expert) pairs and their difference. RC labels that push every selected score down and every unselected
+  one up (docs/smoe-weather-findings.md, Findings 3 and 6) show as a ``gap`` shrinking toward 0;
+* ``swapped``: fraction of the (location, expert) pairs selected at the start of training that are no longer
+  selected (0 = unchanged; (|E|−E)/|E| = a random reselection; 1 = the selected and unselected sets have
+  swapped wholesale);
+* ``order_kept``: fraction of the (slot, location) pairs whose expert is the same as at the previous epoch
+  end. An SMoE's output plane j is its rank-j expert, so this is the share of the next layer's input
+  channels that still come from the same filter (a set can stay fixed while its rank order churns);
 * ``prior_agreement``: fraction of the selected (location, slot) pairs whose expert belongs to the group
   the land-sea prior assigns to that location (sea → first |E|/K experts, ...; 1.0 right after a
   strength ≥ 1 prior initialisation); only with a prior;
@@ -70,10 +79,36 @@ def routing_layout(scores: torch.Tensor, k: int, prior: torch.Tensor | None = No
         "unused": float((usage == 0).float().mean()),
         "usage": usage.tolist(),
     }
+    chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(0, idx, True)
+    out["selected_mean"] = float(scores[chosen].mean())
+    out["unselected_mean"] = float(scores[~chosen].mean()) if k < n_exp else float("nan")
+    out["gap"] = out["selected_mean"] - out["unselected_mean"]
     if prior is not None:
         prior = prior.to(idx.device).long()
         groups = int(prior.max()) + 1
         out["prior_agreement"] = float(((idx * groups // n_exp) == prior[None]).float().mean())
+    return out
+
+
+def ranked_selection(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k expert indices per location in descending score order (the layer's slot order): (k, H, W)."""
+    return scores.detach().topk(k, dim=0, sorted=True).indices
+
+
+def selection_change(now: torch.Tensor, previous: torch.Tensor | None = None,
+                     initial: torch.Tensor | None = None) -> dict[str, float]:
+    """Change metrics between ranked selections (k, H, W) of :func:`ranked_selection`: ``changed`` (locations
+    whose SET differs from ``previous``), ``order_kept`` (slots holding the same expert as in ``previous``)
+    and ``swapped`` (share of ``initial``'s selected pairs no longer selected)."""
+    out: dict[str, float] = {}
+    now_sets = now.sort(dim=0).values
+    if previous is not None:
+        out["changed"] = float((now_sets != previous.sort(dim=0).values).any(0).float().mean())
+        out["order_kept"] = float((now == previous).float().mean())
+    if initial is not None:
+        # per location: |initial set ∩ current set| via membership of each initial expert in the current set
+        kept = (initial.unsqueeze(1) == now.unsqueeze(0)).any(1)  # (k, H, W)
+        out["swapped"] = 1.0 - float(kept.float().mean())
     return out
 
 
@@ -105,6 +140,7 @@ class RoutingDiagnostics(L.Callback):
         self.history: list[dict[str, Any]] = []
         self._layers: dict[str, SpatialMoE2d] = {}
         self._previous: dict[str, torch.Tensor] = {}
+        self._initial: dict[str, torch.Tensor] = {}
         self._sums: dict[str, dict[str, torch.Tensor]] = {}
         self._batches = 0
 
@@ -129,7 +165,8 @@ class RoutingDiagnostics(L.Callback):
                 self._hooks.append(layer.register_forward_hook(self._watch_error(name)))
         for name, layer in self._layers.items():
             if isinstance(layer.gate, TensorRoutingGate):
-                self._previous[name] = top_sets(layer.gate.weight, layer.num_selected)
+                self._previous[name] = ranked_selection(layer.gate.weight, layer.num_selected)
+                self._initial.setdefault(name, self._previous[name])
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._sums, self._batches = {}, 0
@@ -175,10 +212,9 @@ class RoutingDiagnostics(L.Callback):
         for name, layer in self._layers.items():
             metrics: dict[str, Any] = {}
             if isinstance(layer.gate, TensorRoutingGate):
-                now = top_sets(layer.gate.weight, layer.num_selected)
-                before = self._previous.get(name)
-                if before is not None:
-                    metrics["changed"] = float((now != before).any(0).float().mean())
+                now = ranked_selection(layer.gate.weight, layer.num_selected)
+                metrics.update(selection_change(now, self._previous.get(name), self._initial.get(name)))
+                self._initial.setdefault(name, now)
                 self._previous[name] = now
                 metrics.update(routing_layout(layer.gate.weight, layer.num_selected, self.prior))
             for key, total in self._sums.get(name, {}).items():
