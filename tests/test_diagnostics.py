@@ -153,4 +153,5 @@ def test_vision_training_logs_routing_diagnostics(tmp_path: Path) -> None:
     for key in ("changed", "gap", "swapped", "order_kept", "flagged"):
         values = metrics[f"routing/layers.1.0/{key}"].dropna()
         assert len(values) == 2 and np.isfinite(values).all()
-    assert np.allclose(metrics["routing/layers.1.0/flagged"].dropna(), 0.7, atol=0.01)  # 1 − q, Finding 2
+    q = cfg["model"]["smoe"]["quantile"]
+    assert np.allclose(metrics["routing/layers.1.0/flagged"].dropna(), 1 - q, atol=0.01)  # 1 − q, Finding 2
