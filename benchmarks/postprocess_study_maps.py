@@ -23,7 +23,7 @@ from smoeweather.config import load_config
 from smoeweather.metrics import probabilistic
 from smoeweather.postprocess.emos import apply_emos, fit_emos
 from smoeweather.postprocess.neural import apply_checkpoint
-from smoeweather.postprocess.scoring import split_forecast
+from smoeweather.postprocess.scoring import open_source, split_forecast
 from smoeweather.postprocess.stores import open_static
 
 ARMS = ("unet", "unet_static", "smoe_prior_coherent", "smoe_coherent", "smoe_paper")
@@ -40,8 +40,9 @@ def crps_maps(study: Path) -> tuple[dict[str, dict[str, np.ndarray]], xr.DataArr
     """{method: {target: (H, W) time-mean CRPS}}, the land fraction, {method: source}."""
     record = json.loads((study / "study.json").read_text())
     cfg = load_config(Path(record["variants"]["unet"]["config"]))
-    test_fc, test_truth, spec = split_forecast(cfg["data"], "test")
-    train_fc, train_truth, _ = split_forecast(cfg["data"], "train")
+    opened = open_source(cfg["data"])
+    test_fc, test_truth, _ = split_forecast(cfg["data"], "test", opened)
+    train_fc, train_truth, _ = split_forecast(cfg["data"], "train", opened)
     names = [n for n, _ in TARGETS]
     out: dict[str, dict[str, np.ndarray]] = {}
     sources = {}

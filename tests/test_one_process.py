@@ -43,7 +43,7 @@ ckpt = train(apply_overrides(cfg, [
     "data.test_period=[2000-02-01, 2000-02-09]", "data.lead_h=24",
     "model.width=4", "model.blocks=1", "trainer.accelerator=cpu", "trainer.devices=1",
     "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-    "trainer.max_time=null", "trainer.enable_progress_bar=false", "trainer.deterministic=true",
+    "trainer.enable_progress_bar=false", "trainer.deterministic=true",
 ])).last_checkpoint
 for argv in (
     ["forecast", ckpt, "--data", str(store), "--init", "2000-02-01", "2000-02-07", "--every", "24h",

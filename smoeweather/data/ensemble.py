@@ -61,11 +61,10 @@ class EnsembleSpec:
     @property
     def channel_names(self) -> list[str]:
         """Input channel names (before static channels), e.g. ``geopotential_500_ens_mean@48h``."""
-        names = [f"{field_name(f)}_{s}@{h}h" for h in (["lead"] if self.lead_as_input else self.leads_h)
-                 for f in self.predictors for s in ("ens_mean", "ens_std")]
         if self.lead_as_input:
-            names = [n.replace("@leadh", "") for n in names] + ["lead_time"]
-        return names
+            return [f"{field_name(f)}_{s}" for f in self.predictors for s in ("ens_mean", "ens_std")] + ["lead_time"]
+        return [f"{field_name(f)}_{s}@{h}h" for h in self.leads_h for f in self.predictors
+                for s in ("ens_mean", "ens_std")]
 
     @property
     def target_names(self) -> list[str]:
@@ -252,20 +251,30 @@ def split_times(times: np.ndarray, max_lead_h: int, years: Sequence[Any] | None 
     return np.flatnonzero(keep)
 
 
+def select_split(forecast: xr.Dataset, truth: xr.Dataset, spec: EnsembleSpec, split: str,
+                 years: Sequence[Any] | None = None, period: Sequence[Any] | None = None,
+                 where: str = "") -> tuple[xr.Dataset, xr.Dataset]:
+    """(forecast cut to the ``split``'s inits (:func:`split_times`), the truth of the spec's targets at its valid
+    times). ``truth`` is on valid times (:func:`~smoeweather.postprocess.stores.open_truth`)."""
+    from smoeweather.postprocess.stores import truth_at_valid_times
+
+    keep = split_times(forecast["time"].values, max(spec.leads_h), years, period)
+    if len(keep) == 0:
+        raise ValueError(f"{where}: no initialisation time in the {split} split (years {years}, period {period})")
+    fc = forecast.isel(time=keep)
+    targets = list(dict.fromkeys(name for name, _ in spec.targets))
+    return fc, truth_at_valid_times(fc[targets], truth)
+
+
 def open_ensemble_dataset(source: Any, spec_config: dict[str, Any], truth: Any = None,
                           years: Sequence[Any] | None = None, period: Sequence[Any] | None = None,
                           stats: dict[str, tuple[float, float]] | None = None, cache: bool = True) -> EnsembleDataset:
     """:class:`EnsembleDataset` of any ensemble source (path or paths) and its truth (default: inside the
     source), cut to ``years``/``period``; ``spec_config`` holds ``variables``, [``target_variables``,
     ``leads_h``, ``lead_as_input``]."""
-    from smoeweather.postprocess.stores import open_ensemble, open_truth, truth_at_valid_times
+    from smoeweather.postprocess.stores import open_ensemble, open_truth
 
     forecast = open_ensemble(source)
     spec = EnsembleSpec.from_config(spec_config, forecast)
-    keep = split_times(forecast["time"].values, max(spec.leads_h), years, period)
-    if len(keep) == 0:
-        raise ValueError(f"{source}: no initialisation time in years={years} period={period}")
-    forecast = forecast.isel(time=keep)
-    targets = list(dict.fromkeys(name for name, _ in spec.targets))
-    truth_ds = truth_at_valid_times(forecast[targets], open_truth(truth, source))
-    return EnsembleDataset(forecast, truth_ds, spec, stats=stats, cache=cache, source=str(source))
+    fc, truth_ds = select_split(forecast, open_truth(truth, source), spec, "requested", years, period, str(source))
+    return EnsembleDataset(fc, truth_ds, spec, stats=stats, cache=cache, source=str(source))

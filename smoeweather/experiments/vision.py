@@ -70,7 +70,8 @@ def flops_per_image(model: nn.Module, x: torch.Tensor) -> float:
 
 def train_steps(model: nn.Module, loader: Any, steps: int, lr: float, aux_weight: float, seed: int,
                 on_step: Any = None) -> None:
-    """``steps`` Adam steps of mean member CE + weighted aux losses over a reshuffled ``loader``."""
+    """``steps`` Adam steps of mean member CE + weighted aux losses over a reshuffled ``loader``;
+    ``on_step(step, loss)`` after each step (``loss``: the member CE tensor of that step, before aux terms)."""
     torch.manual_seed(seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
@@ -84,7 +85,7 @@ def train_steps(model: nn.Module, loader: Any, steps: int, lr: float, aux_weight
             opt.zero_grad(set_to_none=True)
             step += 1
             if on_step is not None:
-                on_step(step)
+                on_step(step, loss.detach())
             if step >= steps:
                 break
 
@@ -174,7 +175,8 @@ def run_benchmark(out: str | Path, quick: bool = False, config: str | Path | Non
             log_every = int(cfg.get("emoe_log_every", 25))
             layer = emoe_layers(model)[0]
 
-            def record(step: int, layer: Any = layer, history: list = history, every: int = log_every) -> None:
+            def record(step: int, loss: torch.Tensor, layer: Any = layer, history: list = history,
+                       every: int = log_every) -> None:
                 if step % every == 0:
                     total = layer.counts.sum().item() / layer.k
                     history.append((layer.counts / max(total, 1)).numpy().copy())
@@ -366,8 +368,9 @@ def collapse_run(model_cfg: dict[str, Any], steps: int, seed: int, eval_steps: l
     evals: list[dict[str, Any]] = []
     trace: list[dict[str, Any]] = []
 
-    def on_step(step: int) -> None:
+    def on_step(step: int, loss: torch.Tensor) -> None:
         nonlocal previous
+        losses.append(float(loss))
         fractions = [m.last_misrouted_fraction for m in layers if m.last_misrouted_fraction is not None]
         if fractions:
             flagged.append(float(torch.stack(fractions).mean()))
@@ -383,22 +386,7 @@ def collapse_run(model_cfg: dict[str, Any], steps: int, seed: int, eval_steps: l
                           "nll": round(float(nn.functional.cross_entropy(logits, test_y)), 5),
                           "damping_grad_cosine": damping_gradient_cosine(model, probe_x, probe_y)})
 
-    torch.manual_seed(seed)  # as train_steps: the same loop, with the loss of every step kept for the trace
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    model.train()
-    step = 0
-    while step < steps:
-        for x, y in loader:
-            loss = member_cross_entropy(model(x), y)
-            aux = weighted_aux_loss(model, 0.0)
-            (loss if aux is None else loss + aux).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-            step += 1
-            on_step(step)
-            if step >= steps:
-                break
+    train_steps(model, loader, steps, lr, 0.0, seed, on_step=on_step)
     return {"evals": evals, "trace": trace, "params": count_parameters(model)}
 
 

@@ -17,6 +17,7 @@ import torch
 import xarray as xr
 
 from smoeweather.data.ensemble import HOUR, EnsembleDataset, EnsembleSpec, check_forecast
+from smoeweather.data.weather import field_name
 
 CACHE_LIMIT_BYTES = 2 * 1024**3
 """Moments of a forecast smaller than this are computed in one pass; larger ones sample by sample."""
@@ -76,7 +77,7 @@ def apply_checkpoint(
             c = 0
             for li in leads:
                 for j, f in enumerate(targets):
-                    mean, std = stats[f"{f[0]}_{f[1]}" if f[1] is not None else f[0]]
+                    mean, std = stats[field_name(f)]
                     mu[j, t, li] = out_mu[b, c].numpy() * std + mean
                     sigma[j, t, li] = out_sigma[b, c].numpy() * std
                     c += 1

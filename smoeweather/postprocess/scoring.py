@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from smoeweather.data.ensemble import HOUR, EnsembleSpec, split_times
+from smoeweather.data.ensemble import HOUR, EnsembleSpec, select_split
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics import probabilistic
 from smoeweather.metrics.weights import latitude_weights, weighted_mean
@@ -63,24 +63,25 @@ def score_ensemble(forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Fi
     return out
 
 
-def split_forecast(dcfg: dict[str, Any], split: str) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
-    """(forecast, truth at valid times, spec) of one split of a postprocess config's ``data`` block, at the
-    spec's leads, loaded into memory."""
-    from smoeweather.postprocess.stores import open_ensemble, open_truth, truth_at_valid_times
+def open_source(dcfg: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
+    """(forecast, truth on valid times, spec) of a postprocess config's ``data`` block, opened once (lazy)."""
+    from smoeweather.postprocess.stores import open_ensemble, open_truth
 
     source = dcfg.get("source") or dcfg.get("store")
     forecast = open_ensemble(source)
-    spec = EnsembleSpec.from_config(dcfg, forecast)
-    keep = split_times(forecast["time"].values, max(spec.leads_h), dcfg.get(f"{split}_years"),
-                       dcfg.get(f"{split}_period"))
-    if len(keep) == 0:
-        raise ValueError(f"{source}: no initialisation time in the {split} split")
+    return forecast, open_truth(dcfg.get("truth"), source), EnsembleSpec.from_config(dcfg, forecast)
+
+
+def split_forecast(dcfg: dict[str, Any], split: str, opened: tuple[xr.Dataset, xr.Dataset, EnsembleSpec] | None = None
+                   ) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
+    """(forecast, truth at valid times, spec) of one split of a postprocess config's ``data`` block, at the
+    spec's leads, loaded into memory; ``opened``: the result of :func:`open_source` to reuse."""
+    forecast, truth, spec = opened or open_source(dcfg)
     leads = [np.timedelta64(h, "h").astype("timedelta64[ns]") for h in spec.leads_h]
     names = list(dict.fromkeys(n for n, _ in (*spec.predictors, *spec.targets)))
-    fc = forecast[names].isel(time=keep).sel(prediction_timedelta=leads).load()
-    truth = truth_at_valid_times(fc[list(dict.fromkeys(n for n, _ in spec.targets))],
-                                 open_truth(dcfg.get("truth"), source)).load()
-    return fc, truth, spec
+    fc, truth_at = select_split(forecast[names], truth, spec, split, dcfg.get(f"{split}_years"),
+                                dcfg.get(f"{split}_period"), str(dcfg.get("source") or dcfg.get("store")))
+    return fc.sel(prediction_timedelta=leads).load(), truth_at.sel(prediction_timedelta=leads).load(), spec
 
 
 def score_checkpoint(checkpoint: str, dcfg: dict[str, Any], split: str = "test"
@@ -98,8 +99,9 @@ def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dic
     config's train split (the same inits the networks train on) and scored on ``split``."""
     from smoeweather.postprocess.emos import apply_emos, fit_emos
 
-    train_fc, train_truth, spec = split_forecast(dcfg, "train")
-    test_fc, test_truth, _ = split_forecast(dcfg, split)
+    opened = open_source(dcfg)
+    train_fc, train_truth, spec = split_forecast(dcfg, "train", opened)
+    test_fc, test_truth, _ = split_forecast(dcfg, split, opened)
     targets = list(spec.targets)
     names = list(dict.fromkeys(n for n, _ in targets))
     out = {"raw": score_ensemble(test_fc[names], test_truth, targets)}
@@ -110,5 +112,5 @@ def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dic
     return out
 
 
-__all__ = ["METRICS", "reference_scores", "score_checkpoint", "score_ensemble", "score_gaussian",
+__all__ = ["METRICS", "open_source", "reference_scores", "score_checkpoint", "score_ensemble", "score_gaussian",
            "split_forecast"]

@@ -191,22 +191,18 @@ def open_static(source: Sources, names: Sequence[str]) -> xr.Dataset:
     """Static (latitude, longitude) fields ``names`` (keys of :data:`STATIC_FIELDS`) from the first file of
     ``source`` that holds them (latitude ascending). ValueError naming the files when one is missing."""
     out = {}
-    paths = _paths(source)
+    opened = [_open_any(p) for p in _paths(source)]  # each file once, whatever the number of fields
     for name in names:
         if name not in STATIC_FIELDS:
             raise ValueError(f"unknown static field {name!r}; expected one of {sorted(STATIC_FIELDS)} or 'latitude'")
-        for p in paths:
-            ds = _open_any(p)
-            hit = next((v for v in STATIC_FIELDS[name] if v in ds.variables
-                        and set(ds[v].dims) >= {"latitude", "longitude"}), None)
-            if hit is not None:
-                da = ds[hit].sortby("latitude")
-                extra = [d for d in da.dims if d not in ("latitude", "longitude")]
-                out[name] = da.isel({d: 0 for d in extra}, drop=True).astype(np.float64)
-                break
-        else:
+        found = next(((ds, v) for ds in opened for v in STATIC_FIELDS[name]
+                      if v in ds.variables and set(ds[v].dims) >= {"latitude", "longitude"}), None)
+        if found is None:
             raise ValueError(f"no static field {name!r} (any of {STATIC_FIELDS[name]}) on latitude/longitude in "
-                             f"{[str(p) for p in paths]}; set data.constants to a file that has it")
+                             f"{[str(p) for p in _paths(source)]}; set data.constants to a file that has it")
+        da = found[0][found[1]].sortby("latitude")
+        extra = [d for d in da.dims if d not in ("latitude", "longitude")]
+        out[name] = da.isel({d: 0 for d in extra}, drop=True).astype(np.float64)
     return xr.Dataset(out)
 
 

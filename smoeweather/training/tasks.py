@@ -103,9 +103,9 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     inputs (``land_sea_mask``, ``orography``, ``latitude``) from ``data.constants`` or the source; splits by
     ``<split>_years`` / ``<split>_period`` on initialisation times (a period also bounds the valid times).
     """
-    from smoeweather.data.ensemble import EnsembleDataset, EnsembleSpec, split_times, static_channels
+    from smoeweather.data.ensemble import EnsembleDataset, EnsembleSpec, select_split, static_channels
     from smoeweather.models.registry import build_weather_model
-    from smoeweather.postprocess.stores import open_ensemble, open_static, open_truth, truth_at_valid_times
+    from smoeweather.postprocess.stores import open_ensemble, open_static, open_truth
     from smoeweather.training.postprocessing import EnsemblePostprocessor, PostprocessingModule
 
     dcfg = dict(cfg["data"])
@@ -117,17 +117,11 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     forecast = open_ensemble(source)
     spec = EnsembleSpec.from_config(dcfg, forecast)
     truth_all = open_truth(dcfg.get("truth"), source)
-    targets = list(dict.fromkeys(name for name, _ in spec.targets))
     cache = dcfg.get("cache", True)
 
     def make(split: str, stats: dict[str, tuple[float, float]] | None) -> EnsembleDataset:
-        keep = split_times(forecast["time"].values, max(spec.leads_h), dcfg.get(f"{split}_years"),
-                           dcfg.get(f"{split}_period"))
-        if len(keep) == 0:
-            raise ValueError(f"{source}: no initialisation time in the {split} split (years "
-                             f"{dcfg.get(f'{split}_years')}, period {dcfg.get(f'{split}_period')})")
-        fc = forecast.isel(time=keep)
-        truth = truth_at_valid_times(fc[targets], truth_all)
+        fc, truth = select_split(forecast, truth_all, spec, split, dcfg.get(f"{split}_years"),
+                                 dcfg.get(f"{split}_period"), str(source))
         return EnsembleDataset(fc, truth, spec, stats=stats, cache=bool(cache), source=str(source))
 
     built: dict[str, EnsembleDataset] = {"train": make("train", None)}
