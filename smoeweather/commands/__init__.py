@@ -16,4 +16,5 @@ VERBS: tuple[str, ...] = (
     "demo",
     "study",
     "vision",
+    "checkpoint",
 )

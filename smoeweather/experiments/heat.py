@@ -106,7 +106,7 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
     trainer.fit(module, datamodule=data)
     seconds = time.perf_counter() - start
     best = checkpoint.best_model_path or None
-    test = trainer.test(module, datamodule=data, ckpt_path=best, verbose=False)[0]
+    test = trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)[0]
     row: dict[str, Any] = {
         "name": name,
         "seed": seed,

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from smoeweather.models.checkpoint_io import plain
 from smoeweather.nn.smoe import rc_loss_value, set_loss_scale
 
 warnings.filterwarnings("ignore", message=r".*ReduceLROnPlateau conditioned on metric val_loss which is not "
@@ -56,7 +57,8 @@ class MetadataCheckpointMixin:
     metadata: dict[str, Any]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[METADATA_KEY] = {"format_version": FORMAT_VERSION, **self.metadata}
+        # plain data only (numpy → lists, paths → str): the file then loads with weights_only=True anywhere
+        checkpoint[METADATA_KEY] = plain({"format_version": FORMAT_VERSION, **self.metadata})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         check_checkpoint(checkpoint)

@@ -21,6 +21,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from smoeweather.models.checkpoint_io import read_checkpoint
 from smoeweather.training.base import METADATA_KEY, CheckpointFormatError, check_checkpoint
 
 __all__ = ["TrainedModel", "load_trained", "file_sha256"]
@@ -115,17 +116,14 @@ def _weatherbench_module(meta: dict[str, Any]) -> L.LightningModule:
 def load_trained(path: str | Path, map_location: str | torch.device = "cpu") -> TrainedModel:
     """Rebuild and load a ``smoe train`` checkpoint (any task) for inference.
 
-    Raises FileNotFoundError for a missing file and ValueError (naming the file) for a file that is not a
+    The file is read as data (:func:`smoeweather.models.checkpoint_io.read_checkpoint`): nothing in it runs.
+    Raises FileNotFoundError for a missing file, UnsafeCheckpointError (a ValueError) for a file holding
+    anything but tensors and plain metadata, and ValueError (naming the file) for a file that is not a
     smoeweather checkpoint of this format version or whose weights do not fit the rebuilt model.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # torch raises many types for a file that is not a torch pickle
-        raise ValueError(f"{path} is not a PyTorch/Lightning checkpoint ({type(err).__name__}: {err})") from err
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+    ckpt = read_checkpoint(path)  # data only: refuses a pickle that would run code (UnsafeCheckpointError)
+    if "state_dict" not in ckpt:
         raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict)")
     meta = check_checkpoint(ckpt, str(path))
     task, cfg = meta.get("task"), meta.get("config")

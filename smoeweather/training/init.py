@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import nn
 
+from smoeweather.models.checkpoint_io import read_checkpoint
 from smoeweather.training.base import check_checkpoint
 
 NORMALISATION_BUFFERS = ("input_mean", "input_std", "target_mean", "target_std")
@@ -43,7 +43,7 @@ def init_weights(model: nn.Module, checkpoint_path: str | Path) -> InitReport:
     The normalisation buffers are NOT taken over: the model keeps the statistics of the data it will be
     trained on (e.g. ERA5 after CMIP6 pretraining). Everything else that does not fit is reported.
     """
-    ckpt = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    ckpt = read_checkpoint(checkpoint_path)  # data only: refuses a pickle that would run code
     check_checkpoint(ckpt, str(checkpoint_path))
     source = {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     own = model.state_dict()

@@ -33,6 +33,8 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from smoeweather.models.checkpoint_io import read_checkpoint
+from smoeweather.training.base import check_checkpoint
 from smoeweather.training.callbacks import BatchSeed, LastCheckpoint, SamplesPerSecond, SaveResolvedConfig
 from smoeweather.training.datamodule import SPLITS, SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
@@ -146,6 +148,9 @@ def train(
     """Seed, build, optionally initialise from ``init_from``, and fit (resuming from ``resume``)."""
     cfg = json.loads(json.dumps(cfg, default=str))  # plain types only (YAML dates → strings): safe to pickle
     validate_train_config(cfg)  # unknown keys / wrong types: an error, not silently ignored
+    for given in (init_from, resume):  # read as data before anything is built or written: a crafted file is
+        if given is not None:  # refused here (UnsafeCheckpointError naming it) and no output directory appears
+            check_checkpoint(read_checkpoint(given), str(given))
     seed = int(cfg.get("seed", 0))
     L.seed_everything(seed, workers=True, verbose=False)
     output_dir = Path(cfg.get("output_dir") or f"runs/{cfg.get('task')}")
@@ -155,7 +160,8 @@ def train(
         module.metadata["init_from"] = str(init_from)
         rank_zero_only(print)(f"smoe train: initialised from {init_from}: {report}")
     trainer = build_trainer(cfg, output_dir, extra_callbacks=extra_callbacks)
-    trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None)
+    # Lightning reads the resume file again itself: with weights_only=True, its restricted unpickler too
+    trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None, weights_only=True)
     checkpoint = trainer.checkpoint_callback
     last = next(c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
     return TrainResult(trainer, module, data, output_dir, checkpoint.best_model_path, last.last_model_path)
