@@ -304,3 +304,56 @@ def spread_skill_ratio_gaussian(
     spread = np.sqrt(weighted_mean(sigma**2, dims, weights))
     rmse = np.sqrt(weighted_mean((mu - truth) ** 2, dims, weights))
     return spread / rmse
+
+
+# ---- ensemble diagnostics (issue 26) ----------------------------------------------------------------
+def rank_histogram(
+    forecast: X,
+    truth: xr.DataArray | xr.Dataset,
+    weights: xr.DataArray | None = None,
+    dims: Sequence[Hashable] = ("time", "latitude", "longitude"),
+    member_dim: str = "member",
+) -> X:
+    """Relative frequency of the truth's rank among the M members (Talagrand diagram), over ``dims``
+    (weighted by ``weights``, e.g. latitude weights), other dims kept; new dim ``rank`` = 1 … M + 1 (sums
+    to 1). Flat (1/(M + 1) each) for a calibrated ensemble; U-shaped under-dispersive, ∩-shaped
+    over-dispersive. Ties share their weight equally among the tied ranks (``scores.probability.rank_histogram``,
+    which computes it)."""
+    from scores.probability import rank_histogram as _rank_histogram
+
+    _check_member(forecast, member_dim, 1)
+    truth = _matching_truth(forecast, truth)
+    w = None
+    if weights is not None:
+        template = truth if isinstance(truth, xr.DataArray) else truth[list(truth.data_vars)[0]]
+        w = weights.broadcast_like(template)
+    return _rank_histogram(forecast, truth, member_dim, reduce_dims=list(dims), weights=w)
+
+
+def member_diversity(
+    forecast: X,
+    truth: xr.DataArray | xr.Dataset,
+    weights: xr.DataArray | None = None,
+    dims: Sequence[Hashable] = ("time", "latitude", "longitude"),
+    member_dim: str = "member",
+) -> xr.Dataset:
+    """Diversity of an ensemble against its error, reduced over ``dims`` (weighted):
+
+    * ``pairwise_distance`` D = mean over points of (1/(M(M − 1))) Σⱼ≠ₖ |xⱼ − xₖ| (units of the field);
+    * ``member_error`` E = mean over points of (1/M) Σⱼ |xⱼ − y| (units of the field);
+    * ``diversity_ratio`` D / E (dimensionless): E[|X − X'|] = E[|X − Y|] when the truth is exchangeable with
+      the members, so ≈ 1 for a calibrated ensemble and → 0 for a collapsed one (all members equal).
+
+    The fair CRPS is E − D/2 with these two terms. ``forecast`` must be a DataArray with M ≥ 2.
+    """
+    if not isinstance(forecast, xr.DataArray):
+        raise ValueError("member_diversity takes a DataArray forecast (one field)")
+    m = _check_member(forecast, member_dim, 2)
+    sorted_x = xr.apply_ufunc(np.sort, forecast, input_core_dims=[[member_dim]], output_core_dims=[[member_dim]],
+                              kwargs={"axis": -1}, dask="parallelized", output_dtypes=[np.float64])
+    coef = xr.DataArray((2.0 * np.arange(1, m + 1) - m - 1) * 2.0, dims=member_dim)  # Σⱼₖ|xⱼ − xₖ| weights
+    pairwise = (sorted_x * coef).sum(member_dim) / (m * (m - 1))
+    error = abs(forecast - truth).mean(member_dim)
+    d = weighted_mean(pairwise, dims, weights)
+    e = weighted_mean(error, dims, weights)
+    return xr.Dataset({"pairwise_distance": d, "member_error": e, "diversity_ratio": d / e})

@@ -1,0 +1,136 @@
+"""Forecasts of ensemble networks (``model.name`` ∈ ``e3``, ``deep_ensemble``, ``gaussian``; issue 26).
+
+Each initialisation's inputs are assembled as :func:`smoeweather.forecast.model.model_forecast` assembles
+them (physical units; the checkpoint's :class:`NormalizedModel` normalises), and the network gives every
+member at every lead in one pass: the ResNet family forecasts each lead directly (continuous lead time
+τ/100 h as an input channel), so "rolling a member forward" to 72 h and 120 h is one member-wise evaluation
+per lead, with the member's own routing (E³) or own weights (deep ensemble) at every lead.
+
+Output arrays: ``ensemble`` → {field: (T, L, M, H, W)} and member numbers 0 … M − 1; ``gaussian`` →
+{field: (T, L, H, W)} for μ and σ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from smoeweather.data.weather import Field
+from smoeweather.forecast.output import HOUR, check_times
+from smoeweather.forecast.sources import check_fields, read_field
+from smoeweather.models.ensemble import model_kind, physical_members
+from smoeweather.training.checkpoint import TrainedModel
+
+
+def is_ensemble_model(trained: TrainedModel) -> bool:
+    """Whether a weatherbench checkpoint holds an ensemble network (e3, deep_ensemble, gaussian)."""
+    return trained.task == "weatherbench" and model_kind(trained.config.get("model", {})) != "deterministic"
+
+
+def _constants(ds: xr.Dataset, spec: Any, where: str) -> torch.Tensor:
+    H, W = len(spec.latitude), len(spec.longitude)
+    consts = []
+    for c in spec.constants:
+        if c == "latitude":
+            consts.append(np.broadcast_to(spec.latitude[:, None], (H, W)))
+        elif set(ds[c].dims) != {"latitude", "longitude"}:
+            raise ValueError(f"{where}: constant {c!r} must have dims (latitude, longitude), has {ds[c].dims}")
+        else:
+            consts.append(np.asarray(ds[c].transpose("latitude", "longitude").values, np.float32))
+    return torch.as_tensor(np.stack(consts).astype(np.float32)) if consts else torch.empty(0, H, W)
+
+
+def members_forecast(
+    trained: TrainedModel,
+    ds: xr.Dataset,
+    inits: np.ndarray,
+    leads_h: Sequence[int],
+    where: str,
+    batch_size: int = 16,
+    device: str | torch.device = "cpu",
+    need_truth: bool = True,
+    progress: bool = True,
+) -> tuple[str, dict[Field, np.ndarray], dict[Field, np.ndarray] | None, np.ndarray | None, np.ndarray, np.ndarray]:
+    """Run an ensemble network: (kind, {field: members or μ}, {field: σ} or None, member numbers or None, lat, lon).
+
+    ``ds``: canonical data with deterministic inputs (no ``member`` dim); ``inits`` datetime64; ``leads_h`` hours.
+    """
+    from smoeweather.forecast.model import ModelSpec, _on_model_grid
+
+    kind = model_kind(trained.config["model"])
+    spec = ModelSpec(trained)
+    spec.check_leads(leads_h, str(trained.path))
+    check_fields(ds, spec.variables, where, spec.constants)
+    check_times(ds["time"].values, inits, spec.offsets_h, leads_h, where, need_truth)
+    ds = _on_model_grid(ds, spec, where)
+    if any("member" in ds[v].dims for v, _ in spec.variables):
+        name = trained.config["model"]["name"]
+        raise ValueError(f"{where}: the inputs have a member dim; an ensemble network ({name})"
+                         " makes its own members from deterministic initial conditions")
+    H, W = len(spec.latitude), len(spec.longitude)
+    const = _constants(ds, spec, where)
+    model = trained.model.to(device).eval()
+    n_out = 2 if kind == "gaussian" else int(trained.config["model"].get("members", 4))
+    out = np.empty((len(spec.targets), len(inits), len(leads_h), n_out, H, W), np.float32)
+    bar = tqdm(total=len(inits), desc="smoe forecast (members)", unit="init", disable=not progress)
+    with torch.no_grad():
+        for s in range(0, len(inits), batch_size):
+            batch = inits[s : s + batch_size]
+            times = np.concatenate([batch + o * HOUR for o in spec.offsets_h])
+            per_field = [read_field(ds, f, times).transpose("time", "latitude", "longitude").values
+                         .reshape(len(spec.offsets_h), len(batch), H, W) for f in spec.variables]
+            x = torch.as_tensor(np.stack(per_field, axis=2).astype(np.float32))  # (O, B, V, H, W)
+            x = x.permute(1, 0, 2, 3, 4).reshape(len(batch), -1, H, W)
+            x = torch.cat([x, const.expand(len(batch), -1, -1, -1)], dim=1)
+            for j, lead in enumerate(leads_h):
+                xi = x
+                if spec.continuous:
+                    xi = torch.cat([x, torch.full((len(batch), 1, H, W), lead / 100.0)], dim=1)
+                y = physical_members(model, xi.to(device), kind).float().cpu().numpy()  # (B, M|2, C, H, W)
+                out[:, s : s + len(batch), j] = y.transpose(2, 0, 1, 3, 4)
+            bar.update(len(batch))
+    bar.close()
+    if kind == "gaussian":
+        mu = {f: out[c, :, :, 0] for c, f in enumerate(spec.targets)}
+        sigma = {f: out[c, :, :, 1] for c, f in enumerate(spec.targets)}
+        return kind, mu, sigma, None, spec.latitude, spec.longitude
+    fields = {f: out[c] for c, f in enumerate(spec.targets)}
+    return kind, fields, None, np.arange(n_out), spec.latitude, spec.longitude
+
+
+def members_dataset(
+    trained: TrainedModel,
+    ds: xr.Dataset,
+    inits: np.ndarray,
+    leads_h: Sequence[int],
+    where: str,
+    attrs: dict[str, Any],
+    **kwargs: Any,
+) -> xr.Dataset:
+    """The WeatherBench-2-style forecast Dataset of an ensemble network: dim ``member`` (CF attrs, values
+    0 … M − 1) and ``forecast_kind: ensemble``, or μ variables plus ``<name>_std`` σ variables and
+    ``forecast_kind: gaussian``. ``kwargs``: :func:`members_forecast` options."""
+    from smoeweather.forecast.output import forecast_dataset
+
+    kind, fields, sigma, members, lat, lon = members_forecast(trained, ds, inits, leads_h, where, **kwargs)
+    cfg = trained.config["model"]
+    attrs = {**attrs, "forecast_kind": kind, "ensemble_model": str(cfg.get("name"))}
+    if kind == "ensemble":
+        attrs["ensemble_members"] = len(members)  # type: ignore[arg-type]
+        attrs["title"] = f"smoeweather ensemble forecast: {attrs.get('method', '')}"
+        out = forecast_dataset(fields, inits, leads_h, lat, lon, members, source=ds, attrs=attrs)
+        out["member"].attrs.update({"long_name": "ensemble member", "standard_name": "realization",
+                                    "units": "1", "axis": "E"})
+        return out
+    attrs["title"] = f"smoeweather gaussian forecast: {attrs.get('method', '')}"
+    mu = forecast_dataset(fields, inits, leads_h, lat, lon, None, source=ds, attrs=attrs)
+    sd = forecast_dataset(sigma or {}, inits, leads_h, lat, lon, None, source=ds, attrs=attrs)
+    for name in list(sd.data_vars):
+        sd[name].attrs["long_name"] = f"standard deviation of {sd[name].attrs.get('long_name', name)}"
+        sd[name].attrs.pop("standard_name", None)
+    return xr.merge([mu, sd.rename({n: f"{n}_std" for n in sd.data_vars})], combine_attrs="override")

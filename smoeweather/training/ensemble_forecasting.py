@@ -1,0 +1,103 @@
+"""Training of ensemble forecast networks (``model.name`` ∈ ``e3``, ``deep_ensemble``, ``gaussian``).
+
+The network (inside a :class:`~smoeweather.models.resnet.NormalizedModel`) maps normalised inputs
+(B, C_in, H, W) to (B, M, C_out, H, W) members, or (B, 2, C_out, H, W) = (μ, σ) for ``gaussian``. The loss is
+``training.loss`` (:mod:`smoeweather.training.ensemble_losses`): ``mse`` (per member, E³ and deep ensembles),
+``crps`` (almost-fair CRPS across members with ``training.crps_alpha``, default 0.95) or ``gaussian_crps``
+(the only loss of ``gaussian``). ``val_loss`` is the same loss on the validation split (checkpoint selection);
+also logged: ``val_crps`` (fair CRPS, or the Gaussian CRPS) and ``val_rmse_<target>`` of the ensemble mean
+(or μ) in physical units.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from smoeweather.models.ensemble import model_kind
+from smoeweather.models.resnet import NormalizedModel
+from smoeweather.training.ensemble_losses import ENSEMBLE_LOSSES, ensemble_crps, ensemble_loss, gaussian_crps_loss
+from smoeweather.training.forecasting import ForecastingModule
+from smoeweather.training.losses import lat_weighted_mse
+
+DEFAULT_LOSS = {"e3": "mse", "deep_ensemble": "mse", "gaussian": "gaussian_crps"}
+
+
+def loss_settings(cfg: dict[str, Any]) -> tuple[str, float]:
+    """(``training.loss``, ``training.crps_alpha``) of a config, defaults per model, checked against the model."""
+    name = str(cfg["model"].get("name"))
+    t = cfg.get("training", {})
+    loss = str(t.get("loss") or DEFAULT_LOSS.get(name, "mse"))
+    alpha = float(t.get("crps_alpha", 0.95))
+    if loss not in ENSEMBLE_LOSSES:
+        raise ValueError(f"training.loss must be one of {', '.join(ENSEMBLE_LOSSES)}, got {loss!r}")
+    if (loss == "gaussian_crps") != (name == "gaussian"):
+        raise ValueError(f"training.loss {loss!r} does not fit model {name!r}: gaussian_crps is the loss of "
+                         "model gaussian (and its only one); e3/deep_ensemble take mse or crps")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"training.crps_alpha must be in [0, 1], got {alpha}")
+    return loss, alpha
+
+
+class EnsembleForecastingModule(ForecastingModule):
+    """Trains an ensemble network (see the module docstring); ``forward`` gives physical units.
+
+    Args:
+        model: NormalizedModel around an ensemble network.
+        latitude, target_names: as :class:`ForecastingModule`.
+        kind: ``ensemble`` or ``gaussian``.
+        loss, crps_alpha: the training loss and the almost-fair CRPS weight.
+        **kwargs: :class:`SMoETrainingModule` arguments (lr, metadata, …).
+    """
+
+    def __init__(self, model: NormalizedModel, latitude: np.ndarray | list[float], target_names: list[str],
+                 kind: str = "ensemble", loss: str = "mse", crps_alpha: float = 0.95, **kwargs: Any) -> None:
+        super().__init__(model, latitude, target_names, **kwargs)
+        self.kind, self.loss_name, self.crps_alpha = kind, loss, float(crps_alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Physical units: (B, C_in, H, W) → (B, M, C_out, H, W) members or (B, 2, C_out, H, W) = (μ, σ)."""
+        from smoeweather.models.ensemble import physical_members
+
+        return physical_members(self.model, x, self.kind)
+
+    def _point(self, out: torch.Tensor) -> torch.Tensor:
+        return out[:, 0] if self.kind == "gaussian" else out.mean(dim=1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = ensemble_loss(self.loss_name, self.model.net(x), y, self.lat_weights, self.crps_alpha)
+        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True)
+        return self.with_aux(loss)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        out = self.model.net(x)
+        n = x.shape[0]
+        self.log("val_loss", ensemble_loss(self.loss_name, out, y, self.lat_weights, self.crps_alpha),
+                 prog_bar=True, sync_dist=True, batch_size=n)
+        crps = (gaussian_crps_loss(out, y, self.lat_weights) if self.kind == "gaussian"
+                else ensemble_crps(out, y, self.lat_weights, alpha=1.0) if out.shape[1] > 1
+                else (out[:, 0] - y).abs().mul(self.lat_weights.view(1, 1, -1, 1)).mean())
+        self.log("val_crps", crps, sync_dist=True, batch_size=n)
+        std = self.model.target_std.view(1, -1, 1, 1)
+        per_channel = lat_weighted_mse(self._point(out) * std, y * std, self.lat_weights, per_channel=True)
+        for metric, value in zip(self.val_mse, per_channel):
+            metric.update(value, weight=n)
+
+
+def build_forecasting_module(cfg: dict[str, Any], model: NormalizedModel, latitude: np.ndarray | list[float],
+                             target_names: list[str], **kwargs: Any) -> ForecastingModule:
+    """The Lightning module of a weatherbench config: :class:`EnsembleForecastingModule` for an ensemble
+    ``model.name``, else the deterministic :class:`ForecastingModule`."""
+    kind = model_kind(cfg["model"])
+    if kind == "deterministic":
+        if cfg.get("training", {}).get("loss") not in (None, "mse"):
+            raise ValueError(f"training.loss {cfg['training']['loss']!r} needs an ensemble model "
+                             "(model.name e3, deep_ensemble or gaussian); a deterministic model trains on mse")
+        return ForecastingModule(model, latitude, target_names, **kwargs)
+    loss, alpha = loss_settings(cfg)
+    return EnsembleForecastingModule(model, latitude, target_names, kind=kind, loss=loss, crps_alpha=alpha,
+                                     **kwargs)
