@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from smoeweather.models.ensemble import ENSEMBLE_MODELS, build_ensemble_model
 from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
 from smoeweather.models.unet import Ens10UNet
 
@@ -23,7 +24,7 @@ _RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "sm
                 "lrlcn_rank"}
 _UNET_KEYS = {"in_channels", "levels", "widths", "smoe", "experts_factor", "grid", "rc", "damping",
               "quantile", "out_channels", "head_kernel", "smoe_kwargs", "gate_init", "gate_prior", "prior_strength",
-              "share_gate"}
+              "share_gate", "head_affine", "freeze_gate"}
 
 
 def _check_keys(cfg: dict[str, Any], allowed: set[str], name: str) -> None:
@@ -40,6 +41,8 @@ def model_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
     from smoeweather.nn.smoe import SpatialMoE2d
 
     name = cfg.get("name")
+    if name in ENSEMBLE_MODELS:  # e3 / deep_ensemble / gaussian (issue 26): the ResNet's argument types
+        return [(WeatherBenchResNet, {k: v for k, v in cfg.items() if k != "members"}, "")]
     if name == "resnet":
         out: list[tuple[Any, Any, str]] = [(WeatherBenchResNet, cfg, "")]
         smoe = cfg.get("smoe")
@@ -60,6 +63,8 @@ def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None
     """
     cfg = copy.deepcopy(dict(cfg))
     name = cfg.get("name")
+    if name in ENSEMBLE_MODELS:
+        return build_ensemble_model(cfg, land_sea_prior=land_sea_prior)
     if name == "resnet":
         _check_keys(cfg, _RESNET_KEYS, name)
         kwargs = {k: v for k, v in cfg.items() if k != "name"}
@@ -83,7 +88,7 @@ def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None
                 raise ValueError("model.gate_prior: land_sea needs a land-sea mask (data.static or data.constants)")
             kwargs["land_sea_prior"] = land_sea_prior
         return Ens10UNet(**kwargs)
-    raise ValueError(f"unknown weather model {name!r}; expected 'resnet' or 'unet'")
+    raise ValueError(f"unknown weather model {name!r}; expected 'resnet', 'unet' or one of {ENSEMBLE_MODELS}")
 
 
 TINY_GRID = (16, 32)
