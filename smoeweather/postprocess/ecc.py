@@ -1,5 +1,6 @@
 """Products of a Gaussian (μ, σ) post-processed forecast: calibrated members by ensemble copula coupling
-(ECC-Q) and predictive quantiles, each written as its own forecast store.
+(ECC-Q) and predictive quantiles, each written as its own forecast store
+(:func:`smoeweather.data.ensembles.write_store`).
 
 ECC-Q (Schefzik et al. 2013): at every point, init, lead and level the N = M calibrated members are the
 Gaussian quantiles x̃₍ₖ₎ = μ + σ Φ⁻¹((k − ½)/N), k = 1..N, given to the raw members in their rank order:
@@ -17,14 +18,10 @@ for these continuous fields; random tie-breaking (as for precipitation) is not n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import xarray as xr
 from scipy.special import ndtri
-
-from smoeweather.io import atomic_path
 
 
 def ecc_levels(n: int) -> np.ndarray:
@@ -84,18 +81,4 @@ def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, memb
         da = da.assign_coords({member_dim: np.arange(n)})
         order = [d for d in ("time", "prediction_timedelta", member_dim) if d in da.dims]
         out[name] = da.transpose(*order, ...)
-    return out
-
-
-def write_store(ds: xr.Dataset, out: str | Path, kind: str, attrs: dict[str, Any], overwrite: bool = False) -> Path:
-    """Write a forecast store of ``forecast_kind`` = ``kind`` (zarr, float32, atomically)."""
-    ds = ds.copy()
-    for n in ds.data_vars:
-        ds[n] = ds[n].astype(np.float32)
-    ds.attrs = {**{k: v for k, v in attrs.items() if v is not None}, "forecast_kind": kind}
-    for v in ds.variables.values():
-        v.encoding = {}
-    out = Path(out)
-    with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.chunk({"time": 1}).to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)
     return out
