@@ -20,11 +20,11 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.config import load_config
+from smoeweather.data.ensembles import open_static
 from smoeweather.metrics import probabilistic
 from smoeweather.postprocess.emos import apply_emos, fit_emos
 from smoeweather.postprocess.neural import apply_checkpoint
-from smoeweather.postprocess.scoring import open_source, split_forecast
-from smoeweather.postprocess.stores import open_static
+from smoeweather.postprocess.scoring import open_config_data, split_forecast
 
 ARMS = ("unet", "unet_static", "smoe_prior_coherent", "smoe_coherent", "smoe_paper")
 TARGETS = (("geopotential", 500), ("temperature", 850))
@@ -40,7 +40,7 @@ def crps_maps(study: Path) -> tuple[dict[str, dict[str, np.ndarray]], xr.DataArr
     """{method: {target: (H, W) time-mean CRPS}}, the land fraction, {method: source}."""
     record = json.loads((study / "study.json").read_text())
     cfg = load_config(Path(record["variants"]["unet"]["config"]))
-    opened = open_source(cfg["data"])
+    opened = open_config_data(cfg["data"])
     test_fc, test_truth, _ = split_forecast(cfg["data"], "test", opened)
     train_fc, train_truth, _ = split_forecast(cfg["data"], "train", opened)
     names = [n for n, _ in TARGETS]

@@ -15,8 +15,8 @@ import xarray as xr
 from scipy.special import ndtri
 
 from smoeweather.cli import main
+from smoeweather.data import ensembles
 from smoeweather.metrics.probabilistic import crps_ensemble, crps_gaussian, quantile_loss
-from smoeweather.postprocess import stores
 from smoeweather.postprocess.ecc import ecc_levels, ecc_members, gaussian_quantiles, ranks
 from smoeweather.postprocess.emos import _fit_groups_lbfgs, _fit_groups_newton, apply_emos, fit_emos
 
@@ -67,9 +67,9 @@ def streams(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _crps_raw_and_pp(new: Path, pp: Path) -> tuple[float, float]:
-    fc = stores.open_ensemble(new)
-    truth = stores.truth_at_valid_times(fc, stores.open_truth(None, new))
-    mu, sigma = stores.split_gaussian(xr.open_zarr(pp))
+    fc = ensembles.open_ensemble(new)
+    truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, new))
+    mu, sigma = ensembles.split_gaussian(xr.open_zarr(pp))
     return (float(crps_ensemble(fc, truth)["temperature"].mean()),
             float(crps_gaussian(mu, sigma, truth)["temperature"].mean()))
 
@@ -96,7 +96,7 @@ def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_pa
     raw, emos = _crps_raw_and_pp(new, pp)
     assert emos < raw  # a land bias learnt on one stream corrects the other
     # the members' marginals are the Gaussian's ECC-Q quantiles (float32 store: relative 2⁻²³ of the field)
-    mu, sigma = stores.split_gaussian(gauss.load())
+    mu, sigma = ensembles.split_gaussian(gauss.load())
     expect = np.sort((mu["temperature"] + sigma["temperature"] * xr.DataArray(
         ndtri(ecc_levels(6)), dims="member")).transpose(*ens["temperature"].dims).values, axis=2)
     got = np.sort(ens["temperature"].values, axis=2)
@@ -113,7 +113,7 @@ def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_pa
     assert np.isfinite(sc["quantile_loss"].sel({"method": "q"})).all()
     assert np.isnan(sc["quantile_loss"].sel({"method": "emos"})).all()
     # the quantile loss equals the `scores` package's quantile score, level by level
-    truth = stores.truth_at_valid_times(stores.open_ensemble(new), stores.open_truth(None, new))["temperature"]
+    truth = ensembles.truth_at_valid_times(ensembles.open_ensemble(new), ensembles.open_truth(None, new))["temperature"]
     t850 = truth.sel(level=850)
     q850 = qs["temperature"].sel(level=850).load()
     ours = quantile_loss(q850, t850)
@@ -259,8 +259,8 @@ def test_newton_bounds_and_degenerate_groups() -> None:
 
 def test_fit_emos_global_is_the_same_minimum_with_both_solvers(streams: tuple[Path, Path]) -> None:
     old, _ = streams
-    fc = stores.open_ensemble(old).load()
-    truth = stores.truth_at_valid_times(fc, stores.open_truth(None, old)).load()
+    fc = ensembles.open_ensemble(old).load()
+    truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, old)).load()
     crps = {}
     for solver in ("newton", "lbfgs"):
         p = fit_emos(fc, truth, per_gridpoint=False, solver=solver)

@@ -29,7 +29,7 @@ from pipelines.errors import DataError
 from pipelines.grids import cell_area_weights, weatherbench_grid
 from pipelines.prepare import open_store, prepare
 from smoeweather.cli import main
-from smoeweather.data.ensemble import open_ensemble_dataset
+from smoeweather.data.ensemble_dataset import open_ensemble_dataset
 from smoeweather.data.weather import WeatherBenchDataset, field_name
 
 GRIB = "era5-levels-members.grib"

@@ -152,7 +152,7 @@ def test_bad_requests_are_clear_errors(store: str) -> None:
 def test_ens10_store_mean_std_inputs_and_truth_target(tmp_path) -> None:
     """An ENS-10 store (one lead, ``<name>_truth`` on init times) goes through the one ensemble convention:
     x = [ens mean, ens std] normalised by the training statistics, y = the truth at init + lead."""
-    from smoeweather.data.ensemble import open_ensemble_dataset
+    from smoeweather.data.ensemble_dataset import open_ensemble_dataset
 
     time = pd.date_range("2016-01-04", periods=6, freq="3D4h")
     rng = np.random.default_rng(2)

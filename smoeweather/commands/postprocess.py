@@ -98,12 +98,12 @@ def _synthetic(args: argparse.Namespace) -> int:
 
 
 def _crossval(args: argparse.Namespace) -> int:
+    from smoeweather.data import ensembles
     from smoeweather.io import write_json, write_text
-    from smoeweather.postprocess import stores
     from smoeweather.postprocess.crossval import crossvalidate, markdown
 
-    forecast = stores.open_ensemble(args.forecast, args.variables)
-    truth = stores.truth_at_valid_times(forecast, stores.open_truth(args.truth, args.forecast))
+    forecast = ensembles.open_ensemble(args.forecast, args.variables)
+    truth = ensembles.truth_at_valid_times(forecast, ensembles.open_truth(args.truth, args.forecast))
     result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations,
                            source=" ".join(map(str, args.forecast)))
     write_json(args.out / "crossval.json", result)
@@ -113,14 +113,14 @@ def _crossval(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from smoeweather.postprocess import stores
+    from smoeweather.data import ensembles
     from smoeweather.postprocess.emos import fit_emos
     from smoeweather.postprocess.model_file import write_model
 
     if args.out.exists() and not args.overwrite:
         raise FileExistsError(f"{args.out} already exists (pass --overwrite to replace it)")
-    forecast = stores.select_period(stores.open_ensemble(args.forecast, args.variables), args.train_period)
-    truth = stores.truth_at_valid_times(forecast, stores.open_truth(args.truth, args.forecast))
+    forecast = ensembles.select_period(ensembles.open_ensemble(args.forecast, args.variables), args.train_period)
+    truth = ensembles.truth_at_valid_times(forecast, ensembles.open_truth(args.truth, args.forecast))
     forecast = forecast.load()
     params = fit_emos(forecast, truth.load(), per_gridpoint=args.per_gridpoint, iterations=args.iterations,
                       solver=args.solver)
@@ -133,8 +133,8 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from smoeweather.postprocess import stores
-    from smoeweather.postprocess.ecc import check_quantile_levels, ecc_members, gaussian_quantiles, write_store
+    from smoeweather.data import ensembles
+    from smoeweather.postprocess.ecc import check_quantile_levels, ecc_members, gaussian_quantiles
 
     # every check before anything is computed or written
     members_out = (args.members_out or _sibling(args.out, "members")) if args.members is not None else None
@@ -148,7 +148,7 @@ def _apply(args: argparse.Namespace) -> int:
             raise FileExistsError(f"{p} already exists (pass --overwrite to replace it)")
     if not args.model.exists():
         raise FileNotFoundError(f"model {args.model} does not exist")
-    forecast = stores.select_period(stores.open_ensemble(args.forecast), args.apply_period)
+    forecast = ensembles.select_period(ensembles.open_ensemble(args.forecast), args.apply_period)
     if args.members is not None and args.members != forecast.sizes["member"]:
         raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
                          f"ensemble's member count ({forecast.sizes['member']} in {' '.join(map(str, args.forecast))})")
@@ -179,7 +179,8 @@ def _apply(args: argparse.Namespace) -> int:
     if quantiles_out is not None:
         products.append((gaussian_quantiles(mu, sigma, levels), quantiles_out, "quantiles",
                          {**attrs, "method": f"{attrs['method']}_quantiles"}))
-    print(stores.write_gaussian(mu, sigma, args.out, attrs, overwrite=args.overwrite))
+    print(ensembles.write_store(ensembles.gaussian_dataset(mu, sigma), args.out, "gaussian", attrs,
+                             overwrite=args.overwrite))
     for ds, path, kind, a in products:
-        print(write_store(ds, path, kind, a, overwrite=args.overwrite))
+        print(ensembles.write_store(ds, path, kind, a, overwrite=args.overwrite))
     return 0

@@ -1,6 +1,6 @@
 """Post-processing samples from any ensemble source: ensemble mean/std of predictor fields in, truth out.
 
-Every source is first opened in one convention (:func:`smoeweather.postprocess.stores.open_ensemble`:
+Every source is first opened in one convention (:func:`smoeweather.data.ensembles.open_ensemble`:
 WeatherBench 2 ``time`` = init, ``prediction_timedelta``, ``member``, [``level``], ``latitude``,
 ``longitude``; truth on valid times), so ENS-10 stores, gcm_ens files, WeatherBench 2 ensemble zarr and
 SEAS5-style files all train the same networks.
@@ -24,9 +24,8 @@ import torch
 import xarray as xr
 from torch.utils.data import Dataset
 
+from smoeweather.data.ensembles import lead_hours, lead_timedeltas, open_ensemble, open_truth, select_split
 from smoeweather.data.weather import Field, field_name, parse_fields
-
-HOUR = np.timedelta64(1, "h")
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,13 @@ class EnsembleSpec:
         if leads is None:
             if forecast is None:
                 raise ValueError("data.leads_h is needed when no forecast is given to read the leads from")
-            leads = [int(v // HOUR) for v in forecast["prediction_timedelta"].values.astype("timedelta64[ns]")]
+            leads = lead_hours(forecast)
         return cls(predictors, targets, tuple(int(h) for h in leads), bool(dcfg.get("lead_as_input", False)))
+
+    @property
+    def target_variables(self) -> list[str]:
+        """Variable names of the targets (each once), e.g. ``["geopotential", "temperature"]``."""
+        return list(dict.fromkeys(name for name, _ in self.targets))
 
     @property
     def sample_leads(self) -> tuple[int, ...]:
@@ -81,10 +85,10 @@ class EnsembleSpec:
 
 def check_forecast(forecast: xr.Dataset, spec: EnsembleSpec, where: str) -> None:
     """ValueError naming the field, level or lead that ``forecast`` lacks for ``spec``."""
-    have = forecast["prediction_timedelta"].values.astype("timedelta64[ns]")
+    have = lead_hours(forecast)
     for h in spec.leads_h:
-        if np.timedelta64(h, "h").astype("timedelta64[ns]") not in have:
-            raise ValueError(f"{where}: no lead {h} h; it has {[int(v // HOUR) for v in have]} h")
+        if h not in have:
+            raise ValueError(f"{where}: no lead {h} h; it has {have} h")
     for name, level in (*spec.predictors, *spec.targets):
         if name not in forecast.data_vars:
             raise ValueError(f"{where}: no ensemble variable {name!r}; it has {list(forecast.data_vars)}")
@@ -106,7 +110,7 @@ class EnsembleDataset(Dataset):
         forecast: ensemble Dataset in the project convention (see module docstring), already cut to the
             split's initialisation times.
         truth: truth at the forecast's valid times (dims time = init, prediction_timedelta, [level], lat, lon;
-            :func:`~smoeweather.postprocess.stores.truth_at_valid_times`), or None (inference: y is NaN).
+            :func:`~smoeweather.data.ensembles.truth_at_valid_times`), or None (inference: y is NaN).
         spec: predictors, targets and leads.
         stats: {field name: (mean, std)} in physical units; None = computed from this dataset (training split).
         cache: compute every sample's moments at construction (fast epochs; memory ≈ 4 B × samples × channels
@@ -122,7 +126,7 @@ class EnsembleDataset(Dataset):
         self.source = source or str(forecast.attrs.get("source_files", "ensemble"))
         check_forecast(forecast, spec, self.source)
         self.spec = spec
-        leads = [np.timedelta64(h, "h").astype("timedelta64[ns]") for h in spec.leads_h]
+        leads = lead_timedeltas(spec.leads_h)
         self.forecast = forecast.sel(prediction_timedelta=leads)
         self.truth = None if truth is None else truth.sel(prediction_timedelta=leads)
         self.times = forecast["time"].values.astype("datetime64[ns]")
@@ -235,46 +239,14 @@ def static_channels(names: Sequence[str], static: xr.Dataset | None, latitude: n
     return (np.stack(chans) if chans else np.zeros((0, *grid), np.float32)), out_names
 
 
-def split_times(times: np.ndarray, max_lead_h: int, years: Sequence[Any] | None = None,
-                period: Sequence[Any] | None = None) -> np.ndarray:
-    """Indices of the initialisation ``times`` in a split: init year within ``years`` (inclusive) and, with
-    ``period`` [start, end], init ≥ start and valid time init + ``max_lead_h`` ≤ end (so the truths of
-    adjacent splits never overlap)."""
-    t = np.asarray(times).astype("datetime64[ns]")
-    keep = np.ones(len(t), bool)
-    if years is not None:
-        y = t.astype("datetime64[Y]").astype(int) + 1970
-        keep &= (y >= int(years[0])) & (y <= int(years[-1]))
-    if period is not None:
-        start, end = (np.datetime64(str(p)).astype("datetime64[ns]") for p in period)
-        keep &= (t >= start) & (t + np.timedelta64(int(max_lead_h), "h") <= end)
-    return np.flatnonzero(keep)
-
-
-def select_split(forecast: xr.Dataset, truth: xr.Dataset, spec: EnsembleSpec, split: str,
-                 years: Sequence[Any] | None = None, period: Sequence[Any] | None = None,
-                 where: str = "") -> tuple[xr.Dataset, xr.Dataset]:
-    """(forecast cut to the ``split``'s inits (:func:`split_times`), the truth of the spec's targets at its valid
-    times). ``truth`` is on valid times (:func:`~smoeweather.postprocess.stores.open_truth`)."""
-    from smoeweather.postprocess.stores import truth_at_valid_times
-
-    keep = split_times(forecast["time"].values, max(spec.leads_h), years, period)
-    if len(keep) == 0:
-        raise ValueError(f"{where}: no initialisation time in the {split} split (years {years}, period {period})")
-    fc = forecast.isel(time=keep)
-    targets = list(dict.fromkeys(name for name, _ in spec.targets))
-    return fc, truth_at_valid_times(fc[targets], truth)
-
-
 def open_ensemble_dataset(source: Any, spec_config: dict[str, Any], truth: Any = None,
                           years: Sequence[Any] | None = None, period: Sequence[Any] | None = None,
                           stats: dict[str, tuple[float, float]] | None = None, cache: bool = True) -> EnsembleDataset:
     """:class:`EnsembleDataset` of any ensemble source (path or paths) and its truth (default: inside the
     source), cut to ``years``/``period``; ``spec_config`` holds ``variables``, [``target_variables``,
     ``leads_h``, ``lead_as_input``]."""
-    from smoeweather.postprocess.stores import open_ensemble, open_truth
-
     forecast = open_ensemble(source)
     spec = EnsembleSpec.from_config(spec_config, forecast)
-    fc, truth_ds = select_split(forecast, open_truth(truth, source), spec, "requested", years, period, str(source))
+    fc, truth_ds = select_split(forecast, open_truth(truth, source), spec.leads_h, spec.target_variables,
+                                "requested", years, period, str(source))
     return EnsembleDataset(fc, truth_ds, spec, stats=stats, cache=cache, source=str(source))

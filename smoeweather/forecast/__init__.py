@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.forecast.output import init_times, parse_lead, write_forecast
+from smoeweather.data.ensembles import Sources, describe, open_canonical, parse_lead, write_store
+from smoeweather.forecast.output import init_times
 from smoeweather.forecast.reference import METHODS
-from smoeweather.forecast.sources import Source, describe, open_source
 
 __all__ = ["run_forecast", "make_forecast", "METHODS", "DEFAULT_FIELDS"]
 
@@ -25,7 +25,7 @@ DEFAULT_FIELDS = ("geopotential_500", "temperature_850")
 
 def make_forecast(
     checkpoint_or_method: str | Path,
-    data: Source,
+    data: Sources,
     init: tuple[Any, Any] | np.ndarray,
     every: str = "12h",
     leads_h: Sequence[int | str] = (72, 120),
@@ -47,7 +47,7 @@ def make_forecast(
         raise ValueError(f"--lead has duplicates: {leads}")
     inits = np.asarray(init, "datetime64[ns]") if isinstance(init, np.ndarray) else init_times(*init, every)
     where = f"data {describe(data)}"
-    ds = open_source(data)
+    ds = open_canonical(data)
     what = str(checkpoint_or_method)
     attrs: dict[str, Any] = {"data_source": describe(data), "init_every": str(every)}
     members = None
@@ -90,7 +90,7 @@ def make_forecast(
 
 def run_forecast(
     checkpoint_or_method: str | Path,
-    data: Source,
+    data: Sources,
     init: tuple[Any, Any] | np.ndarray,
     every: str = "12h",
     leads_h: Sequence[int | str] = (72, 120),
@@ -102,4 +102,4 @@ def run_forecast(
     ``init`` = (start, end) every ``every`` and leads ``leads_h`` (hours), written atomically to ``out``
     (zarr, or netCDF for ``*.nc``). Keyword args: see :func:`make_forecast`. Returns ``out``."""
     ds = make_forecast(checkpoint_or_method, data, init, every, leads_h, **kwargs)
-    return write_forecast(ds, out, overwrite=overwrite)
+    return write_store(ds, out, ds.attrs["forecast_kind"], overwrite=overwrite, time_chunk=None)

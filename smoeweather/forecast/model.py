@@ -17,8 +17,9 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from smoeweather.data.ensembles import HOUR, check_grid
 from smoeweather.data.weather import DEFAULT_CONSTANTS, DEFAULT_LEAD_CHOICES_H, Field, field_name, parse_fields
-from smoeweather.forecast.output import HOUR, check_times
+from smoeweather.forecast.output import check_times
 from smoeweather.forecast.sources import check_fields, read_field
 from smoeweather.training.checkpoint import TrainedModel
 
@@ -61,14 +62,8 @@ class ModelSpec:
 
 def _on_model_grid(ds: xr.Dataset, spec: ModelSpec, where: str) -> xr.Dataset:
     """``ds`` reordered to the checkpoint's (latitude, longitude) order; ValueError when the grids differ."""
-    lat, lon = ds["latitude"].values, ds["longitude"].values
     want_lat, want_lon = np.sort(spec.latitude), np.sort(np.mod(spec.longitude, 360.0))
-    if lat.shape != want_lat.shape or lon.shape != want_lon.shape or not (
-        np.allclose(lat, want_lat, atol=1e-4) and np.allclose(lon, want_lon, atol=1e-4)
-    ):
-        raise ValueError(f"{where}: grid {len(lat)}x{len(lon)} (lat {lat.min():.3f}..{lat.max():.3f}) differs "
-                         f"from the checkpoint's {len(want_lat)}x{len(want_lon)}; regrid the data first "
-                         "(smoe data prepare --grid)")
+    check_grid(ds, want_lat, want_lon, where, "the checkpoint's grid (regrid with smoe data prepare --grid)")
     # the checkpoint's own order (its latitude may have been descending): positions of its coordinates
     order_lat = np.searchsorted(want_lat, spec.latitude)
     order_lon = np.searchsorted(want_lon, np.mod(spec.longitude, 360.0))

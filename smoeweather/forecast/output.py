@@ -1,39 +1,22 @@
-"""Forecast Datasets in WeatherBench 2 conventions, their time checks, and atomic writing.
+"""Forecast Datasets of ``smoe forecast`` from arrays, and their time checks.
 
-Layout: dims ``time`` (initialisation), ``prediction_timedelta`` (timedelta64), optional ``member``,
-``level`` (hPa, only for fields with a level), ``latitude`` (ascending), ``longitude`` ([0, 360));
-long variable names with CF ``units``/``long_name``/``standard_name``; a level-dependent variable holds
-NaN at the levels that were not forecast (e.g. geopotential only at 500 hPa, temperature only at 850).
-``attrs["forecast_kind"]`` ∈ {deterministic, ensemble, gaussian}; provenance in the other attrs.
+The layout is the one of :mod:`smoeweather.data.ensembles` (which also writes them): a level-dependent
+variable holds NaN at the levels that were not forecast (e.g. geopotential only at 500 hPa, temperature only
+at 850).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from smoeweather.data.ensembles import HOUR, STD_SUFFIX, code_version
 from smoeweather.data.weather import Field
-
-HOUR = np.timedelta64(1, "h")
-
-
-def code_version() -> str:
-    """``smoeweather.__version__`` plus ``+g<git rev>`` when run from a git checkout."""
-    import smoeweather
-
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(smoeweather.__file__).parent, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{smoeweather.__version__}+g{sha}" if sha else smoeweather.__version__
 
 
 def init_times(start: Any, end: Any, every: str | pd.Timedelta = "12h") -> np.ndarray:
@@ -45,18 +28,6 @@ def init_times(start: Any, end: Any, every: str | pd.Timedelta = "12h") -> np.nd
     if len(times) == 0:
         raise ValueError(f"no initialisation times from {start} to {end} (start after end?)")
     return times.values.astype("datetime64[ns]")
-
-
-def parse_lead(value: str | int) -> int:
-    """Lead time in whole hours from ``72``, ``"72h"``, ``"3d"`` or ``"3 days"``."""
-    if isinstance(value, int | np.integer):
-        hours = float(value)
-    else:
-        s = str(value).strip()
-        hours = float(s) if s.replace(".", "", 1).isdigit() else pd.Timedelta(s) / pd.Timedelta(hours=1)
-    if hours <= 0 or hours != int(hours):
-        raise ValueError(f"lead time must be a positive whole number of hours, got {value!r}")
-    return int(hours)
 
 
 def check_times(data_times: np.ndarray, inits: np.ndarray, offsets_h: Sequence[int], leads_h: Sequence[int],
@@ -144,26 +115,11 @@ def forecast_fields(ds: xr.Dataset) -> list[Field]:
     """(variable, level) fields present in a forecast Dataset: levels that hold any finite value."""
     out: list[Field] = []
     for name, da in ds.data_vars.items():
-        if "prediction_timedelta" not in da.dims or str(name).endswith("_std"):
+        if "prediction_timedelta" not in da.dims or str(name).endswith(STD_SUFFIX):
             continue
         if "level" in da.dims:
             has = da.notnull().any([d for d in da.dims if d != "level"]).values
             out += [(str(name), int(lev)) for lev, ok in zip(da["level"].values, has) if ok]
         else:
             out.append((str(name), None))
-    return out
-
-
-def write_forecast(ds: xr.Dataset, out: str | Path, overwrite: bool = False) -> Path:
-    """Write atomically: netCDF for ``*.nc``, else zarr (consolidated). Returns the path."""
-    from smoeweather.io import atomic_path
-
-    out = Path(out)
-    attrs = {k: (v if isinstance(v, str | int | float) else str(v)) for k, v in ds.attrs.items()}
-    ds = ds.assign_attrs(attrs)
-    with atomic_path(out, overwrite=overwrite) as tmp:
-        if out.suffix in (".nc", ".nc4"):
-            ds.to_netcdf(tmp)
-        else:
-            ds.to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)  # format 2 as the prepared stores
     return out

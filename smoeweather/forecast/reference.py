@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
+from smoeweather.data.ensembles import HOUR, open_canonical
 from smoeweather.data.weather import Field, field_name
 from smoeweather.forecast.climatology import climatology_at, doy_climatology, time_mean
-from smoeweather.forecast.output import HOUR, check_times
-from smoeweather.forecast.sources import check_fields, open_source, open_statistics_years, read_field
+from smoeweather.forecast.output import check_times
+from smoeweather.forecast.sources import check_fields, open_statistics_years, read_field
 
 METHODS = ("persistence", "climatology", "train_mean")
 
@@ -38,7 +39,7 @@ def training_fields(store: str, fields: Sequence[Field], years: tuple[int, int] 
                     ) -> dict[Field, xr.DataArray]:
     """The fields of a training store over its training years (``years``, else the years of its
     statistics, else all times), loaded; an ensemble store contributes every member."""
-    ds = open_source(store)
+    ds = open_canonical(store)
     check_fields(ds, fields, f"climatology store {store}")
     years = years or open_statistics_years(store)
     if years is not None:

@@ -1,13 +1,8 @@
-"""Open forecast inputs and truths: a prepared zarr store, a canonical netCDF file or several (glob/list).
-
-Whatever the source, the result is a lazy canonical Dataset (WeatherBench 2 long names, ``latitude``
-ascending, ``longitude`` in [0, 360)): netCDF files go through :func:`pipelines.canonical.canonicalize`;
-prepared stores already are canonical.
-"""
+"""Forecast inputs read from canonical data (opened by :func:`smoeweather.data.ensembles.open_canonical`): the
+training years of a prepared store, field checks, and one field at given times."""
 
 from __future__ import annotations
 
-import glob
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,51 +10,6 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.data.weather import Field, field_name
-
-Source = str | Path | Sequence[str | Path]
-
-
-def describe(source: Source) -> str:
-    """The source as one provenance string (absolute paths)."""
-    if isinstance(source, str | Path):
-        s = str(source)
-        return s if "://" in s else str(Path(s).resolve())
-    return ", ".join(describe(s) for s in source)
-
-
-def _files(source: Source) -> list[str]:
-    if not isinstance(source, str | Path):
-        return [f for s in source for f in _files(s)]
-    s = str(source)
-    if any(c in s for c in "*?["):
-        found = sorted(glob.glob(s))
-        if not found:
-            raise FileNotFoundError(f"no files match {s}")
-        return found
-    return [s]
-
-
-def open_source(source: Source) -> xr.Dataset:
-    """Lazy canonical Dataset of a prepared store (zarr directory) or canonical netCDF file(s)."""
-    files = _files(source)
-    for f in files:
-        if "://" not in f and not Path(f).exists():
-            raise FileNotFoundError(f"data source {f} does not exist")
-    if len(files) == 1 and (Path(files[0]).is_dir() or files[0].endswith(".zarr")):
-        ds = xr.open_zarr(files[0])
-    else:
-        from pipelines.canonical import canonicalize
-
-        if len(files) == 1:
-            ds = xr.open_dataset(files[0], chunks={})
-        else:
-            ds = xr.open_mfdataset(files, combine="nested", concat_dim="time", data_vars="minimal",
-                                   coords="minimal", compat="override", chunks={})
-        ds = canonicalize(ds)
-    if "latitude" not in ds.dims or "longitude" not in ds.dims:
-        raise ValueError(f"{describe(source)}: expected dims latitude and longitude, got {dict(ds.sizes)}")
-    ds = ds.assign_coords(longitude=np.mod(ds["longitude"], 360.0))
-    return ds.sortby(["latitude", "longitude"])
 
 
 def open_statistics_years(store: str | Path) -> tuple[int, int] | None:

@@ -24,32 +24,25 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from pipelines.readers.forecast_nc import MEMBER_NAMES
+from smoeweather.data.ensembles import (
+    check_grid,
+    describe,
+    forecast_kind,
+    is_forecast_file,
+    lead_hours,
+    lead_label,
+    open_canonical,
+    open_forecast,
+    open_truth,
+    truth_at_valid_times,
+)
 from smoeweather.data.weather import Field, field_name, parse_fields
 from smoeweather.metrics import deterministic as det
 from smoeweather.metrics.weights import latitude_weights, weighted_mean
 
 METRICS = ("rmse", "bias", "acc", "crps", "spread_skill", "quantile_loss")
-KINDS = ("deterministic", "ensemble", "gaussian", "quantiles")
 UNITLESS = ("acc", "spread_skill")
 SPACE_TIME = ("time", "latitude", "longitude")
-
-
-def open_forecast(path: str | Path) -> xr.Dataset:
-    """A forecast store (zarr directory or netCDF), latitude ascending; ValueError if not a forecast."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"forecast {path} does not exist")
-    ds = xr.open_zarr(path) if path.is_dir() else xr.open_dataset(path)
-    if "prediction_timedelta" not in ds.dims and any(m in ds.dims for m in MEMBER_NAMES):
-        from smoeweather.postprocess.stores import open_ensemble  # a forecast file (SEAS5-like): its ensemble
-
-        ds = open_ensemble(path)
-    for dim in ("time", "prediction_timedelta", "latitude", "longitude"):
-        if dim not in ds.dims:
-            raise ValueError(f"forecast {path}: missing dim {dim!r} (WeatherBench 2 layout: time = init, "
-                             f"prediction_timedelta, latitude, longitude); got {dict(ds.sizes)}")
-    return ds.sortby("latitude")
 
 
 def open_truth_source(truth: str | Path | Sequence[str | Path]) -> tuple[xr.Dataset, bool]:
@@ -59,24 +52,9 @@ def open_truth_source(truth: str | Path | Sequence[str | Path]) -> tuple[xr.Data
     verifying analysis on init/lead) gives the truth it holds; anything else opens as a prepared store or
     canonical file(s).
     """
-    from smoeweather.forecast.sources import open_source
-
-    if isinstance(truth, str | Path) and Path(truth).is_file():
-        with xr.open_dataset(truth) as raw:
-            is_forecast_file = any(m in raw.dims for m in MEMBER_NAMES)
-        if is_forecast_file:
-            from pipelines.readers.forecast_nc import open_forecast_truth
-
-            ds = open_forecast_truth(truth)
-            return ds.sortby(["latitude", "longitude"]), True
-    return open_source(truth), False
-
-
-def _forecast_kind(ds: xr.Dataset) -> str:
-    kind = ds.attrs.get("forecast_kind") or ("ensemble" if "member" in ds.dims else "deterministic")
-    if kind not in KINDS:
-        raise ValueError(f"forecast_kind must be one of {KINDS}, got {kind!r}")
-    return str(kind)
+    if isinstance(truth, str | Path) and is_forecast_file(truth):
+        return open_truth(truth).sortby(["latitude", "longitude"]), True
+    return open_canonical(truth), False
 
 
 def _named(forecasts: Mapping[str, str | Path] | str | Path | Sequence[str | Path]) -> dict[str, Path]:
@@ -95,24 +73,6 @@ def _named(forecasts: Mapping[str, str | Path] | str | Path | Sequence[str | Pat
 def _select(ds: xr.Dataset, f: Field, var: str | None = None) -> xr.DataArray:
     da = ds[var or f[0]]
     return da.sel(level=f[1], drop=True) if f[1] is not None else da
-
-
-def truth_at_valid_time(truth: xr.DataArray, time: np.ndarray, leads: np.ndarray) -> xr.DataArray:
-    """Truth (time, …) at valid times time + lead: (time = init, prediction_timedelta, …), NaN where the
-    truth lacks the valid time."""
-    valid = xr.DataArray(time[:, None] + leads[None, :], dims=("time", "prediction_timedelta"),
-                         coords={"time": time, "prediction_timedelta": leads})
-    t = truth.rename(time="valid_time")
-    needed = np.unique(valid.values)
-    t = t.reindex(valid_time=needed)  # NaN for valid times the truth does not hold
-    return t.sel(valid_time=valid).drop_vars("valid_time")
-
-
-def _check_grid(a: xr.Dataset | xr.DataArray, b: xr.Dataset | xr.DataArray, what: str) -> None:
-    for c in ("latitude", "longitude"):
-        x, y = a[c].values, b[c].values
-        if x.shape != y.shape or not np.allclose(x, y, atol=1e-4):
-            raise ValueError(f"{what}: {c} differs from the truth's ({len(x)} vs {len(y)} points); regrid first")
 
 
 def _scores_one(fc: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, clim: xr.DataArray | None,
@@ -177,9 +137,8 @@ def evaluate(
     ``truth``: prepared store or canonical file(s). ``climatology``: a training store (day-of-year
     climatology for ACC and the climatology reference).
     """
+    from smoeweather.data.ensembles import code_version
     from smoeweather.forecast.climatology import climatology_at, doy_climatology
-    from smoeweather.forecast.output import HOUR, code_version
-    from smoeweather.forecast.sources import describe
 
     named = _named(forecasts)
     if not named:
@@ -191,9 +150,10 @@ def evaluate(
                       stacklevel=2)
         references = False
     fcs = {n: open_forecast(p) for n, p in named.items()}
-    kinds = {n: _forecast_kind(ds) for n, ds in fcs.items()}
+    kinds = {n: forecast_kind(ds) for n, ds in fcs.items()}
     for n, ds in fcs.items():
-        _check_grid(ds, truth_ds, f"forecast {named[n]}")
+        check_grid(ds, truth_ds["latitude"].values, truth_ds["longitude"].values, f"forecast {named[n]}",
+                   "the truth's")
 
     # fields: those of the forecasts that the truth holds
     from smoeweather.forecast.output import forecast_fields
@@ -232,7 +192,7 @@ def evaluate(
         from smoeweather.forecast import make_forecast
 
         names = [field_name(f) for f in fields]
-        leads_h = [int(v // HOUR) for v in leads]
+        leads_h = lead_hours(leads)
         ref_inits = inits[np.isin(inits, tt)]
         if "persistence" not in fcs and len(ref_inits):
             fcs["persistence"] = make_forecast("persistence", truth, ref_inits, leads_h=leads_h, fields=names,
@@ -262,9 +222,9 @@ def evaluate(
     shape = (len(methods), len(fields), len(leads))
     arrays = {m: np.full(shape, np.nan) for m in METRICS}
     n_time = np.zeros((len(fields), len(leads)), np.int64)
+    valid_at = xr.Dataset(coords={"time": inits, "prediction_timedelta": leads})
     for j, f in enumerate(fields):
-        t = truth_at_valid_time(truth_ds[f[0]].sel(level=f[1], drop=True) if f[1] is not None else truth_ds[f[0]],
-                                inits, leads).astype(np.float64).load()
+        t = truth_at_valid_times(valid_at, _select(truth_ds, f), gaps="nan").astype(np.float64).load()
         n_time[j] = t.notnull().any(["latitude", "longitude"]).sum("time").values
         for i, m in enumerate(methods):
             ds = fcs[m].sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
@@ -304,10 +264,6 @@ def evaluate(
     return scores
 
 
-def _lead_label(td: np.timedelta64) -> str:
-    return f"{int(td // np.timedelta64(1, 'h'))}h"
-
-
 def scores_json(scores: xr.Dataset) -> dict[str, Any]:
     """``{"scores": {method: {metric: {field: {"72h": value}}}}, "units": {field: unit}, "provenance"}``."""
     out: dict[str, Any] = {}
@@ -318,7 +274,7 @@ def scores_json(scores: xr.Dataset) -> dict[str, Any]:
             out[m][metric] = {}
             for f in scores["field"].values.tolist():
                 vals = scores[metric].sel({"method": m, "field": f})
-                out[m][metric][f] = {_lead_label(td): (None if np.isnan(v) else float(v))
+                out[m][metric][f] = {lead_label(td): (None if np.isnan(v) else float(v))
                                      for td, v in zip(vals["prediction_timedelta"].values, vals.values)}
     units = dict(zip(scores["field"].values.tolist(), scores["units"].values.tolist()))
     return {"scores": out, "units": units, "provenance": json.loads(scores.attrs.get("provenance", "{}"))}
@@ -328,7 +284,7 @@ def scores_markdown(scores: xr.Dataset) -> str:
     """One markdown table per metric: rows = methods, columns = field × lead."""
     fields = scores["field"].values.tolist()
     units = dict(zip(fields, scores["units"].values.tolist()))
-    leads = [_lead_label(td) for td in scores["prediction_timedelta"].values]
+    leads = [lead_label(td) for td in scores["prediction_timedelta"].values]
     lines: list[str] = []
     for metric in (m for m in METRICS if m in scores):
         lines += [f"**{metric}** ({scores[metric].attrs['long_name']})", ""]
@@ -356,5 +312,5 @@ def write_scores(scores: xr.Dataset, out_dir: str | Path) -> Path:
     return out_dir
 
 
-__all__ = ["evaluate", "open_forecast", "truth_at_valid_time", "scores_json", "scores_markdown", "write_scores",
+__all__ = ["evaluate", "scores_json", "scores_markdown", "write_scores",
            "parse_fields"]

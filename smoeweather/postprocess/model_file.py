@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from smoeweather.data.sites import SITE_COORDS
 from smoeweather.io import atomic_path
 from smoeweather.postprocess.emos import COEFFICIENTS
 
@@ -37,26 +38,37 @@ def _units(units: str, coef: str) -> str:
 def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs: dict[str, Any],
                 overwrite: bool = False) -> Path:
     """Write ``params`` (of :func:`~.emos.fit_emos`) fitted on ``forecast`` (the training ensemble) to ``out``."""
-    ds = xr.Dataset(coords={"latitude": forecast["latitude"].values, "longitude": forecast["longitude"].values})
-    ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
-    ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
+    if "site" in forecast.dims:  # sites (issue 25): the training sites with their CF coordinates
+        ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *SITE_COORDS)})
+        ds["station_id"] = ds["station_id"].astype(str)
+    else:
+        ds = xr.Dataset(coords={"latitude": forecast["latitude"].values, "longitude": forecast["longitude"].values})
+        ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
+        ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
     for name in params.data_vars:
         units = str(params[name].attrs.get("units", ""))
+        labels = [str(c) for c in params[name]["coefficient"].values]
         for c in COEFFICIENTS:
-            da = params[name].sel(coefficient=c, drop=True).astype(np.float64)
+            if c == "b" and "b" not in labels:  # members form: one b per (non-exchangeable) member
+                bs = [x for x in labels if x.startswith("b_")]
+                da = params[name].sel(coefficient=bs).rename(coefficient="member").assign_coords(
+                    member=[x[2:] for x in bs]).astype(np.float64)
+            else:
+                da = params[name].sel(coefficient=c, drop=True).astype(np.float64)
             ds[f"{name}_{c}"] = da.assign_attrs(units=_units(units, c), long_name=f"{_LONG[c]} ({name})")
     ds["prediction_timedelta"].attrs.update(standard_name="forecast_period", long_name="lead time")
     levels = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
     leads = pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")
     times = pd.DatetimeIndex(forecast["time"].values)
-    from smoeweather.forecast.output import code_version
+    from smoeweather.data.ensembles import code_version
 
     ds.attrs = {
         "Conventions": "CF-1.8", "title": "EMOS coefficients (smoe postprocess fit)", "kind": KIND,
         "method": "emos", "per_gridpoint": int(params.attrs.get("per_gridpoint", 0)),
         "fields": " ".join(str(n) for n in params.data_vars), "levels": " ".join(map(str, levels)),
         "leads_hours": " ".join(str(int(h)) for h in leads), "members": int(forecast.sizes["member"]),
-        "grid": f"{forecast.sizes['latitude']}x{forecast.sizes['longitude']}",
+        "grid": (f"{forecast.sizes['site']} sites" if "site" in forecast.dims
+                 else f"{forecast.sizes['latitude']}x{forecast.sizes['longitude']}"),
         "n_train_inits": len(times), "train_first_init": str(times.min()), "train_last_init": str(times.max()),
         "solver": str(params.attrs.get("solver", "")), "iterations": int(params.attrs.get("iterations", 0)),
         "groups_not_converged": int(params.attrs.get("groups_not_converged", 0)),
@@ -83,12 +95,23 @@ def read_model(path: str | Path) -> tuple[xr.Dataset, dict[str, Any]]:
         raise ValueError(f"{path} is not an EMOS model file of `smoe postprocess fit` (attribute kind={KIND!r})")
     params = {}
     for name in str(ds.attrs["fields"]).split():
-        parts = [ds[f"{name}_{c}"] for c in COEFFICIENTS]
-        da = xr.concat(parts, "coefficient").assign_coords(coefficient=list(COEFFICIENTS))
+        parts, labels = [], []
+        for c in COEFFICIENTS:
+            da = ds[f"{name}_{c}"]
+            if "member" in da.dims:  # members form: b per member → coefficients b_<member>
+                names = [f"b_{m}" for m in da["member"].values]
+                parts += [da.isel(member=i, drop=True) for i in range(da.sizes["member"])]
+                labels += names
+            else:
+                parts.append(da)
+                labels.append(c)
+        da = xr.concat(parts, "coefficient").assign_coords(coefficient=labels)
         params[name] = da.transpose(..., "coefficient").drop_vars(
-            [c for c in ("latitude", "longitude") if c in da.coords and c not in da.dims]
+            [c for c in ("latitude", "longitude", "altitude") if c in da.coords and c not in da.dims]
         ).assign_attrs(units=parts[0].attrs.get("units", ""))
     attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values)
+    if "site" in ds.dims:
+        attrs["station_id"] = ds["station_id"].values.astype(str)
     return xr.Dataset(params, attrs={k: v for k, v in ds.attrs.items()}), attrs
 
 
@@ -120,9 +143,25 @@ def check_forecast(attrs: dict[str, Any], forecast: xr.Dataset, model: str, wher
     if forecast.sizes["member"] != members:
         raise ValueError(f"{where} has {forecast.sizes['member']} members; the model {model} was fitted on "
                          f"{members} (the ensemble variance of another member count is another predictor)")
+    if "site" in forecast.dims or "station_id" in attrs:
+        return _check_sites(attrs, forecast, model, where)
     for c in ("latitude", "longitude"):
         a, b = np.asarray(attrs[c], np.float64), forecast[c].values.astype(np.float64)
         if a.shape != b.shape or not np.allclose(a, b, rtol=0, atol=1e-6):
             raise ValueError(f"{where}: {c} grid ({len(b)} points, {b.min():g}..{b.max():g}) differs from the "
                              f"model {model}'s ({len(a)} points, {a.min():g}..{a.max():g}); regrid first")
+    return forecast
+
+
+def _check_sites(attrs: dict[str, Any], forecast: xr.Dataset, model: str, where: str) -> xr.Dataset:
+    """Site forecasts: a per-site model must hold every forecast site (ValueError naming the first missing
+    station ids); a global model applies at any site."""
+    if "site" not in forecast.dims or "station_id" not in attrs:
+        raise ValueError(f"{where} and the model {model} differ in kind: one is on sites, the other on a grid")
+    if int(attrs.get("per_gridpoint", 0)):
+        have = set(str(s) for s in attrs["station_id"])
+        lacking = [str(s) for s in forecast["station_id"].values if str(s) not in have]
+        if lacking:
+            raise ValueError(f"{where} has {len(lacking)} site(s) the per-site model {model} has no coefficients "
+                             f"for, first {lacking[:5]}; fit on those sites or use a global fit")
     return forecast

@@ -1,7 +1,7 @@
 """Apply a post-processing network checkpoint (U-Net or SMoE-U-Net of ``smoe train`` with a ``postprocess`` or
 ``ens10`` config) to any ensemble forecast in the project convention: Gaussian (μ, σ) of every target out.
 
-The network sees exactly what :class:`~smoeweather.data.ensemble.EnsembleDataset` gave it in training (the
+The network sees exactly what :class:`~smoeweather.data.ensemble_dataset.EnsembleDataset` gave it in training (the
 checkpoint carries the field statistics, the static maps and the sample layout), so a checkpoint calibrates a
 forecast it never saw: another season, another stream, another machine. The forecast must have the training
 grid, fields, levels, leads and member count; a mismatch is refused by name before anything is computed.
@@ -16,21 +16,12 @@ import numpy as np
 import torch
 import xarray as xr
 
-from smoeweather.data.ensemble import HOUR, EnsembleDataset, EnsembleSpec, check_forecast
+from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec, check_forecast
+from smoeweather.data.ensembles import check_grid, lead_timedeltas
 from smoeweather.data.weather import field_name
 
 CACHE_LIMIT_BYTES = 2 * 1024**3
 """Moments of a forecast smaller than this are computed in one pass; larger ones sample by sample."""
-
-
-def check_grid(forecast: xr.Dataset, latitude: Any, longitude: Any, where: str) -> None:
-    """ValueError unless ``forecast`` is on the (latitude, longitude) grid (to 1e-4°, the coordinates'
-    float32 round-off at 360°)."""
-    for name, want in (("latitude", np.asarray(latitude)), ("longitude", np.asarray(longitude))):
-        have = forecast[name].values
-        if have.shape != want.shape or not np.allclose(have, want, atol=1e-4):
-            raise ValueError(f"{where}: {name} differs from the training grid ({have.size} vs {want.size} points, "
-                             f"{have[:1]}..{have[-1:]} vs {want[:1]}..{want[-1:]}); regrid the forecast first")
 
 
 def apply_checkpoint(
@@ -51,7 +42,7 @@ def apply_checkpoint(
         raise ValueError(f"{checkpoint} is a {trained.task!r} checkpoint; post-processing needs a postprocess one")
     spec = EnsembleSpec.from_config(meta["spec"])
     check_forecast(forecast, spec, where)
-    check_grid(forecast, meta["latitude"], meta["longitude"], where)
+    check_grid(forecast, meta["latitude"], meta["longitude"], where, "the training grid")
     members = int(meta["members"])
     if forecast.sizes["member"] != members:
         raise ValueError(f"{where}: {forecast.sizes['member']} members; the network was trained on {members} "
@@ -93,7 +84,7 @@ def apply_checkpoint(
 
 def _to_datasets(values: np.ndarray, forecast: xr.Dataset, spec: EnsembleSpec) -> xr.Dataset:
     """(T, time, lead, H, W) per-target arrays → one variable per target name, levels stacked (NaN elsewhere)."""
-    leads = np.array([np.timedelta64(h, "h") for h in spec.leads_h]).astype("timedelta64[ns]")
+    leads = lead_timedeltas(spec.leads_h)
     coords = {"time": forecast["time"].values, "prediction_timedelta": leads,
               "latitude": forecast["latitude"].values, "longitude": forecast["longitude"].values}
     dims = ("time", "prediction_timedelta", "latitude", "longitude")
@@ -111,9 +102,3 @@ def _to_datasets(values: np.ndarray, forecast: xr.Dataset, spec: EnsembleSpec) -
     ds = xr.Dataset(out)
     ds["prediction_timedelta"].attrs.update(standard_name="forecast_period", long_name="lead time")
     return ds
-
-
-def lead_hours(ds: xr.Dataset) -> list[int]:
-    """Leads of a forecast Dataset in whole hours."""
-    return [int(v // HOUR) for v in ds["prediction_timedelta"].values.astype("timedelta64[ns]")]
-

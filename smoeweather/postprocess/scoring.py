@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from smoeweather.data.ensemble import HOUR, EnsembleSpec, select_split
+from smoeweather.data.ensemble_dataset import EnsembleSpec
+from smoeweather.data.ensembles import lead_label, lead_timedeltas, open_ensemble, open_truth, select_split
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics import probabilistic
 from smoeweather.metrics.weights import latitude_weights, weighted_mean
@@ -27,8 +28,7 @@ def _sel(ds: xr.Dataset, f: Field) -> xr.DataArray:
 
 
 def _by_lead(da: xr.DataArray) -> dict[str, float]:
-    return {f"{int(v // HOUR)}h": float(x) for v, x in
-            zip(da["prediction_timedelta"].values.astype("timedelta64[ns]"), np.atleast_1d(da.values))}
+    return {lead_label(v): float(x) for v, x in zip(da["prediction_timedelta"].values, np.atleast_1d(da.values))}
 
 
 def score_gaussian(mu: xr.Dataset, sigma: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
@@ -63,10 +63,8 @@ def score_ensemble(forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Fi
     return out
 
 
-def open_source(dcfg: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
+def open_config_data(dcfg: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
     """(forecast, truth on valid times, spec) of a postprocess config's ``data`` block, opened once (lazy)."""
-    from smoeweather.postprocess.stores import open_ensemble, open_truth
-
     source = dcfg.get("source") or dcfg.get("store")
     forecast = open_ensemble(source)
     return forecast, open_truth(dcfg.get("truth"), source), EnsembleSpec.from_config(dcfg, forecast)
@@ -75,12 +73,13 @@ def open_source(dcfg: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset, EnsembleS
 def split_forecast(dcfg: dict[str, Any], split: str, opened: tuple[xr.Dataset, xr.Dataset, EnsembleSpec] | None = None
                    ) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
     """(forecast, truth at valid times, spec) of one split of a postprocess config's ``data`` block, at the
-    spec's leads, loaded into memory; ``opened``: the result of :func:`open_source` to reuse."""
-    forecast, truth, spec = opened or open_source(dcfg)
-    leads = [np.timedelta64(h, "h").astype("timedelta64[ns]") for h in spec.leads_h]
+    spec's leads, loaded into memory; ``opened``: the result of :func:`open_config_data` to reuse."""
+    forecast, truth, spec = opened or open_config_data(dcfg)
+    leads = lead_timedeltas(spec.leads_h)
     names = list(dict.fromkeys(n for n, _ in (*spec.predictors, *spec.targets)))
-    fc, truth_at = select_split(forecast[names], truth, spec, split, dcfg.get(f"{split}_years"),
-                                dcfg.get(f"{split}_period"), str(dcfg.get("source") or dcfg.get("store")))
+    fc, truth_at = select_split(forecast[names], truth, spec.leads_h, spec.target_variables, split,
+                                dcfg.get(f"{split}_years"), dcfg.get(f"{split}_period"),
+                                str(dcfg.get("source") or dcfg.get("store")))
     return fc.sel(prediction_timedelta=leads).load(), truth_at.sel(prediction_timedelta=leads).load(), spec
 
 
@@ -99,7 +98,7 @@ def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dic
     config's train split (the same inits the networks train on) and scored on ``split``."""
     from smoeweather.postprocess.emos import apply_emos, fit_emos
 
-    opened = open_source(dcfg)
+    opened = open_config_data(dcfg)
     train_fc, train_truth, spec = split_forecast(dcfg, "train", opened)
     test_fc, test_truth, _ = split_forecast(dcfg, split, opened)
     targets = list(spec.targets)
@@ -112,5 +111,5 @@ def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dic
     return out
 
 
-__all__ = ["METRICS", "open_source", "reference_scores", "score_checkpoint", "score_ensemble", "score_gaussian",
+__all__ = ["METRICS", "open_config_data", "reference_scores", "score_checkpoint", "score_ensemble", "score_gaussian",
            "split_forecast"]

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from smoeweather.io import atomic_path
+from smoeweather.data.ensembles import write_store
 
 SPREAD_RATIO = 0.6
 
@@ -123,10 +123,4 @@ def write_synthetic_ensemble(store: str | Path, out: str | Path, overwrite: bool
         raise FileNotFoundError(f"store {store} does not exist")
     truth = xr.open_zarr(store) if store.is_dir() else xr.open_dataset(store)
     ds = synthetic_ensemble(truth, **kwargs)  # type: ignore[arg-type]
-    ds.attrs["truth_store"] = str(store)
-    out = Path(out)
-    for v in ds.variables.values():  # the source store's codecs need not suit the new store
-        v.encoding = {}
-    with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.chunk({"time": 8}).to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)  # as the prepared stores
-    return out
+    return write_store(ds, out, "ensemble", {"truth_store": str(store)}, overwrite=overwrite, time_chunk=8)

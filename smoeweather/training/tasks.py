@@ -39,6 +39,7 @@ def _module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         "aux_weight": float(t.get("aux_weight", 0.01)),
         "freeze_batchnorm": bool(t.get("freeze_batchnorm", False)),
         "optimizer": str(t.get("optimizer", "adam")),
+        "gate_lr_factor": float(t.get("gate_lr_factor", 1.0)),
     }
 
 
@@ -98,14 +99,15 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     """Ensemble post-processing (task ``postprocess``; ``ens10`` is the same task): data module and
     :class:`PostprocessingModule` from a config.
 
-    ``data.source`` (or ``data.store``): any ensemble source(s) of :func:`~smoeweather.postprocess.stores.
-    open_ensemble`; ``data.truth``: truth store (default: the truth inside the source); ``data.static``: static
+    ``data.source`` (or ``data.store``): any ensemble source(s) of
+    :func:`~smoeweather.data.ensembles.open_ensemble`; ``data.truth``: truth store (default: the truth inside
+    the source); ``data.static``: static
     inputs (``land_sea_mask``, ``orography``, ``latitude``) from ``data.constants`` or the source; splits by
     ``<split>_years`` / ``<split>_period`` on initialisation times (a period also bounds the valid times).
     """
-    from smoeweather.data.ensemble import EnsembleDataset, EnsembleSpec, select_split, static_channels
+    from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec, static_channels
+    from smoeweather.data.ensembles import open_ensemble, open_static, open_truth, select_split
     from smoeweather.models.registry import build_weather_model
-    from smoeweather.postprocess.stores import open_ensemble, open_static, open_truth
     from smoeweather.training.postprocessing import EnsemblePostprocessor, PostprocessingModule
 
     dcfg = dict(cfg["data"])
@@ -120,8 +122,8 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     cache = dcfg.get("cache", True)
 
     def make(split: str, stats: dict[str, tuple[float, float]] | None) -> EnsembleDataset:
-        fc, truth = select_split(forecast, truth_all, spec, split, dcfg.get(f"{split}_years"),
-                                 dcfg.get(f"{split}_period"), str(source))
+        fc, truth = select_split(forecast, truth_all, spec.leads_h, spec.target_variables, split,
+                                 dcfg.get(f"{split}_years"), dcfg.get(f"{split}_period"), str(source))
         return EnsembleDataset(fc, truth, spec, stats=stats, cache=bool(cache), source=str(source))
 
     built: dict[str, EnsembleDataset] = {"train": make("train", None)}
