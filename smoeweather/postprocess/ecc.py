@@ -69,16 +69,19 @@ def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, memb
     zq = ndtri(ecc_levels(n))
     out = xr.Dataset()
     for name in mu.data_vars:
-        r = raw[name].transpose(member_dim, *mu[name].dims)
-        x = np.asarray(r.values, np.float64)
-        rk = ranks(x, axis=0)
-        mu_v = np.asarray(mu[name].values, np.float64)[None]
-        sd_v = np.asarray(sigma[name].transpose(*mu[name].dims).values, np.float64)[None]
-        vals = mu_v + sd_v * zq[rk]
-        vals = np.where(np.isnan(x), np.nan, vals)
-        da = xr.DataArray(vals.astype(np.float32), dims=r.dims, coords={d: mu[name][d] for d in mu[name].dims},
-                          attrs=dict(mu[name].attrs))
-        da = da.assign_coords({member_dim: np.arange(n)})
+        r = raw[name].transpose(*mu[name].dims, member_dim)
+        # per chunk of (init, lead, level, space) with every member: lazy on dask, streamed chunk by chunk
+        da = xr.apply_ufunc(_ecc_block, r, mu[name], sigma[name].transpose(*mu[name].dims),
+                            kwargs={"zq": zq}, input_core_dims=[[member_dim], [], []],
+                            output_core_dims=[[member_dim]], dask="parallelized", output_dtypes=[np.float32])
+        da = da.assign_coords({member_dim: np.arange(n)}).assign_attrs(dict(mu[name].attrs))
         order = [d for d in ("time", "prediction_timedelta", member_dim) if d in da.dims]
         out[name] = da.transpose(*order, ...)
     return out
+
+
+def _ecc_block(raw: np.ndarray, mu: np.ndarray, sd: np.ndarray, zq: np.ndarray) -> np.ndarray:
+    """ECC-Q members (..., M) float32 of N(μ, σ²) (...) in the rank order of ``raw`` (..., M); NaN where raw is."""
+    x = np.asarray(raw, np.float64)
+    vals = np.asarray(mu, np.float64)[..., None] + np.asarray(sd, np.float64)[..., None] * zq[ranks(x, axis=x.ndim - 1)]
+    return np.where(np.isnan(x), np.nan, vals).astype(np.float32)

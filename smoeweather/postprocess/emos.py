@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pandas as pd
 import torch
 import xarray as xr
 
@@ -297,8 +298,9 @@ def fit_emos(
     """EMOS coefficients: per variable a DataArray with dim ``coefficient`` (a, b, c, d) and the group dims
     (``prediction_timedelta``, [``level``], and ``latitude``/``longitude`` if ``per_gridpoint``).
 
-    ``forecast`` (ensemble) and ``truth`` (at valid times, see :func:`~.stores.truth_at_valid_times`) share
-    their non-member dims. Units: a, μ in the field's units; b, d dimensionless; c in units².
+    ``forecast`` (ensemble) and ``truth`` (at valid times, see
+    :func:`~smoeweather.data.ensembles.truth_at_valid_times`) share their non-member dims. Units: a, μ in
+    the field's units; b, d dimensionless; c in units².
     ``iterations``: Newton iterations per group (default 50) or L-BFGS iterations (default 300).
     attrs: method, per_gridpoint, solver, iterations, groups, groups_not_converged.
     """
@@ -343,16 +345,241 @@ def fit_emos(
 
 def apply_emos(params: xr.Dataset, forecast: xr.Dataset, member_dim: str = "member") -> tuple[xr.Dataset,
                                                                                                xr.Dataset]:
-    """(μ, σ) Datasets of the EMOS predictive distribution for every init of ``forecast`` (units of the field)."""
+    """(μ, σ) Datasets of the EMOS predictive distribution for every init of ``forecast`` (units of the field).
+
+    Lazy on a dask-backed ``forecast``. Coefficients with a ``time`` dim (rolling windows) are taken at each
+    init's date (ValueError naming the dates they lack); the members form (coefficients ``a``, ``b_<member>``…,
+    ``c``, ``d``) weights each member by its own ``b`` (ValueError when the member labels differ)."""
     mean, var = ensemble_moments(forecast, member_dim)
     mu, sigma = xr.Dataset(), xr.Dataset()
     for name in forecast.data_vars:
         if name not in params.data_vars:
             raise ValueError(f"EMOS coefficients have no variable {name!r} (fitted: {list(params.data_vars)})")
         p = params[name]
-        mu[name] = (p.sel(coefficient="a", drop=True) + p.sel(coefficient="b", drop=True) * mean[name]).assign_attrs(
-            forecast[name].attrs)
+        if "time" in p.dims:
+            p = coefficients_at(p, forecast["time"])
+        labels = [str(c) for c in p["coefficient"].values]
+        if any(c.startswith("b_") for c in labels):
+            b = p.sel(coefficient=[c for c in labels if c.startswith("b_")])
+            model_members = [c[2:] for c in b["coefficient"].values]
+            have = [str(m) for m in forecast[member_dim].values]
+            if model_members != have:
+                raise ValueError(f"the forecast's members {have} differ from the members the EMOS model weights "
+                                 f"{model_members} (non-exchangeable members must match by name and order)")
+            b = b.rename(coefficient=member_dim).assign_coords({member_dim: forecast[member_dim].values})
+            loc = p.sel(coefficient="a", drop=True) + (b * forecast[name]).sum(member_dim)
+        else:
+            loc = p.sel(coefficient="a", drop=True) + p.sel(coefficient="b", drop=True) * mean[name]
+        mu[name] = loc.assign_attrs(forecast[name].attrs)
         sigma[name] = np.sqrt(p.sel(coefficient="c", drop=True) + p.sel(coefficient="d", drop=True) * var[name])
         dims = [d for d in forecast[name].dims if d != member_dim]
         mu[name], sigma[name] = mu[name].transpose(*dims), sigma[name].transpose(*dims)
     return mu, sigma
+
+
+def coefficients_at(p: xr.DataArray, times: xr.DataArray) -> xr.DataArray:
+    """Rolling-window coefficients ``p`` (dim ``time`` = forecast date) at every init of ``times``;
+    ValueError naming the init dates that have no coefficients."""
+    have = pd.DatetimeIndex(p["time"].values)
+    want = pd.DatetimeIndex(times.values)
+    lacking = want.difference(have)
+    if len(lacking):
+        raise ValueError(f"the rolling-window EMOS model has no coefficients for the forecast date(s) "
+                         f"{[str(t) for t in lacking[:3]]}{' …' if len(lacking) > 3 else ''} (model dates "
+                         f"{have.min()} .. {have.max()}); fit with --dates covering them")
+    return p.sel(time=times.values).assign_coords(time=times.values)
+
+
+# --- EMOS on blocks of samples: any mean predictors, sums reduced over blocks (issue 25) ----------------------
+#
+# μ = Xβ (X: K mean predictors per sample, column 0 the intercept: [1, ensemble mean] for the mean/spread
+# form, [1, x₁ … x_M] for non-exchangeable members), σ² = c + d·v (v the ensemble variance). θ = (β, γ, δ),
+# c = γ² + C_FLOOR, d = δ². The data of a group may be spread over many blocks (chunks of a dask array, or
+# one in-memory block): every quantity the solver needs is a sum over samples, so a ``reduce`` callable sums a
+# function's outputs over the blocks, and each Newton iteration is one pass (two when a step is shortened).
+
+Block = dict[str, np.ndarray]
+"""One block of samples in physical units: ``X`` (G, S, K) mean predictors (X[..., 0] = 1), ``v`` (G, S)
+ensemble variance, ``y`` (G, S) truth, ``w`` (G, S) sample weights (0 = no sample)."""
+Reduce = Callable[[Callable[[Block], dict[str, np.ndarray]]], dict[str, np.ndarray]]
+"""Sums ``fn(block)`` over every block of the data (a dict of arrays, summed key by key)."""
+LADDER = 0.5 ** np.arange(8)  # step lengths tried in one pass (backtracking line search)
+
+
+def _valid(b: Block) -> np.ndarray:
+    """(G, S) mask of usable samples: finite predictors, variance and truth, positive weight."""
+    return np.isfinite(b["X"]).all(-1) & np.isfinite(b["v"]) & np.isfinite(b["y"]) & (b["w"] > 0)
+
+
+def _standardised_block(b: Block, loc: np.ndarray, scale: np.ndarray, wsum: np.ndarray) -> Block:
+    """``b`` in units of each group's truth (loc, scale (G,)), invalid samples zeroed, w / wsum (G,)."""
+    ok = _valid(b)
+    s = scale[:, None]
+    x = (b["X"] - loc[:, None, None]) / s[..., None]
+    x[..., 0] = 1.0
+    return {"X": np.where(ok[..., None], x, 0.0), "v": np.where(ok, b["v"] / s**2, 0.0),
+            "y": np.where(ok, (b["y"] - loc[:, None]) / s, 0.0), "w": np.where(ok, b["w"], 0.0) / wsum[:, None]}
+
+
+def _moment_sums(b: Block) -> dict[str, np.ndarray]:
+    """Σw, Σw·y, Σw·y² per group (G,) over the valid samples of a physical block."""
+    ok = _valid(b)
+    w = np.where(ok, b["w"], 0.0)
+    y = np.where(ok, b["y"], 0.0)
+    return {"w": w.sum(1), "wy": (w * y).sum(1), "wyy": (w * y * y).sum(1)}
+
+
+def _start_sums(b: Block) -> dict[str, np.ndarray]:
+    """Sums (standardised block) that give the closed-form start: weighted least squares of y on X, then the
+    regression of the squared residuals on v (as :func:`_start`)."""
+    x, v, y, w = b["X"], b["v"], b["y"], b["w"]
+    wx = w[..., None] * x
+    return {"xx": np.einsum("gsk,gsl->gkl", wx, x), "xy": np.einsum("gsk,gs->gk", wx, y),
+            "yy": (w * y * y).sum(1), "v": (w * v).sum(1), "vv": (w * v * v).sum(1),
+            "xxv": np.einsum("gsk,gsl->gkl", wx * v[..., None], x), "xyv": np.einsum("gsk,gs->gk", wx, y * v),
+            "yyv": (w * y * y * v).sum(1)}
+
+
+def _start_from_sums(s: dict[str, np.ndarray]) -> np.ndarray:
+    """θ₀ (G, K + 2) from :func:`_start_sums` totals (weights summing to 1 per group)."""
+    xx, k = s["xx"], s["xx"].shape[-1]
+    ridge = 1e-10 * np.trace(xx, axis1=1, axis2=2)[:, None, None] * np.eye(k) + 1e-300 * np.eye(k)
+    beta = np.linalg.solve(xx + ridge, s["xy"][..., None])[..., 0]
+    r2 = s["yy"] - 2 * (beta * s["xy"]).sum(1) + np.einsum("gk,gkl,gl->g", beta, xx, beta)
+    r2v = s["yyv"] - 2 * (beta * s["xyv"]).sum(1) + np.einsum("gk,gkl,gl->g", beta, s["xxv"], beta)
+    vbar = s["v"]
+    varv = s["vv"] - vbar**2
+    covv = r2v - r2 * vbar
+    d0 = np.where(varv > 1e-12, covv / np.maximum(varv, 1e-12), 0.0)
+    d0 = np.minimum(np.maximum(d0, 0.0), 0.9 * r2 / np.maximum(vbar, 1e-12))
+    c0 = np.maximum(r2 - d0 * vbar, 10 * C_FLOOR)
+    return np.concatenate([beta, np.sqrt(c0 - C_FLOOR)[:, None], np.sqrt(np.maximum(d0, 1e-4))[:, None]], 1)
+
+
+def _block_crps(theta: np.ndarray, b: Block) -> np.ndarray:
+    """Σ w·CRPS (G,) of a standardised block at θ (G, K + 2)."""
+    from scipy.special import ndtr
+
+    k = b["X"].shape[-1]
+    mu = np.einsum("gsk,gk->gs", b["X"], theta[:, :k])
+    sigma = np.sqrt(theta[:, k, None] ** 2 + C_FLOOR + theta[:, k + 1, None] ** 2 * b["v"])
+    z = (b["y"] - mu) / sigma
+    crps = sigma * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * np.exp(-0.5 * z * z) / _SQRT_2PI - _INV_SQRT_PI)
+    return (b["w"] * crps).sum(1)
+
+
+def _block_derivatives(theta: np.ndarray, b: Block) -> dict[str, np.ndarray]:
+    """Σ over a standardised block of the weighted CRPS (G,), its gradient (G, P) and Hessian (G, P, P) in
+    θ = (β, γ, δ), P = K + 2 (per sample as in :func:`_crps_and_derivatives`)."""
+    from scipy.special import ndtr
+
+    x, v, y, w = b["X"], b["v"], b["y"], b["w"]
+    k = x.shape[-1]
+    gam, dlt = theta[:, k, None], theta[:, k + 1, None]
+    mu = np.einsum("gsk,gk->gs", x, theta[:, :k])
+    sigma = np.sqrt(gam**2 + C_FLOOR + dlt**2 * v)
+    z = (y - mu) / sigma
+    pdf = np.exp(-0.5 * z * z) / _SQRT_2PI
+    cdf = ndtr(z)
+    loss = (w * sigma * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - _INV_SQRT_PI)).sum(1)
+    inv2s = 0.5 / sigma
+    l_s = w * (2.0 * pdf - _INV_SQRT_PI)
+    h_mm = w * 2.0 * pdf / sigma
+    h_ms = h_mm * z * inv2s
+    h_ss = (h_ms * z - 2.0 * l_s * inv2s * inv2s) * inv2s
+    g_m, g_s = w * (1.0 - 2.0 * cdf), l_s * inv2s
+    p = k + 2
+    grad = np.empty((x.shape[0], p))
+    grad[:, :k] = np.einsum("gs,gsk->gk", g_m, x)
+    grad[:, k], grad[:, k + 1] = g_s.sum(1), (g_s * v).sum(1)
+    hess = np.empty((x.shape[0], p, p))
+    hess[:, :k, :k] = np.einsum("gs,gsk,gsl->gkl", h_mm, x, x)
+    hess[:, :k, k] = np.einsum("gs,gsk->gk", h_ms, x)
+    hess[:, :k, k + 1] = np.einsum("gs,gsk->gk", h_ms * v, x)
+    hess[:, k, :k], hess[:, k + 1, :k] = hess[:, :k, k], hess[:, :k, k + 1]
+    hess[:, k, k], hess[:, k, k + 1] = h_ss.sum(1), (h_ss * v).sum(1)
+    hess[:, k + 1, k], hess[:, k + 1, k + 1] = hess[:, k, k + 1], (h_ss * v * v).sum(1)
+    return {"loss": loss, "grad": grad, "hess": hess}
+
+
+def _chain(theta: np.ndarray, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(loss, gradient, Hessian) in θ = (β, γ, δ) from sums in (β, c, d): c = γ² + c₀, d = δ²."""
+    k = theta.shape[1] - 2
+    jac = np.ones_like(theta)
+    jac[:, k:] = 2.0 * theta[:, k:]
+    hess = d["hess"] * jac[:, :, None] * jac[:, None, :]
+    hess[:, k, k] += 2.0 * d["grad"][:, k]
+    hess[:, k + 1, k + 1] += 2.0 * d["grad"][:, k + 1]
+    return d["loss"], d["grad"] * jac, hess
+
+
+def _newton_step_np(grad: np.ndarray, hess: np.ndarray) -> np.ndarray:
+    """Saddle-free Newton step −|H|⁻¹ g (G, P), as :func:`_newton_step`."""
+    evals, evecs = np.linalg.eigh(hess)
+    floor = 1e-10 * np.maximum(np.abs(evals).max(1, keepdims=True), 1e-300)
+    inv = 1.0 / np.maximum(np.abs(evals), floor)
+    return -np.einsum("gij,gj->gi", evecs, inv * np.einsum("gji,gj->gi", evecs, grad))
+
+
+def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
+    """EMOS coefficients (G, K + 2) = (a, b₁ … b_{K−1}, c, d) in physical units and convergence flags (G,)
+    of groups whose samples are spread over blocks.
+
+    ``reduce(fn)`` returns the sum over all blocks of ``fn(block)`` (a dict of arrays), ``block`` a physical
+    :data:`Block`. Passes: truth moments (standardisation), start sums, then one pass per damped saddle-free
+    Newton iteration that evaluates the CRPS at the step lengths :data:`LADDER` and the derivatives at the
+    full step (a second pass when a group takes a shorter step). A group stops when its Newton decrement falls
+    below ``tol`` or no step length lowers its CRPS (at its minimum to working precision).
+    """
+    mom = reduce(_moment_sums)
+    wsum = np.maximum(mom["w"], 1e-300)
+    loc = mom["wy"] / wsum
+    scale = np.sqrt(np.maximum(mom["wyy"] / wsum - loc**2, 0.0))
+    scale = np.where(scale > 0, scale, 1.0)
+
+    def std(b: Block) -> Block:
+        return _standardised_block(b, loc, scale, wsum)
+
+    theta = _start_from_sums(reduce(lambda b: _start_sums(std(b))))
+    f, grad, hess = _chain(theta, reduce(lambda b: _block_derivatives(theta, std(b))))
+    live = mom["w"] > 0
+    for _ in range(iterations):
+        step = _newton_step_np(grad, hess) * live[:, None]
+        slope = (grad * step).sum(1)
+        live &= -slope >= tol
+        if not live.any():
+            break
+        step = step * live[:, None]
+        th, st = theta.copy(), step.copy()
+
+        def trial(b: Block, th: np.ndarray = th, st: np.ndarray = st) -> dict[str, np.ndarray]:
+            sb = std(b)
+            out = {f"f{i}": _block_crps(th + a * st, sb) for i, a in enumerate(LADDER)}
+            out.update(_block_derivatives(th + st, sb))
+            return out
+
+        r = reduce(trial)
+        fa = np.stack([r[f"f{i}"] for i in range(len(LADDER))], 1)  # (G, A)
+        ok = fa <= f[:, None] + 1e-4 * LADDER[None, :] * slope[:, None]
+        found = ok.any(1) & live
+        first = np.argmax(ok, 1)
+        alpha = np.where(found, LADDER[first], 0.0)
+        live &= found  # no step lowers the CRPS: at its minimum to working precision
+        theta = theta + alpha[:, None] * step
+        if np.all(alpha[found] == 1.0):
+            f_new, g_new, h_new = _chain(theta, {k: r[k] for k in ("loss", "grad", "hess")})
+            keep = alpha == 1.0
+            f, grad, hess = np.where(keep, f_new, f), np.where(keep[:, None], g_new, grad), np.where(
+                keep[:, None, None], h_new, hess)
+        else:
+            f, grad, hess = _chain(theta, reduce(lambda b, th=theta: _block_derivatives(th, std(b))))
+    else:
+        step = _newton_step_np(grad, hess)
+        live &= -(grad * step).sum(1) >= tol
+    k = theta.shape[1] - 2
+    beta = theta[:, :k]
+    a = loc + scale * beta[:, 0] - loc * beta[:, 1:].sum(1)
+    coef = np.concatenate([a[:, None], beta[:, 1:], (scale**2 * (theta[:, k] ** 2 + C_FLOOR))[:, None],
+                           (theta[:, k + 1] ** 2)[:, None]], 1)
+    coef[mom["w"] <= 0] = np.nan  # a group without a single sample has no fit
+    return coef, ~live

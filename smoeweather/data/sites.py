@@ -1,0 +1,193 @@
+"""Ensemble forecasts and observations at sites (stations): the CF discrete-sampling-geometry file and a reader
+for plain tables (CSV or Parquet).
+
+In memory a site forecast is a Dataset in the post-processing conventions with ``site`` in place of the grid:
+``<name>`` (time, prediction_timedelta, member, site) with ``time`` = initialisation, and the observations as
+a separate Dataset on ``time`` = VALID time (time, site), like every other truth. Site coordinates:
+``station_id`` (str), ``latitude``, ``longitude`` (degrees) and ``altitude`` (m) on ``site``.
+
+On disk (:func:`write_sites`, :func:`open_sites`): CF-1.8 netCDF, ``featureType = "timeSeries"``, one time
+series per site (``station_id`` with ``cf_role = "timeseries_id"``), the forecast ``<name>`` on
+(site, time, prediction_timedelta, member) with ``coordinates = "latitude longitude altitude station_id"``
+and the observation ``<name>_observation`` on (site, time, prediction_timedelta): the value observed at
+time + lead, aligned with the forecast it verifies.
+
+Tables (:func:`read_site_table`): one row per station and date, one column per member, an observation
+column, station id, latitude, longitude and elevation/altitude columns; the date is the VALID date by default
+(ensembleBMA's ``srft``) or the initialisation date (``time_kind="init"``); one lead for the whole table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+OBS_SUFFIX = "_observation"
+SITE_COORDS = ("station_id", "latitude", "longitude", "altitude")
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+NON_MEMBER_COLUMNS = {"observation", "obs", "date", "time", "valid_time", "init_time", "station", "station_id",
+                      "site", "id", "latitude", "lat", "longitude", "lon", "elevation", "altitude", "alt", "type",
+                      "network", "idate", "vdate"}
+
+
+def is_site_source(path: str | Path) -> bool:
+    """True for a table (.csv/.parquet) or a netCDF with ``featureType = timeSeries``."""
+    p = Path(path)
+    if p.suffix.lower() in TABLE_SUFFIXES:
+        return True
+    if p.is_file() and p.suffix.lower() in (".nc", ".nc4", ".cdf"):
+        with xr.open_dataset(p) as ds:
+            return str(ds.attrs.get("featureType", "")).lower() == "timeseries"
+    return False
+
+
+def _column(df: pd.DataFrame, names: Sequence[str], what: str, path: Path) -> str:
+    for n in names:
+        if n in df.columns:
+            return n
+    raise ValueError(f"{path}: no {what} column; expected one of {list(names)} (columns: {list(df.columns)})")
+
+
+def read_site_table(path: str | Path, variable: str = "2m_temperature", lead: str = "48h",
+                    time_kind: str = "valid", members: Sequence[str] | None = None,
+                    observation: str | None = None, units: str = "K") -> tuple[xr.Dataset, xr.Dataset]:
+    """(forecast, observations on valid times) of a CSV/Parquet table with one row per station and date.
+
+    ``members``: the member columns (default: every numeric column that is not a known non-member column such
+    as observation, date, station, latitude, longitude, elevation, type). Dates ``YYYYMMDDHH`` integers or
+    ISO strings. Rows missing for a station and date become NaN; repeated (station, date) rows are refused.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"site table {path} does not exist")
+    if time_kind not in ("valid", "init"):
+        raise ValueError(f"time_kind must be 'valid' or 'init', got {time_kind!r}")
+    df = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
+    tcol = _column(df, ("date", "time", "valid_time" if time_kind == "valid" else "init_time", "vdate", "idate"),
+                   "date", path)
+    scol = _column(df, ("station", "station_id", "site", "id"), "station id", path)
+    ocol = observation or _column(df, ("observation", "obs"), "observation", path)
+    if ocol not in df.columns:
+        raise ValueError(f"{path}: no observation column {ocol!r} (columns: {list(df.columns)})")
+    latc, lonc = _column(df, ("latitude", "lat"), "latitude", path), _column(df, ("longitude", "lon"), "longitude",
+                                                                             path)
+    altc = next((c for c in ("altitude", "elevation", "alt") if c in df.columns), None)
+    if members is None:
+        members = [c for c in df.columns if c.lower() not in NON_MEMBER_COLUMNS and c != ocol
+                   and pd.api.types.is_numeric_dtype(df[c])]
+    missing = [m for m in members if m not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: no member column(s) {missing} (columns: {list(df.columns)})")
+    if len(members) < 2:
+        raise ValueError(f"{path}: {len(members)} member column(s) {list(members)}; an ensemble needs at least 2")
+    raw = df[tcol]
+    times = (pd.to_datetime(raw.astype(str), format="%Y%m%d%H") if pd.api.types.is_integer_dtype(raw)
+             else pd.to_datetime(raw))
+    df = df.assign(_t=times.values, _s=df[scol].astype(str).str.strip())
+    dup = df.duplicated(["_t", "_s"])
+    if dup.any():
+        first = df[dup].iloc[0]
+        raise ValueError(f"{path}: station {first['_s']!r} has more than one row for {first['_t']}")
+    lead_td = pd.Timedelta(lead)
+    t_index = pd.DatetimeIndex(sorted(df["_t"].unique())).as_unit("ns")
+    sites = sorted(df["_s"].unique())
+    # station metadata: the most frequent value per station (a few stations list slightly different positions)
+    cols = [c for c in (latc, lonc, altc) if c]
+    meta = (df.groupby(["_s", *cols], dropna=False).size().reset_index(name="_n")
+            .sort_values(["_n", *cols], ascending=False, kind="stable").drop_duplicates("_s").set_index("_s")
+            .loc[sites])
+    ti, si = t_index.get_indexer(df["_t"]), pd.Index(sites).get_indexer(df["_s"])
+    ens = np.full((len(t_index), len(members), len(sites)), np.nan, np.float64)
+    ens[ti, :, si] = df[list(members)].to_numpy(np.float64)
+    obs = np.full((len(t_index), len(sites)), np.nan, np.float64)
+    obs[ti, si] = df[ocol].to_numpy(np.float64)
+    valid = t_index if time_kind == "valid" else t_index + lead_td
+    init = valid - lead_td
+    coords = site_coords(sites, meta[latc].to_numpy(), meta[lonc].to_numpy(),
+                         meta[altc].to_numpy() if altc else np.full(len(sites), np.nan))
+    attrs = {"units": units, "long_name": variable}
+    fc = xr.Dataset({variable: (("time", "prediction_timedelta", "member", "site"), ens[:, None], attrs)},
+                    coords={"time": init.values,
+                            "prediction_timedelta": [lead_td.to_timedelta64().astype("timedelta64[ns]")],
+                            "member": list(members), **coords})
+    fc.attrs = {"forecast_kind": "ensemble", "featureType": "timeSeries", "source_files": str(path)}
+    truth = xr.Dataset({variable: (("time", "site"), obs, attrs)}, coords={"time": valid.values, **coords})
+    return fc, truth
+
+
+def site_coords(ids: Sequence[str], lat: np.ndarray, lon: np.ndarray, alt: np.ndarray) -> dict[str, tuple]:
+    """Coordinates on ``site`` with CF attributes (station_id, latitude, longitude, altitude)."""
+    return {"site": ("site", np.arange(len(ids))),
+            "station_id": ("site", np.asarray(ids, dtype=object), {"cf_role": "timeseries_id",
+                                                                  "long_name": "station identifier"}),
+            "latitude": ("site", np.asarray(lat, np.float64), {"units": "degrees_north",
+                                                              "standard_name": "latitude"}),
+            "longitude": ("site", np.asarray(lon, np.float64), {"units": "degrees_east",
+                                                               "standard_name": "longitude"}),
+            "altitude": ("site", np.asarray(alt, np.float64), {"units": "m", "standard_name": "height",
+                                                              "positive": "up", "axis": "Z"})}
+
+
+def write_sites(forecast: xr.Dataset, truth: xr.Dataset, out: str | Path, overwrite: bool = False) -> Path:
+    """Write a site forecast and its observations (valid times) as a CF DSG ``timeSeries`` netCDF (atomically)."""
+    from smoeweather.io import atomic_path
+
+    valid = forecast["time"] + forecast["prediction_timedelta"]
+    ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *SITE_COORDS)})
+    for n in forecast.data_vars:
+        ds[n] = forecast[n].transpose("site", "time", "prediction_timedelta", "member")
+        ds[n].attrs = {**forecast[n].attrs, "coordinates": " ".join(SITE_COORDS)}
+        obs = truth[n].reindex(time=np.unique(valid.values)).sel(time=valid).drop_vars("time")
+        ds[n + OBS_SUFFIX] = obs.transpose("site", "time", "prediction_timedelta").assign_attrs(
+            {**truth[n].attrs, "long_name": f"observed {n} at time + prediction_timedelta",
+             "coordinates": " ".join(SITE_COORDS)})
+    ds["member"] = ds["member"].astype(str)
+    ds["station_id"] = ds["station_id"].astype(str)
+    ds.attrs = {"Conventions": "CF-1.8", "featureType": "timeSeries", "forecast_kind": "ensemble",
+                "title": "ensemble forecasts and observations at sites (smoeweather.data.sites)"}
+    out = Path(out)
+    with atomic_path(out, overwrite=overwrite) as tmp:
+        ds.to_netcdf(tmp)
+    return out
+
+
+def open_sites(path: str | Path, **table_options: object) -> tuple[xr.Dataset, xr.Dataset]:
+    """(forecast, observations on valid times) of a CF DSG site file (:func:`write_sites`) or a table
+    (:func:`read_site_table`, with ``table_options``)."""
+    path = Path(path)
+    if path.suffix.lower() in TABLE_SUFFIXES:
+        return read_site_table(path, **table_options)  # type: ignore[arg-type]
+    if not path.is_file():
+        raise FileNotFoundError(f"site file {path} does not exist")
+    with xr.open_dataset(path) as raw:
+        ds = raw.load()
+    if str(ds.attrs.get("featureType", "")).lower() != "timeseries" or "site" not in ds.dims:
+        raise ValueError(f"{path}: not a site file (expected featureType = 'timeSeries' and a 'site' dimension)")
+    names = [n for n in ds.data_vars if "member" in ds[n].dims]
+    if not names:
+        raise ValueError(f"{path}: no variable with a 'member' dimension (an ensemble forecast was expected)")
+    fc = xr.Dataset({n: ds[n].transpose("time", "prediction_timedelta", "member", "site") for n in names})
+    for n in names:
+        fc[n].attrs = {k: v for k, v in ds[n].attrs.items() if k != "coordinates"}
+    fc.attrs = {"forecast_kind": "ensemble", "featureType": "timeSeries", "source_files": str(path)}
+    valid = (ds["time"] + ds["prediction_timedelta"]).values  # (time, lead)
+    vt = pd.DatetimeIndex(np.unique(valid))
+    coords = {c: ds[c] for c in ("site", *SITE_COORDS)}
+    truth = xr.Dataset(coords={"time": vt, **coords})
+    for n in names:
+        key = n + OBS_SUFFIX
+        if key not in ds:
+            raise ValueError(f"{path}: no observation variable {key!r} for the forecast {n!r}")
+        obs = np.full((len(vt), ds.sizes["site"]), np.nan)
+        vals = ds[key].transpose("time", "prediction_timedelta", "site").values
+        idx = vt.get_indexer(valid.ravel())
+        flat = vals.reshape(-1, ds.sizes["site"])
+        have = np.isfinite(flat)
+        obs[idx] = np.where(have, flat, obs[idx])
+        truth[n] = (("time", "site"), obs, {k: v for k, v in ds[key].attrs.items()
+                                            if k not in ("coordinates", "long_name")})
+    return fc, truth

@@ -1,0 +1,284 @@
+"""EMOS out of core on dask (issue 25): fit, apply, ECC-Q members and quantiles on arrays chunked over space,
+streamed to zarr chunk by chunk; nothing is loaded whole.
+
+Fit, in two stages:
+
+1. **stage**: the training ensemble is reduced over its members (mean and variance, ddof = 1; with
+   ``predictors="members"`` the members are kept) and written beside the output, with the truth at the valid
+   times, as a temporary zarr chunked over (time, space) — one pass over the archive in its own chunks;
+2. **fit**: per grid point / site (``local``), every spatial block of the staged store (all times) is one
+   task that fits its points (the batched Newton solver of :mod:`.emos`); global (pooled over space), every
+   Newton iteration is one pass of per-block sums of the CRPS and its derivatives (:func:`.emos.fit_blocks`),
+   reduced over the blocks. Rolling windows (:mod:`.rolling`) add the forecast date as a group dim.
+
+Apply: μ, σ, the ECC-Q members and the quantiles are lazy functions of the forecast's own chunks (every one is
+independent per point, init and lead) and are written together in one pass, so each chunk is read once.
+
+Where dask runs follows ``smoe data prepare`` (:func:`pipelines.prepare.dask_client`): a local
+``dask.distributed`` cluster by default, ``tcp://host:port`` for an existing cluster, ``threads`` for none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from smoeweather.postprocess.emos import COEFFICIENTS, Block, _fit_groups_newton, fit_blocks
+
+SPACE_DIMS = ("latitude", "longitude", "site")
+MEMBER = "member"
+PREDICTORS = ("mean", "members")
+BLOCK_BYTES = 48e6  # staged float64 bytes per fit task (all times of one spatial block)
+CHUNK_BYTES = 4e6  # bytes per chunk of the staged store
+
+
+@contextlib.contextmanager
+def scheduler(address: str | None) -> Iterator[Any]:
+    """The dask client of ``smoe data prepare``'s ``--scheduler`` (None: a local cluster; ``threads``: none)."""
+    from pipelines.prepare import dask_client
+
+    with dask_client(address) as client:
+        yield client
+
+
+def compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
+    """Compute a dask collection (or a list of them, together) on ``client``, with a progress bar."""
+    from pipelines.prepare import _compute
+
+    return _compute(obj, client, progress, label)
+
+
+def space_dims(ds: xr.Dataset | xr.DataArray) -> tuple[str, ...]:
+    """The spatial dims of a forecast: (``latitude``, ``longitude``) or (``site``,)."""
+    dims = tuple(d for d in SPACE_DIMS if d in ds.dims)
+    if not dims:
+        raise ValueError(f"no spatial dimension (one of {SPACE_DIMS}) in dims {tuple(ds.dims)}")
+    return dims
+
+
+def as_dask(ds: xr.Dataset, target_bytes: float = 64e6) -> xr.Dataset:
+    """``ds`` backed by dask: kept as it is when it already is, else chunked along ``time`` (≈ target bytes)."""
+    if any(v.chunks is not None for v in ds.data_vars.values()):
+        return ds
+    per_step = max(sum(v.dtype.itemsize * v.size / max(v.sizes.get("time", 1), 1) for v in ds.data_vars.values()),
+                   1.0)
+    return ds.chunk({"time": max(1, int(target_bytes // per_step))} if "time" in ds.dims else {})
+
+
+def _group_dims(da: xr.DataArray) -> list[str]:
+    return [d for d in da.dims if d not in ("time", MEMBER, *SPACE_DIMS)]
+
+
+def training_arrays(forecast: xr.Dataset, truth_at: xr.Dataset, predictors: str = "mean") -> xr.Dataset:
+    """Lazy Dataset of what a fit reads, per field ``n``: ``n__mean`` (or ``n__members``), ``n__var`` and
+    ``n__truth``, dims (groups…, time, space…[, member]), non-dim coords dropped, members numbered 0..M−1."""
+    if predictors not in PREDICTORS:
+        raise ValueError(f"--predictors must be one of {PREDICTORS}, got {predictors!r}")
+    out = {}
+    for n in forecast.data_vars:
+        x = forecast[n]
+        order = [*_group_dims(x), "time", *space_dims(x)]
+        var = x.var(MEMBER, ddof=1).transpose(*order)
+        if predictors == "mean":
+            out[f"{n}__mean"] = x.mean(MEMBER).transpose(*order)
+        else:
+            out[f"{n}__members"] = x.transpose(*order, MEMBER).assign_coords({MEMBER: np.arange(x.sizes[MEMBER])})
+        out[f"{n}__var"] = var
+        out[f"{n}__truth"] = truth_at[n].transpose(*order).astype(var.dtype)
+    ds = xr.Dataset(out)
+    return ds.drop_vars([c for c in ds.coords if c not in ds.dims])
+
+
+def _space_block(ds: xr.Dataset, local_window: int) -> int:
+    """Size of a spatial block along the first spatial dim: ≈ :data:`BLOCK_BYTES` of float64 per fit task."""
+    first = next(v for v in ds.data_vars.values())
+    sp = space_dims(first)
+    per_row = 8 * 3 * first.sizes["time"] * int(np.prod([first.sizes[d] for d in _group_dims(first)]))
+    per_row *= int(np.prod([first.sizes[d] for d in sp[1:]])) * max(local_window, 1)
+    if any(MEMBER in v.dims for v in ds.data_vars.values()):
+        per_row *= ds.sizes[MEMBER]
+    return int(max(1, min(first.sizes[sp[0]], BLOCK_BYTES // max(per_row, 1))))
+
+
+def stage(arrays: xr.Dataset, path: Path, client: Any, progress: bool, window_factor: int = 1) -> xr.Dataset:
+    """Write :func:`training_arrays` to a zarr at ``path`` chunked over (time, space) and reopen it with
+    chunks of all times × one spatial block (the fit tasks)."""
+    first = next(v for v in arrays.data_vars.values())
+    sp = space_dims(first)
+    rows = _space_block(arrays, window_factor)
+    point_bytes = first.dtype.itemsize * int(np.prod([first.sizes[d] for d in _group_dims(first)]))
+    point_bytes *= rows * int(np.prod([first.sizes[d] for d in sp[1:]]))
+    tc = int(max(1, min(first.sizes["time"], CHUNK_BYTES // max(point_bytes, 1))))
+    chunks = {"time": tc, sp[0]: rows, **{d: -1 for d in arrays.dims if d not in ("time", sp[0])}}
+    ds = arrays.chunk(chunks)
+    for v in ds.variables.values():
+        v.encoding = {}
+    delayed = ds.to_zarr(path, mode="w", compute=False, zarr_format=2, consolidated=True)
+    compute(delayed, client, progress, f"staging the training data ({first.sizes['time']} inits) to {path.name}")
+    return xr.open_zarr(path, chunks={"time": -1, sp[0]: rows, **{d: -1 for d in arrays.dims
+                                                                  if d not in ("time", sp[0])}})
+
+
+def _samples(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray, local: bool,
+             win: tuple[np.ndarray, np.ndarray] | None) -> Block:
+    """A :data:`~.emos.Block` from arrays (g0, T, p[, M]) (mean or members), (g0, T, p) and weights (p,).
+
+    Groups: local → (g0, [D,] p), pooled → (g0, [D]); D = forecast dates of the window ``win`` = (idx, valid)."""
+    x = np.asarray(xm, np.float64)
+    x = np.concatenate([np.ones((*x.shape[:3], 1)), x[..., None] if x.ndim == 3 else x], -1)
+    v, y = np.asarray(v, np.float64), np.asarray(y, np.float64)
+    w = np.broadcast_to(np.asarray(wsp, np.float64)[None, None, :], v.shape)
+    g0, _, p, k = x.shape
+    if win is not None:
+        idx, valid = win
+        x, v, y = x[:, idx], v[:, idx], y[:, idx]  # (g0, D, W, p, ...)
+        w = w[:, idx] * valid[None, :, :, None]
+        d, width = idx.shape
+        if local:
+            return {"X": x.transpose(0, 1, 3, 2, 4).reshape(g0 * d * p, width, k),
+                    **{n: a.transpose(0, 1, 3, 2).reshape(g0 * d * p, width) for n, a in (("v", v), ("y", y),
+                                                                                      ("w", w))}}
+        return {"X": x.reshape(g0 * d, width * p, k), **{n: a.reshape(g0 * d, width * p) for n, a in
+                                                          (("v", v), ("y", y), ("w", w))}}
+    if local:
+        return {"X": x.transpose(0, 2, 1, 3).reshape(g0 * p, -1, k),
+                **{n: a.transpose(0, 2, 1).reshape(g0 * p, -1) for n, a in (("v", v), ("y", y), ("w", w))}}
+    return {"X": x.reshape(g0, -1, k), **{n: a.reshape(g0, -1) for n, a in (("v", v), ("y", y), ("w", w))}}
+
+
+def _fit_local(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray,
+               win: tuple[np.ndarray, np.ndarray] | None, iterations: int, min_samples: int) -> np.ndarray:
+    """Coefficients (groups, K + 3) = (a, b…, c, d, converged) of one spatial block, one fit per point
+    (per point and date with a window); groups with fewer than ``min_samples`` valid samples get NaN."""
+    b = _samples(xm, v, y, wsp, True, win)
+    valid = np.isfinite(b["X"]).all(-1) & np.isfinite(b["v"]) & np.isfinite(b["y"]) & (b["w"] > 0)
+    if b["X"].shape[-1] == 2:  # the mean/spread form: the same solver as the in-memory fit_emos
+        coef, ok = _fit_groups_newton(b["X"][..., 1], b["v"], b["y"], b["w"], iterations=iterations)
+    else:
+        coef, ok = fit_blocks(lambda fn: fn(b), iterations=iterations)
+    coef = np.concatenate([coef, ok[:, None].astype(np.float64)], 1)
+    coef[valid.sum(1) < min_samples, :-1] = np.nan
+    return coef
+
+
+def _sum_dicts(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    out = {k: np.array(v, np.float64, copy=True) for k, v in parts[0].items()}
+    for p in parts[1:]:
+        for k, v in p.items():
+            out[k] += v
+    return out
+
+
+def _pooled_part(fn: Callable[[Block], dict[str, np.ndarray]], xm: np.ndarray, v: np.ndarray, y: np.ndarray,
+                 wsp: np.ndarray, win: tuple[np.ndarray, np.ndarray] | None) -> dict[str, np.ndarray]:
+    return fn(_samples(xm, v, y, wsp, False, win))
+
+
+def _coefficient_labels(k: int, members: Sequence[Any] | None) -> list[str]:
+    if k == 2:
+        return list(COEFFICIENTS)
+    return ["a", *[f"b_{m}" for m in members], "c", "d"]  # type: ignore[union-attr]
+
+
+def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: Any, progress: bool,
+               window: tuple[pd.DatetimeIndex, np.ndarray, np.ndarray] | None = None,
+               members: Sequence[Any] | None = None, space_coords: dict[str, Any] | None = None,
+               iterations: int = 50, min_samples: int | None = None) -> xr.Dataset:
+    """EMOS coefficients in :func:`~.emos.fit_emos` form (per variable: dims groups…, [``time`` = forecast
+    date], [space…], ``coefficient``) from a :func:`stage`-d store.
+
+    ``window``: (dates, idx, valid) of :func:`.rolling.window_index`. ``members``: member labels of the
+    members form. ``min_samples``: fewest valid samples of a local fit (default 2 × its parameter count).
+    Global fits weight grid points by latitude (as :func:`~.emos.fit_emos`), sites equally.
+    """
+    from smoeweather.metrics.weights import latitude_weights
+
+    out = {}
+    n_groups = n_bad = 0
+    win = (window[1], window[2]) if window is not None else None
+    for name in names:
+        xkey = f"{name}__mean" if f"{name}__mean" in staged else f"{name}__members"
+        xm, v, y = staged[xkey], staged[f"{name}__var"], staged[f"{name}__truth"]
+        sp = space_dims(v)
+        groups = _group_dims(v)
+        gshape = [v.sizes[d] for d in groups]
+        k = 2 if xkey.endswith("__mean") else staged.sizes[MEMBER] + 1
+        if "latitude" in sp and not local:
+            wsp_full = latitude_weights(staged["latitude"]).broadcast_like(
+                v.isel({d: 0 for d in ("time", *groups)}, drop=True)).transpose(*sp).values
+        else:
+            wsp_full = np.ones([v.sizes[d] for d in sp])
+        starts = np.cumsum((0,) + v.chunks[v.get_axis_num(sp[0])])
+        blocks = []
+        for lo, hi in zip(starts[:-1], starts[1:]):
+            sel = {sp[0]: slice(int(lo), int(hi))}
+            g0 = int(np.prod(gshape, dtype=np.int64))
+            shape = (g0, v.sizes["time"], -1)
+            xa = xm.isel(sel).data.reshape(shape + ((staged.sizes[MEMBER],) if k > 2 else ()))
+            blocks.append((xa, v.isel(sel).data.reshape(shape), y.isel(sel).data.reshape(shape),
+                           wsp_full[int(lo):int(hi)].reshape(-1)))
+        ms = min_samples if min_samples is not None else 2 * (k + 2)
+        label = f"EMOS fit of {name}"
+        if local:
+            tasks = [dask.delayed(_fit_local)(xa, va, ya, wa, win, iterations, ms) for xa, va, ya, wa in blocks]
+            parts = compute(tasks, client, progress, f"{label}: {len(tasks)} blocks of points")
+            npts = [int(np.prod(b[1].shape[2:])) for b in blocks]
+            d = len(window[0]) if window is not None else 1
+            # per block: (g0, [D,] p) groups → concatenate the blocks along p
+            arrs = [p.reshape(int(np.prod(gshape)), d, n, -1) for p, n in zip(parts, npts)]
+            coef = np.concatenate(arrs, 2)  # (g0, D, P, K + 3)
+            shape = [*gshape, *([d] if window is not None else []), *[v.sizes[s] for s in sp], coef.shape[-1]]
+            coef = coef.reshape(shape)
+            dims = [*groups, *(["time"] if window is not None else []), *sp]
+        else:
+            def reduce(fn: Callable[[Block], dict[str, np.ndarray]], blocks: list = blocks, label: str = label
+                       ) -> dict[str, np.ndarray]:
+                parts = [dask.delayed(_pooled_part)(fn, xa, va, ya, wa, win) for xa, va, ya, wa in blocks]
+                return compute(dask.delayed(_sum_dicts)(parts), client, False, label)
+
+            t0 = time.perf_counter()
+            c, ok = fit_blocks(reduce, iterations=iterations)
+            if progress:
+                print(f"{label}: pooled over {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s", flush=True)
+            coef = np.concatenate([c, ok[:, None].astype(np.float64)], 1)
+            d = len(window[0]) if window is not None else None
+            coef = coef.reshape([*gshape, *([d] if d else []), coef.shape[-1]])
+            dims = [*groups, *(["time"] if window is not None else [])]
+        ok = coef[..., -1] > 0.5
+        n_groups += ok.size
+        n_bad += int((~ok).sum())
+        coords = {d: staged[d].values for d in groups}
+        if window is not None:
+            coords["time"] = window[0].values
+        if local:
+            coords.update({d: staged[d].values for d in sp})
+        out[name] = xr.DataArray(coef[..., :-1], dims=(*dims, "coefficient"),
+                                 coords={**coords, "coefficient": _coefficient_labels(k, members)})
+    params = xr.Dataset(out)
+    if space_coords and local:
+        params = params.assign_coords(space_coords)
+    params.attrs = {"method": "emos", "per_gridpoint": int(local), "solver": "newton", "iterations": iterations,
+                    "groups": n_groups, "groups_not_converged": n_bad}
+    return params
+
+
+@contextlib.contextmanager
+def staging_dir(out: Path) -> Iterator[Path]:
+    """A temporary folder beside ``out`` (where the workers can reach it too), removed afterwards."""
+    path = out.parent / f".{out.name}.staging-{os.getpid()}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,211 @@
+"""``smoe postprocess fit`` / ``apply`` for EMOS end to end, out of core (issue 25): open the ensemble (a
+gridded store or forecast file, a CF site file or a CSV/Parquet site table), fit once or on rolling windows,
+globally or per grid point / site, with the mean/spread or the member-weights predictors; apply, with ECC-Q
+members and quantiles, streamed to zarr in one pass. Every check runs before anything is computed or written;
+a failed run leaves no output behind (atomic writes, the staging folder removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from smoeweather.data import ensembles
+from smoeweather.data.sites import is_site_source, open_sites
+from smoeweather.io import atomic_path
+from smoeweather.postprocess import chunked
+from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
+
+TABLE_OPTIONS = ("variable", "lead", "time_kind", "members")
+
+
+def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
+    """The options of issue 25 on the ``fit`` or ``apply`` parser: scheduler, progress, site tables, and for
+    ``fit`` rolling windows, predictors and per-site fits."""
+    p.add_argument("--scheduler", default=None,
+                   help="dask.distributed scheduler address tcp://host:port (default: a local cluster; "
+                        "'threads' for no cluster)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    t = p.add_argument_group("site tables (CSV/Parquet: one row per station and date)")
+    t.add_argument("--table-variable", default="2m_temperature", help="field name of the table's values")
+    t.add_argument("--table-lead", default="48h", help="lead time of the table's forecasts (default 48h)")
+    t.add_argument("--table-time", choices=["valid", "init"], default="valid",
+                   help="the date column is the valid date (default, as ensembleBMA) or the init date")
+    t.add_argument("--table-members", nargs="+", help="member columns (default: every other numeric column)")
+    if verb == "fit":
+        p.add_argument("--per-site", dest="per_gridpoint", action="store_true",
+                       help="site forecasts: one fit per site (default: global, pooled over sites)")
+        p.add_argument("--predictors", choices=chunked.PREDICTORS, default="mean",
+                       help="mean: μ = a + b·ensemble mean (exchangeable members, default); members: one weight "
+                            "per member, μ = a + Σ bₖ xₖ (non-exchangeable, e.g. a multi-model ensemble)")
+        p.add_argument("--window", help="rolling training window, e.g. 25D: one fit per forecast date")
+        p.add_argument("--lag", default=None,
+                       help="with --window: the window ends this long before each date (default: the longest lead)")
+        p.add_argument("--dates", nargs=2, metavar=("START", "END"),
+                       help="with --window: forecast dates to fit (default: every date with a full window)")
+
+
+def _table_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
+            "members": args.table_members}
+
+
+def open_source(paths: Sequence[Path], truth: Path | None, variables: Sequence[str] | None,
+                table: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset]:
+    """(forecast, truth on valid times) of gridded ensemble sources or site files/tables; lazy for stores."""
+    if any(is_site_source(p) for p in paths):
+        if len(paths) != 1 or truth is not None:
+            raise ValueError("site forecasts: pass one site file or table (it holds its observations); "
+                             f"got --forecast {[str(p) for p in paths]}{' and --truth' if truth else ''}")
+        forecast, obs = open_sites(paths[0], **table)
+        if variables:
+            lacking = [v for v in variables if v not in forecast.data_vars]
+            if lacking:
+                raise ValueError(f"{paths[0]}: no variable(s) {lacking}; it has {list(forecast.data_vars)}")
+            forecast = forecast[list(variables)]
+        return forecast, obs
+    forecast = ensembles.open_ensemble(paths, variables)
+    return forecast, ensembles.open_truth(truth, paths)
+
+
+def _truth_at(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
+    """Truth at init + lead, lazy (dask) when the truth is; sites: NaN where a station has no observation."""
+    if "site" in forecast.dims:
+        return ensembles.truth_at_valid_times(forecast, truth, gaps="nan")
+    return ensembles.truth_at_valid_times(forecast, chunked.as_dask(truth))
+
+
+def fit(args: argparse.Namespace) -> str:
+    """``smoe postprocess fit --method emos``: write the model file; returns a one-line summary."""
+    from smoeweather.postprocess.model_file import write_model
+
+    if args.out.exists() and not args.overwrite:
+        raise FileExistsError(f"{args.out} already exists (pass --overwrite to replace it)")
+    if getattr(args, "solver", "newton") != "newton":
+        raise ValueError(f"--solver {args.solver}: the out-of-core fit uses the batched Newton solver; the "
+                         "L-BFGS reference is available in the Python API (emos.fit_emos)")
+    if args.window is None and (args.lag is not None or args.dates is not None):
+        raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
+    forecast, truth = open_source(args.forecast, args.truth, args.variables, _table_options(args))
+    forecast = ensembles.select_period(forecast, args.train_period)
+    truth_at = _truth_at(forecast, truth)
+    window = None
+    if args.window is not None:
+        win = parse_duration(args.window, "--window")
+        leads = forecast["prediction_timedelta"].values
+        lag = parse_duration(args.lag, "--lag") if args.lag is not None else np.max(leads)
+        import pandas as pd
+
+        lag = pd.Timedelta(lag)
+        dates = window_dates(forecast["time"].values, win, lag, args.dates)
+        idx, valid = window_index(forecast["time"].values, dates, win, lag)
+        window = (dates, idx, valid)
+    members = [str(m) for m in forecast["member"].values] if args.predictors == "members" else None
+    names = list(forecast.data_vars)
+    with chunked.scheduler(args.scheduler) as client, chunked.staging_dir(args.out) as tmp:
+        arrays = chunked.training_arrays(chunked.as_dask(forecast), chunked.as_dask(truth_at), args.predictors)
+        factor = window[1].shape[0] * window[1].shape[1] // max(forecast.sizes["time"], 1) if window else 1
+        staged = chunked.stage(arrays, tmp / "training.zarr", client, not args.quiet, max(1, factor))
+        params = chunked.fit_staged(staged, names, bool(args.per_gridpoint), client, not args.quiet,
+                                    window=window, members=members, iterations=args.iterations or 50)
+    for n in names:
+        params[n].attrs["units"] = forecast[n].attrs.get("units", "")
+    sources = " ".join(map(str, args.forecast))
+    attrs = {"forecast": sources, "truth": str(args.truth or sources), "predictors": args.predictors,
+             "train_period": " ".join(map(str, args.train_period)) if args.train_period else "all"}
+    if window is not None:
+        attrs.update(window=str(args.window), lag=str(lag), window_rule="inits s with t - lag - window < s <= t - lag",
+                     dates=f"{window[0][0]} .. {window[0][-1]}")
+    out = write_model(params, forecast, args.out, attrs, overwrite=args.overwrite)
+    kind = "per site" if "site" in forecast.dims and args.per_gridpoint else (
+        "per grid point" if args.per_gridpoint else "global")
+    rolling = f", {len(window[0])} forecast dates" if window is not None else ""
+    return (f"{out}: {params.attrs['groups']} EMOS fit(s) ({kind}, {args.predictors}{rolling}), "
+            f"{params.attrs['groups_not_converged']} not converged")
+
+
+def _align_sites(params: xr.Dataset, mattrs: dict[str, Any], forecast: xr.Dataset) -> xr.Dataset:
+    """Per-site coefficients in the forecast's site order (matched by station id)."""
+    if "site" not in params.dims:
+        return params
+    pos = {str(s): i for i, s in enumerate(mattrs["station_id"])}
+    idx = [pos[str(s)] for s in forecast["station_id"].values]
+    return params.isel(site=idx).assign_coords(site=forecast["site"].values)
+
+
+def _store(ds: xr.Dataset, kind: str, attrs: dict[str, Any]) -> xr.Dataset:
+    """``ds`` ready for a forecast store: float32, CF coordinate attributes, provenance, no source codecs."""
+    ds = ds.copy()
+    for n in ds.data_vars:
+        if np.issubdtype(ds[n].dtype, np.floating):
+            ds[n] = ds[n].astype(np.float32)
+    for c, cf in ensembles.COORD_ATTRS.items():
+        if c in ds.coords:
+            ds[c].attrs = {**cf, **ds[c].attrs}
+    if "station_id" in ds.coords:
+        ds["station_id"] = ds["station_id"].astype(str)
+    ds.attrs = {"Conventions": "CF-1.8", "code_version": ensembles.code_version(),
+                "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
+                "forecast_kind": kind}
+    for v in ds.variables.values():
+        v.encoding = {}
+    return ds
+
+
+def write_stores(products: Sequence[tuple[xr.Dataset, Path, str, dict[str, Any]]], client: Any, progress: bool,
+                 overwrite: bool) -> list[Path]:
+    """Write every (Dataset, path, forecast_kind, attrs) as a zarr store in ONE dask computation (each input
+    chunk read once), chunk by chunk; atomically: on any error no output is left."""
+    with contextlib.ExitStack() as stack:
+        jobs = []
+        for ds, path, kind, attrs in products:
+            tmp = stack.enter_context(atomic_path(path, overwrite=overwrite))
+            jobs.append(_store(chunked.as_dask(ds), kind, attrs).to_zarr(
+                tmp, mode="w", compute=False, consolidated=True, zarr_format=2))
+        chunked.compute(jobs, client, progress, f"writing {', '.join(p.name for _, p, _, _ in products)}")
+    return [p for _, p, _, _ in products]
+
+
+def apply(args: argparse.Namespace, members_out: Path | None, quantiles_out: Path | None,
+          levels: np.ndarray | None) -> list[Path]:
+    """``smoe postprocess apply MODEL.nc``: the Gaussian store, ECC-Q members and quantiles (checks of the
+    caller done: output paths, --members N against the forecast)."""
+    from smoeweather.postprocess.ecc import ecc_members, gaussian_quantiles
+    from smoeweather.postprocess.emos import apply_emos
+    from smoeweather.postprocess.model_file import check_forecast, read_model
+
+    params, mattrs = read_model(args.model)
+    forecast, _ = open_source(args.forecast, None, None, _table_options(args)) if any(
+        is_site_source(p) for p in args.forecast) else (ensembles.open_ensemble(args.forecast), None)
+    forecast = ensembles.select_period(forecast, args.apply_period)
+    if args.members is not None and args.members != forecast.sizes["member"]:
+        raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
+                         f"ensemble's member count ({forecast.sizes['member']} in {' '.join(map(str, args.forecast))})")
+    forecast = check_forecast(mattrs, forecast, str(args.model), " ".join(map(str, args.forecast)))
+    forecast = chunked.as_dask(forecast)
+    params = _align_sites(params, mattrs, forecast)
+    mu, sigma = apply_emos(params, forecast)  # lazy; refuses dates without coefficients, mismatched members
+    local = int(mattrs["per_gridpoint"])
+    where = "site" if "site" in forecast.dims else "gridpoint"
+    attrs = {"method": "emos" + (f"_{where}" if local else "_global"), "model": str(args.model),
+             "model_train_period": mattrs.get("train_period"), "members": int(forecast.sizes["member"]),
+             "predictors": mattrs.get("predictors", "mean"), "window": mattrs.get("window"),
+             "forecast": " ".join(map(str, args.forecast))}
+    products = [(ensembles.gaussian_dataset(mu, sigma), args.out, "gaussian", attrs)]
+    if members_out is not None:
+        ens = ecc_members(mu, sigma, forecast[list(mu.data_vars)], args.members)
+        products.append((ens, members_out, "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
+                                                        "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}))
+    if quantiles_out is not None:
+        products.append((gaussian_quantiles(mu, sigma, levels), quantiles_out, "quantiles",
+                         {**attrs, "method": f"{attrs['method']}_quantiles"}))
+    with chunked.scheduler(args.scheduler) as client:
+        return write_stores(products, client, not args.quiet, args.overwrite)
