@@ -11,10 +11,10 @@ import scores.continuous
 import xarray as xr
 
 from pipelines.prepare import write_store
+from smoeweather.evaluate import evaluate, scores_json
 from smoeweather.forecast import make_forecast, run_forecast
 from smoeweather.forecast.climatology import climatology_at, day_of_year, doy_climatology
 from smoeweather.metrics import deterministic as det
-from smoeweather.metrics.evaluate import evaluate, scores_json
 from smoeweather.metrics.weights import latitude_weights
 
 EPS32 = float(np.finfo(np.float32).eps)

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from smoeweather.metrics.evaluate import evaluate, scores_markdown
+    from smoeweather.evaluate import evaluate, scores_markdown
 
     forecasts: dict[str, Path] | list[Path] = [p for p in args.forecasts if "=" not in str(p)]
     named = [str(p).split("=", 1) for p in args.forecasts if "=" in str(p)]

@@ -149,11 +149,11 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
 def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: list[int], targets: list[str],
                         work: Path) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
     """RMSE (physical units) via :func:`smoeweather.forecast.run_forecast` (initialisations every 12 h of the
-    test period whose longest lead verifies inside it) and :func:`smoeweather.metrics.evaluate.evaluate`
+    test period whose longest lead verifies inside it) and :func:`smoeweather.evaluate.evaluate`
     against the data store; returns ({"72h": {target: rmse}}, {"persistence": {"72h": {target: rmse}}}).
     The forecast and ``scores.{nc,json,md}`` stay in ``work``."""
+    from smoeweather.evaluate import evaluate
     from smoeweather.forecast import run_forecast
-    from smoeweather.metrics.evaluate import evaluate
 
     dcfg = cfg["data"]
     period = dcfg.get("test_period")

@@ -82,7 +82,7 @@ def acc(forecast: X, truth: X, climatology: X, weights: xr.DataArray | None = No
     """Anomaly correlation coefficient (WeatherBench 2): per initialisation the uncentred correlation
     Σ w f′o′ / √(Σ w f′² · Σ w o′²) of the anomalies f′ = f − c, o′ = o − c over the spatial dims, then the
     mean over the other ``dims`` (time). ``climatology`` c is taken at each forecast's VALID time and
-    aligned with ``truth`` (see :func:`smoeweather.metrics.evaluate.climatology_at`)."""
+    aligned with ``truth`` (see :func:`smoeweather.forecast.climatology.climatology_at`)."""
     fa, oa = forecast - climatology, truth - climatology
     w = default_weights(fa, weights, latitude_weighted)
     space = [d for d in dims if d in SPATIAL_DIMS and d in fa.dims]

@@ -1,6 +1,12 @@
 """``smoe evaluate``: score forecast stores against a truth store, references beside the models.
 
-Every forecast (WeatherBench 2 conventions, see :mod:`smoeweather.forecast.output`) is matched with the
+Orchestration above :mod:`smoeweather.metrics` (which is pure xarray): open the forecasts and the truth, build
+the reference forecasts, compute :func:`~smoeweather.metrics.scores.forecast_scores` for every (method, field),
+and gather them in ONE tidy table, an ``xarray.Dataset`` over (method, field, prediction_timedelta) with one
+variable per metric, from which scores.json (:func:`scores_json`) and scores.md (:func:`scores_markdown`) are
+rendered.
+
+Every forecast (convention of :mod:`smoeweather.data.ensembles`) is matched with the
 truth at its VALID time ``time + prediction_timedelta``; all methods are scored on the same
 initialisations (those common to every forecast), so the table compares like with like. Scores per
 (method, field, lead): latitude-weighted RMSE (square root after the time mean) and bias of the
@@ -25,6 +31,7 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.data.ensembles import (
+    STD_SUFFIX,
     check_grid,
     describe,
     forecast_kind,
@@ -36,13 +43,11 @@ from smoeweather.data.ensembles import (
     open_truth,
     truth_at_valid_times,
 )
-from smoeweather.data.weather import Field, field_name, parse_fields
-from smoeweather.metrics import deterministic as det
-from smoeweather.metrics.weights import latitude_weights, weighted_mean
+from smoeweather.data.weather import Field, field_name
+from smoeweather.metrics.scores import METRICS, forecast_scores
+from smoeweather.metrics.weights import latitude_weights
 
-METRICS = ("rmse", "bias", "acc", "crps", "spread_skill", "quantile_loss")
 UNITLESS = ("acc", "spread_skill")
-SPACE_TIME = ("time", "latitude", "longitude")
 
 
 def open_truth_source(truth: str | Path | Sequence[str | Path]) -> tuple[xr.Dataset, bool]:
@@ -75,53 +80,6 @@ def _select(ds: xr.Dataset, f: Field, var: str | None = None) -> xr.DataArray:
     return da.sel(level=f[1], drop=True) if f[1] is not None else da
 
 
-def _scores_one(fc: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, clim: xr.DataArray | None,
-                w: xr.DataArray) -> dict[str, xr.DataArray]:
-    """Metric → DataArray over prediction_timedelta for one forecast field."""
-    da = _select(fc, f).astype(np.float64)
-    if kind == "ensemble":
-        point = da.mean("member")
-    elif kind == "quantiles":
-        point = median_of_quantiles(da)
-    else:
-        point = da
-    out = {
-        "rmse": det.rmse(point, truth, w, SPACE_TIME),
-        "bias": det.bias(point, truth, w, SPACE_TIME),
-    }
-    if clim is not None:
-        out["acc"] = det.acc(point, truth, clim, w, SPACE_TIME)
-    if kind == "ensemble":
-        from smoeweather.metrics import probabilistic  # noqa: PLC0415 - the post-processing helper's module
-
-        out["crps"] = weighted_mean(probabilistic.crps_ensemble(da, truth, estimator="fair"), SPACE_TIME, w)
-        if da.sizes["member"] > 1:
-            out["spread_skill"] = probabilistic.spread_skill_ratio(da, truth, w, SPACE_TIME)
-    elif kind == "gaussian":
-        from smoeweather.metrics import probabilistic  # noqa: PLC0415
-
-        sigma = _select(fc, f, f"{f[0]}_std").astype(np.float64)
-        out["crps"] = weighted_mean(probabilistic.crps_gaussian(da, sigma, truth), SPACE_TIME, w)
-        out["spread_skill"] = probabilistic.spread_skill_ratio_gaussian(da, sigma, truth, w, SPACE_TIME)
-    elif kind == "quantiles":
-        from smoeweather.metrics import probabilistic  # noqa: PLC0415
-
-        loss = probabilistic.quantile_loss(da, truth).mean("quantile")
-        out["quantile_loss"] = weighted_mean(loss, SPACE_TIME, w)
-    return {k: v.compute() for k, v in out.items()}
-
-
-def median_of_quantiles(da: xr.DataArray) -> xr.DataArray:
-    """The 0.5 quantile of a quantile forecast (dim ``quantile``): taken if present, else linearly
-    interpolated between the levels around 0.5, else the level nearest 0.5."""
-    q = da["quantile"].values
-    if np.any(np.isclose(q, 0.5)):
-        return da.sel(quantile=q[np.isclose(q, 0.5)][0], drop=True)
-    if q.min() < 0.5 < q.max():
-        return da.interp(quantile=0.5).drop_vars("quantile")
-    return da.isel(quantile=int(np.argmin(abs(q - 0.5))), drop=True)
-
-
 def evaluate(
     forecasts: Mapping[str, str | Path] | str | Path | Sequence[str | Path],
     truth: str | Path | Sequence[str | Path],
@@ -139,6 +97,7 @@ def evaluate(
     """
     from smoeweather.data.ensembles import code_version
     from smoeweather.forecast.climatology import climatology_at, doy_climatology
+    from smoeweather.forecast.output import forecast_fields
 
     named = _named(forecasts)
     if not named:
@@ -156,7 +115,6 @@ def evaluate(
                    "the truth's")
 
     # fields: those of the forecasts that the truth holds
-    from smoeweather.forecast.output import forecast_fields
 
     fields: list[Field] = list(dict.fromkeys(f for ds in fcs.values() for f in forecast_fields(ds)))
     levels = [int(v) for v in truth_ds["level"].values] if "level" in truth_ds.dims else []
@@ -230,7 +188,8 @@ def evaluate(
             ds = fcs[m].sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
             if f not in forecast_fields(ds):
                 continue
-            for metric, v in _scores_one(ds, kinds[m], f, t, clim_fields.get(f), w).items():
+            sigma = _select(ds, f, f"{f[0]}{STD_SUFFIX}") if kinds[m] == "gaussian" else None
+            for metric, v in forecast_scores(_select(ds, f), kinds[m], t, w, sigma, clim_fields.get(f)).items():
                 arrays[metric][i, j] = v.transpose("prediction_timedelta").values
     units = [str(truth_ds[f[0]].attrs.get("units", "")) for f in fields]
     field_names = [field_name(f) for f in fields]
@@ -312,5 +271,4 @@ def write_scores(scores: xr.Dataset, out_dir: str | Path) -> Path:
     return out_dir
 
 
-__all__ = ["evaluate", "scores_json", "scores_markdown", "write_scores",
-           "parse_fields"]
+__all__ = ["evaluate", "open_truth_source", "scores_json", "scores_markdown", "write_scores"]
