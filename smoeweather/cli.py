@@ -13,6 +13,11 @@ from types import ModuleType
 
 from smoeweather.commands import VERBS
 
+DESCRIPTION = (
+    "Spatial Mixture-of-Experts forecasting of weather on fixed grids. One verb per stage: data (prepare a "
+    "store) -> train -> forecast -> evaluate -> postprocess -> plot; demo runs the whole chain on the embedded "
+    "default world, study runs seeded comparisons. 'smoe VERB --help' lists a verb's options."
+)
 USER_ERRORS = (ValueError, FileExistsError, FileNotFoundError, KeyError, NotADirectoryError, IsADirectoryError)
 
 
@@ -21,7 +26,7 @@ def _verb_modules() -> dict[str, ModuleType]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="smoe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="smoe", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in _verb_modules().values():
         module.add_parser(sub)

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--field", required=True, help="e.g. geopotential_500, temperature_850, 2m_temperature")
         p.add_argument("--lead", required=True, help="lead time, e.g. 72h")
         p.add_argument("--init", required=verb == "forecast", default=None,
-                       help="initialisation time, e.g. 2003-01-01T00" + ("" if verb == "forecast" else
+                       help="initialisation time, e.g. 2003-01-01T00" + (" (required)" if verb == "forecast" else
                                                                           " (default: all inits, time mean)"))
         p.add_argument("--name", default=None, help="label of the forecast in titles (default: file name)")
         p.add_argument("--out", required=True, type=Path, help="output folder")

@@ -3,15 +3,23 @@
 default world (synthetic, 5.625°) → train the dense ResNet and the SMoE ResNet with the land-sea gate prior
 (equal optimizer steps) → forecast 3 and 5 days on the held-out year → score against persistence and
 day-of-year climatology → post-process a small synthetic ensemble (EMOS per grid point: fit on 2002,
-apply to 2003, with ECC-Q calibrated members) → maps of the learned routing,
-score curves and a forecast map. Prints the scores tables and the paths of the PNGs.
+apply to 2003, with ECC-Q calibrated members) → maps of the learned routing, score curves, a forecast map
+and the EMOS coefficients. Prints the scores tables and the paths of the PNGs, and writes ``INDEX.md`` into
+the output folder: what every file is and how to read it.
 
 Every step is a ``smoe`` command (see :data:`DemoPlan.commands`), so the demo doubles as a worked example.
 Budgets are optimizer steps, never wall-clock time: the numbers do not depend on how busy the machine is.
+
+Reproducible: every step runs with a fixed intra-op thread count (``threads``, default 2, set through
+``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` for each step's process, whatever the machine has), fixed seeds and
+deterministic algorithms (the configs' ``trainer.deterministic: true``), so two runs on one machine write
+byte-identical tables. Across machines, CPUs with other vector units (AVX2 / AVX-512) pick other kernels in
+oneDNN/MKL and the last digits can differ; see docs/guide/results-reading.md for the measured size.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -26,6 +34,46 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TEST_INITS = ("2003-01-01T00", "2003-12-26T00")
 TRAIN_YEARS = ("2000", "2001")
 BEST = "best-*.ckpt"  # `smoe train` names its best checkpoint best-<epoch>.ckpt; resolved when the step runs
+DEMO_THREADS = 2  # intra-op threads of every step: reductions split the same way on every machine
+INDEX = "INDEX.md"
+
+# What each output is, for INDEX.md (relative to the output folder; folders end in "/").
+DESCRIPTIONS: dict[str, str] = {
+    "data/default_world.zarr/": "the embedded default world (synthetic, 5.625°, 2000–2003, 6-hourly): Z and T "
+    "at 250/500/700/850 hPa, land-sea mask, orography; the truth for every score. Z is geopotential in "
+    "m² s⁻² (divide by 9.81 for metres), T in K",
+    "runs/dense/": "the dense ResNet's training run: checkpoints/best-*.ckpt (best validation loss on 2002), "
+    "checkpoints/last.ckpt, config.yaml (the resolved config), CSV logs",
+    "runs/smoe_prior/": "the SMoE ResNet (every 3×3 conv an SMoE, gates initialised from the land-sea map), "
+    "same budget and files as runs/dense/",
+    "forecasts/dense.zarr/": "the dense ResNet's forecasts for every day of 2003 at 72 h and 120 h lead "
+    "(WeatherBench 2 layout: time = init, prediction_timedelta = lead)",
+    "forecasts/smoe_prior.zarr/": "the SMoE ResNet's forecasts, same layout",
+    "scores/scores.md": "THE TABLE: latitude-weighted RMSE (lower is better; Z500 in m² s⁻², T850 in K) and "
+    "ACC (anomaly correlation, 1 is perfect, above 0.6 is useful) of both networks, persistence and "
+    "day-of-year climatology, per lead",
+    "scores/scores.nc": "the same scores as netCDF (method × field × lead × metric), for your own plots",
+    "scores/scores.json": "the same scores as JSON",
+    "ensemble/synthetic_ens.zarr/": "a synthetic 10-member ensemble made from the world (biased, "
+    "under-dispersive: a stand-in for a real ensemble forecast), every 72 h in 2002–2003",
+    "ensemble/emos_gridpoint.nc": "the EMOS model fitted on 2002, one coefficient set (a, b, c, d) per grid "
+    "point, field and lead: N(a + b·mean, c + d·variance)",
+    "ensemble/emos.zarr/": "EMOS applied to the 2003 ensemble: Gaussian mean and standard deviation",
+    "ensemble/emos_members.zarr/": "10 calibrated members drawn from the EMOS Gaussians, reordered like the raw "
+    "members (ECC-Q)",
+    "ensemble/scores/scores.md": "post-processing table: CRPS (lower is better, in the field's units; the "
+    "raw ensemble's is the fair CRPS), spread–skill ratio (1 means calibrated; below 1 the ensemble is "
+    "too narrow), RMSE of the mean",
+    "ensemble/scores/scores.nc": "the same post-processing scores as netCDF",
+    "ensemble/scores/scores.json": "the same post-processing scores as JSON",
+    "maps/routing/": "where the SMoE's experts act: per gate, the dominant expert at each grid point (blue: "
+    "experts initialised on sea, brown: on land; grey: all other experts together), routing margin, usage "
+    "histogram, the land-sea prior; routing as netCDF",
+    "maps/scores/": "RMSE and ACC against lead time, one line per method",
+    "maps/forecast/": "the SMoE's Z500 forecast at 72 h for 1 January 2003, the truth and their difference",
+    "maps/emos/": "the EMOS coefficients as maps: a (bias, diverging around 0), b (slope on the ensemble "
+    "mean, around 1), √c (spread floor) and d (1 = raw spread kept, above 1: the raw ensemble is too narrow)",
+}
 
 
 @dataclass
@@ -92,12 +140,49 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
     plan.commands.append(["plot", "forecast", str(out / "forecasts" / "smoe_prior.zarr"), "--truth", str(store),
                           "--field", "geopotential_500", "--lead", "72h", "--init", TEST_INITS[0],
                           "--out", str(maps / "forecast")])
-    plan.pngs = [str(maps / "routing"), str(maps / "scores"), str(maps / "forecast")]
+    plan.commands.append(["plot", "emos", str(model), "--out", str(maps / "emos")])
+    plan.pngs = [str(maps / "routing"), str(maps / "scores"), str(maps / "forecast"), str(maps / "emos")]
     return plan
 
 
-def run_demo(out: Path, steps: int = 362) -> int:
+def step_environment(threads: int = DEMO_THREADS) -> dict[str, str]:
+    """The environment of every demo step: this one with a fixed thread count and hash seed."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONHASHSEED": "0"}
+
+
+def write_index(out: Path) -> Path:
+    """Write ``out/INDEX.md``: every file and folder the demo wrote, each with what it is and how to read it.
+
+    Entries come from :data:`DESCRIPTIONS` (only those that exist) plus the PNG files under ``maps/``; a
+    file the demo wrote that has no description is listed as such, so the index never hides an output.
+    """
+    out = Path(out)
+    lines = ["# What `smoe demo` wrote", "",
+             "Read scores/scores.md first (lower RMSE and CRPS are better; ACC and spread–skill near 1 are "
+             "better), then the maps. How to read every score: docs/guide/results-reading.md.", ""]
+    described: set[Path] = set()
+    for rel, text in DESCRIPTIONS.items():
+        path = out / rel.rstrip("/")
+        if path.exists():
+            lines.append(f"- `{rel}`: {text}.")
+            described.add(path)
+            if rel.startswith("maps/"):
+                lines += [f"    - `{p.relative_to(out)}`" for p in sorted(path.rglob("*.png"))]
+    covered = lambda p: any(p == d or d in p.parents for d in described)  # noqa: E731
+    others = [p for p in sorted(out.rglob("*")) if p.is_file() and not covered(p) and p.name != INDEX]
+    lines += [f"- `{p.relative_to(out)}`: (no description)" for p in others]
+    index = out / INDEX
+    tmp = index.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(index)
+    return index
+
+
+def run_demo(out: Path, steps: int = 362, threads: int = DEMO_THREADS) -> int:
     """Run every command of :func:`plan_demo`; stop at the first failure (its exit code is returned).
+
+    Each step runs with ``threads`` intra-op threads (:func:`step_environment`); at the end the demo writes
+    ``INDEX.md`` (:func:`write_index`).
 
     Each step runs as its own ``python -m smoeweather`` process, exactly the command a user would type.
     The whole chain also runs in one process (tests/test_one_process.py). It used to abort at interpreter exit
@@ -111,11 +196,13 @@ def run_demo(out: Path, steps: int = 362) -> int:
     for i, argv in enumerate(plan.commands, 1):
         argv = [_resolve_best(a) for a in argv]
         print(f"\n[demo {i}/{len(plan.commands)}] smoe {shlex.join(argv)}", flush=True)
-        rc = subprocess.run([sys.executable, "-m", "smoeweather", *argv], check=False).returncode
+        rc = subprocess.run([sys.executable, "-m", "smoeweather", *argv], check=False,
+                            env=step_environment(threads)).returncode
         if rc:
             print(f"smoe demo: step {i} failed (exit {rc}): smoe {shlex.join(argv)}")
             return rc
-    print(f"\nsmoe demo: done in {time.perf_counter() - started:.0f} s\n")
+    index = write_index(out)
+    print(f"\nsmoe demo: done in {time.perf_counter() - started:.0f} s; what each file is: {index}\n")
     for table in plan.tables:
         print(f"## {table}\n\n{table.read_text()}")
     print("PNG files:")

@@ -355,10 +355,12 @@ def _categorical(values: np.ndarray, weights: np.ndarray, labels: dict[int, str]
         label = (labels or {}).get(int(classes[c]), str(classes[c]))
         handles.append(Patch(facecolor=colours[i], edgecolor="0.3", label=f"{label} ({100 * area[c]:.1f}%)"))
     if len(classes) > len(shown):
-        colours.append((0.86, 0.86, 0.86))
+        # a mid grey with a hatched legend patch: a class of its own (the smaller experts pooled), which the
+        # light grey of "no data" elsewhere must not be mistaken for
+        colours.append((0.55, 0.55, 0.55))
         rest = area[order[max_classes:]].sum()
-        handles.append(Patch(facecolor=colours[-1], edgecolor="0.3",
-                             label=f"{len(classes) - len(shown)} others ({100 * rest:.1f}%)"))
+        handles.append(Patch(facecolor=colours[-1], edgecolor="0.2", hatch="///",
+                             label=f"{len(classes) - len(shown)} smaller experts, pooled ({100 * rest:.1f}%)"))
     cmap = ListedColormap(colours)
     norm = BoundaryNorm(np.arange(len(colours) + 1) - 0.5, len(colours))
     return mapped, cmap, norm, handles
