@@ -335,10 +335,26 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     else:
         mode = "forecast"
         scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
+    routing = _routing_at(result.trainer, str(best))
+    if routing:  # SMoE runs: how far the routing moved from its initialisation by the best checkpoint
+        extra["routing"] = routing
     record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": str(best),
               "scoring": mode, "scores": scores, "extra": extra, "references": refs}
     write_json(done, record)
     return record
+
+
+def _routing_at(trainer: Any, checkpoint: str) -> dict[str, dict[str, float]]:
+    """Routing diagnostics of the run at the epoch of ``checkpoint`` (``best-epoch=NNN.ckpt``), if logged."""
+    import re
+
+    from smoeweather.training.diagnostics import RoutingDiagnostics, routing_summary
+
+    callback = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, RoutingDiagnostics)), None)
+    if callback is None:
+        return {}
+    match = re.search(r"epoch=(\d+)", Path(checkpoint).name)
+    return routing_summary(callback.history, int(match.group(1)) if match else None)
 
 
 def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] | None = None,

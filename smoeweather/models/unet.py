@@ -60,6 +60,11 @@ class Ens10UNet(nn.Module):
         out_channels: 2 per target for the Gaussian head (μ, σ pairs, see :func:`gaussian_heads`).
         head_kernel: kernel of the final conv (1; the spcl/ens10 code uses 3).
         smoe_kwargs: further keyword arguments for :class:`SpatialMoE2d`.
+        head_affine: a per-grid-point affine map of the raw outputs, o ← o·s(c, h, w) + t(c, h, w) (s = 1,
+            t = 0 at init; needs ``grid``): every point's own offset and scale of μ and σ, the most that
+            location-specific OUTPUT capacity can add (the headroom arm of the routing study).
+        freeze_gate: keep every gate at its initialisation (no gate parameter trains; the same seed gives the
+            same initial routing as the learned-gate twin), which isolates what LEARNED routing adds.
     """
 
     def __init__(
@@ -80,6 +85,8 @@ class Ens10UNet(nn.Module):
         land_sea_prior: torch.Tensor | None = None,
         prior_strength: float = 1.0,
         share_gate: bool = True,
+        head_affine: bool = False,
+        freeze_gate: bool = False,
     ) -> None:
         super().__init__()
         widths = tuple(int(w) for w in widths)
@@ -109,6 +116,19 @@ class Ens10UNet(nn.Module):
             blocks = (self._block("dec", lev, c_in, w), self._block("dec", lev, w, w_out))
             self.decoder.append(nn.Sequential(*blocks))
         self.head = nn.Conv2d(widths[0], out_channels, head_kernel, padding=head_kernel // 2)
+        self.head_scale: nn.Parameter | None = None
+        self.head_offset: nn.Parameter | None = None
+        if head_affine:
+            if self.grid is None:
+                raise ValueError("head_affine needs grid=(H, W): one offset and scale per grid point")
+            self.head_scale = nn.Parameter(torch.ones(out_channels, *self.grid))
+            self.head_offset = nn.Parameter(torch.zeros(out_channels, *self.grid))
+        self.freeze_gate = bool(freeze_gate)
+        if freeze_gate:
+            if not smoe:
+                raise ValueError("freeze_gate applies to the SMoE U-Net (smoe=true) only")
+            for gate in self.gates.values():
+                gate.requires_grad_(False)
 
     def level_grid(self, level: int) -> tuple[int, int]:
         assert self.grid is not None
@@ -150,7 +170,10 @@ class Ens10UNet(nn.Module):
                 x = F.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=False)
                 x = torch.cat([skip, x], dim=1)
             x = dec(x)
-        return self.head(x)
+        out = self.head(x)
+        if self.head_scale is not None and self.head_offset is not None:
+            out = torch.addcmul(self.head_offset, out, self.head_scale)
+        return out
 
 
 def gaussian_head(o: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor,

@@ -57,6 +57,9 @@ class TensorRoutingGate(nn.Module):
         self.num_experts, self.height, self.width = num_experts, height, width
         self.bound = tensor_gate_bound(num_experts, num_selected, out_per_expert)
         self.weight = nn.Parameter(torch.empty(num_experts, height, width), requires_grad=not frozen)
+        # the categorical prior map (H, W) the gate was initialised with, for diagnostics; not saved
+        self.prior_map: torch.Tensor | None
+        self.register_buffer("prior_map", None, persistent=False)
         self.reset_parameters()
         if prior is not None:
             self.init_from_prior(prior, prior_strength)
@@ -92,6 +95,7 @@ class TensorRoutingGate(nn.Module):
             raise ValueError(
                 f"gate prior categories must be in 0..{self.num_experts - 1}, got {prior.min()}..{prior.max()}"
             )
+        self.prior_map = prior.to(self.weight.device)
         group_of_expert = torch.arange(self.num_experts) * num_groups // self.num_experts  # (|E|,)
         in_group = group_of_expert[:, None, None] == prior[None].to(group_of_expert.device)
         self.weight.add_(in_group.to(self.weight) * (2.0 * self.bound * strength))

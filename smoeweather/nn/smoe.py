@@ -89,6 +89,7 @@ from smoeweather.nn.gates import TensorRoutingGate, flat_expert_index, flat_expe
 GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
 RouteImpl = Literal["auto", "index_select", "channels_last"]
+RCThreshold = Literal["sample", "slot"]
 ROUTE_IMPLS = ("auto", "index_select", "channels_last")
 
 # (B, E, F, H, W) <-> (B, H, W, E, F): the permutation is its own inverse
@@ -269,7 +270,10 @@ class _RouteExperts(torch.autograd.Function):
             # the (large) error tensor. The quantile itself is scale-free.
             error = _sum_slot_channels(grad_y.detach(), absolute=True)
             to_signal = 2.0 * layer.loss_scale / grad_y.numel()
-            threshold = quantile_threshold(error, layer.quantile)
+            if layer.rc_threshold == "slot":  # each slot (output plane) against its own spatial quantile
+                threshold = quantile_threshold(error.reshape(b * e, 1, h, w), layer.quantile).view(b, e, 1, 1)
+            else:  # "sample": the paper's per-sample quantile over every slot and location
+                threshold = quantile_threshold(error, layer.quantile)
             wrong = error > threshold + layer.tolerance * to_signal
             if damp:
                 if layer.damping_quantile != layer.quantile:
@@ -314,6 +318,9 @@ class _RouteExperts(torch.autograd.Function):
                 else:  # 0/1 values: their sums are exact in any order
                     wrong_g = wrong.to(torch.float32)
                 labels = routing_labels(wrong_g, idx, num_experts)
+                # label information: share of locations whose flagged fraction is off 1 − q by > 0.1
+                p_flagged = wrong_g.mean(dim=(0, 1))
+                layer.last_label_information = ((p_flagged - (1.0 - layer.quantile)).abs() > 0.1).float().mean()
                 z = scores.detach().float()
                 n = labels.numel()
                 grad_scores = (torch.sigmoid(z) - labels).mul_(layer.rc_weight * layer.loss_scale / n)
@@ -375,6 +382,12 @@ class SpatialMoE2d(nn.Module):
             ``index_select`` (experts in the input's layout, output planar) or ``channels_last`` (experts
             and output channels-last; a planar input is converted first). Same results up to the conv's
             summation order, different speed and memory layout; see the module docstring.
+        rc_threshold: which errors the RC quantile is taken over: ``sample`` (the paper: all slots and
+            locations of a sample, so 1 − q of them are flagged and, in a hidden layer, the planes with the
+            largest downstream weights are flagged everywhere) or ``slot`` (each slot's own spatial quantile per
+            sample: a location is flagged for plane j when plane j's error there is high against plane j's
+            errors elsewhere, which removes the plane-scale confound). ``last_label_information`` records the
+            share of locations whose flagged fraction differs from 1 − q by more than 0.1.
     """
 
     def __init__(
@@ -402,6 +415,7 @@ class SpatialMoE2d(nn.Module):
         bias: bool = False,
         expert_init: str = "torch",
         route_impl: RouteImpl = "auto",
+        rc_threshold: RCThreshold = "sample",
     ) -> None:
         super().__init__()
         if not 1 <= num_selected <= num_experts:
@@ -412,6 +426,8 @@ class SpatialMoE2d(nn.Module):
             raise ValueError(f"gate_norm must be none, softmax, abs or softmax_abs, got {gate_norm!r}")
         if padding not in ("zeros", "periodic_lon"):
             raise ValueError(f"padding must be 'zeros' or 'periodic_lon', got {padding!r}")
+        if rc_threshold not in ("sample", "slot"):
+            raise ValueError(f"rc_threshold must be 'sample' or 'slot', got {rc_threshold!r}")
         if route_impl not in ROUTE_IMPLS:
             raise ValueError(f"route_impl must be one of {', '.join(ROUTE_IMPLS)}, got {route_impl!r}")
         unknown = set(aux_losses) - {"importance", "load", "spatial_agreement"}
@@ -442,8 +458,9 @@ class SpatialMoE2d(nn.Module):
         self.tolerance, self.damping_tolerance = tolerance, damping_tolerance
         self.damping_quantile = quantile if damping_quantile is None else damping_quantile
         self.gate_task_grad, self.noise, self.aux_losses = gate_task_grad, noise, tuple(aux_losses)
-        self.route_impl = route_impl
+        self.route_impl, self.rc_threshold = route_impl, rc_threshold
         self.loss_scale = 1.0
+        self.last_label_information: torch.Tensor | None = None
         self.last_rc_loss: torch.Tensor | None = None
         self.last_misrouted_fraction: torch.Tensor | None = None
         self.aux_loss: torch.Tensor | None = None

@@ -4,7 +4,13 @@ For every :class:`~smoeweather.nn.smoe.SpatialMoE2d` layer (name = its module pa
 ``routing/<layer>/<metric>``:
 
 * ``changed``: fraction of grid locations whose top-E expert SET differs from the previous epoch end
-  (the first epoch compares with the routing at the start of training);
+  (the first epoch compares with the routing at the start of training); ``order_changed``: the same for the
+  RANKED selection (set or order);
+* ``set_moved``, ``order_moved``, ``slots_moved``: area whose set / ranked selection differs from the routing
+  at the START of training, and the share of (slot, location) pairs fed by another expert than at the start
+  (an SMoE's output plane j is its rank-j expert, so the order is routing too);
+* ``order_variety``: share of locations whose ranked selection differs from the most common one within
+  their prior category (0 right after a coherent init);
 * ``entropy``: mean over locations of the entropy of softmax(gate scores) over the |E| experts, divided
   by log |E| (1 = uniform scores, 0 = one expert dominates);
 * ``margin``: mean over locations of the gap between the E-th and the (E+1)-th gate score, i.e. how far
@@ -24,7 +30,9 @@ For every :class:`~smoeweather.nn.smoe.SpatialMoE2d` layer (name = its module pa
   the land-sea prior assigns to that location (sea → first |E|/K experts, ...; 1.0 right after a
   strength ≥ 1 prior initialisation); only with a prior;
 * ``rc_loss``, ``flagged``: mean over the epoch's training batches of the layer's RC loss
-  (``last_rc_loss``) and of its misrouted (flagged) fraction of selections (``last_misrouted_fraction``).
+  (``last_rc_loss``) and of its misrouted (flagged) fraction of selections (``last_misrouted_fraction``);
+  ``label_information``: mean share of locations whose batch-flagged fraction differs from 1 − q by more
+  than 0.1 (≈ 0 = labels that say nothing about WHERE, Finding 3).
 
 With ``error_scale=True`` (or ``training.diagnose_error_scale: true`` in the run's config) the error signal
 dL/dy arriving at each layer is also measured every training batch (a gradient hook on the layer output):
@@ -46,6 +54,7 @@ import math
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
 from smoeweather.nn.gates import TensorRoutingGate
@@ -87,6 +96,7 @@ def routing_layout(scores: torch.Tensor, k: int, prior: torch.Tensor | None = No
         prior = prior.to(idx.device).long()
         groups = int(prior.max()) + 1
         out["prior_agreement"] = float(((idx * groups // n_exp) == prior[None]).float().mean())
+    out["order_variety"] = order_variety(scores.topk(k, dim=0, sorted=True).indices, prior)
     return out
 
 
@@ -97,19 +107,45 @@ def ranked_selection(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 def selection_change(now: torch.Tensor, previous: torch.Tensor | None = None,
                      initial: torch.Tensor | None = None) -> dict[str, float]:
-    """Change metrics between ranked selections (k, H, W) of :func:`ranked_selection`: ``changed`` (locations
-    whose SET differs from ``previous``), ``order_kept`` (slots holding the same expert as in ``previous``)
-    and ``swapped`` (share of ``initial``'s selected pairs no longer selected)."""
+    """Change metrics between ranked selections (k, H, W) of :func:`ranked_selection`.
+
+    Against ``previous`` (the last interval): ``changed`` (locations whose SET differs), ``order_changed``
+    (locations whose ranked tuple differs: set or order) and ``order_kept`` (slots holding the same expert).
+    Against ``initial`` (the routing at the start of training): ``set_moved`` (area whose set differs),
+    ``order_moved`` (area whose ranked tuple differs: the expert feeding at least one output plane changed),
+    ``slots_moved`` (share of (slot, location) pairs with another expert) and ``swapped`` (share of the
+    initially selected (location, expert) pairs no longer selected). An SMoE's output plane j is its rank-j
+    expert, so the ORDER is routing too: a set can stay fixed while the order moves.
+    """
     out: dict[str, float] = {}
     now_sets = now.sort(dim=0).values
     if previous is not None:
         out["changed"] = float((now_sets != previous.sort(dim=0).values).any(0).float().mean())
+        out["order_changed"] = float((now != previous).any(0).float().mean())
         out["order_kept"] = float((now == previous).float().mean())
     if initial is not None:
+        out["set_moved"] = float((now_sets != initial.sort(dim=0).values).any(0).float().mean())
+        out["order_moved"] = float((now != initial).any(0).float().mean())
+        out["slots_moved"] = float((now != initial).float().mean())
         # per location: |initial set ∩ current set| via membership of each initial expert in the current set
         kept = (initial.unsqueeze(1) == now.unsqueeze(0)).any(1)  # (k, H, W)
         out["swapped"] = 1.0 - float(kept.float().mean())
     return out
+
+
+def order_variety(ranked: torch.Tensor, prior: torch.Tensor | None = None) -> float:
+    """How spatially varied the routing is within one prior category: the share of locations whose ranked
+    selection (k, H, W) differs from the most common one of their category (0 = one order per category, as
+    a coherent init; → 1 = every location its own order). Without ``prior`` the whole grid is one category."""
+    k = ranked.shape[0]
+    columns = ranked.reshape(k, -1)
+    category = torch.zeros(columns.shape[1], dtype=torch.long) if prior is None else prior.reshape(-1).long().cpu()
+    differing = 0
+    for c in category.unique():
+        members = columns[:, category.to(columns.device) == c]
+        _, inverse, counts = torch.unique(members, dim=1, return_inverse=True, return_counts=True)
+        differing += members.shape[1] - int(counts.max())
+    return differing / columns.shape[1]
 
 
 def _prior_from_config(pl_module: L.LightningModule) -> torch.Tensor | None:
@@ -178,7 +214,8 @@ class RoutingDiagnostics(L.Callback):
         self._batches += 1
         for name, layer in self._layers.items():
             sums = self._sums.setdefault(name, {})
-            for key, value in (("rc_loss", layer.last_rc_loss), ("flagged", layer.last_misrouted_fraction)):
+            for key, value in (("rc_loss", layer.last_rc_loss), ("flagged", layer.last_misrouted_fraction),
+                               ("label_information", layer.last_label_information)):
                 if value is not None:  # device tensors: summed without a host sync per batch
                     sums[key] = sums.get(key, 0.0) + value.detach().float()
 
@@ -216,7 +253,10 @@ class RoutingDiagnostics(L.Callback):
                 metrics.update(selection_change(now, self._previous.get(name), self._initial.get(name)))
                 self._initial.setdefault(name, now)
                 self._previous[name] = now
-                metrics.update(routing_layout(layer.gate.weight, layer.num_selected, self.prior))
+                gate = layer.gate
+                prior = self.prior if self.prior is not None and tuple(self.prior.shape) == (
+                    gate.height, gate.width) else gate.prior_map  # a U-Net level's own pooled prior
+                metrics.update(routing_layout(gate.weight, layer.num_selected, prior))
             for key, total in self._sums.get(name, {}).items():
                 metrics[key] = float(total) / max(self._batches, 1)
             out[name] = metrics
@@ -291,3 +331,31 @@ def probe_routing(cfg: dict[str, Any], steps: int = 20, n_batches: int = 4, seed
     for metrics in (*initial.values(), *final.values()):
         metrics.pop("usage", None)
     return {"steps": per_step, "initial": initial, "final": final}
+
+
+ROUTING_SUMMARY_KEYS = ("set_moved", "order_moved", "slots_moved", "order_variety", "label_information",
+                        "flagged", "gap")
+
+
+def routing_summary(history: list[dict[str, Any]], epoch: int | None = None) -> dict[str, dict[str, float]]:
+    """Per layer: the routing state at ``epoch`` (default: the last one logged) — ``set_moved``,
+    ``order_moved``, ``slots_moved``, ``order_variety``, ``label_information``, ``flagged``, ``gap`` — and
+    the mean per-epoch ``changed`` / ``order_changed`` over the epochs up to it. ``history``:
+    :attr:`RoutingDiagnostics.history`. Empty for a model without SMoE layers."""
+    if not history:
+        return {}
+    last = max(row["epoch"] for row in history)
+    epoch = last if epoch is None else min(int(epoch), last)
+    out: dict[str, dict[str, float]] = {}
+    for layer in dict.fromkeys(row["layer"] for row in history):
+        rows = [row for row in history if row["layer"] == layer and row["epoch"] <= epoch]
+        if not rows:
+            continue
+        at = rows[-1]
+        summary = {k: float(at[k]) for k in ROUTING_SUMMARY_KEYS if isinstance(at.get(k), float)}
+        for key in ("changed", "order_changed"):
+            values = [float(r[key]) for r in rows if isinstance(r.get(key), float)]
+            if values:
+                summary[f"{key}_per_epoch"] = float(np.mean(values))
+        out[layer] = summary
+    return out
