@@ -34,10 +34,11 @@ import pandas as pd
 import xarray as xr
 
 from smoeweather.postprocess.emos import COEFFICIENTS, Block, _fit_groups_newton, fit_blocks
+from smoeweather.postprocess.options import PREDICTORS
 
 SPACE_DIMS = ("latitude", "longitude", "site")
 MEMBER = "member"
-PREDICTORS = ("mean", "members")
+
 BLOCK_BYTES = 48e6  # staged float64 bytes per fit task (all times of one spatial block)
 CHUNK_BYTES = 4e6  # bytes per chunk of the staged store
 
@@ -88,9 +89,9 @@ def training_arrays(forecast: xr.Dataset, truth_at: xr.Dataset, predictors: str 
     for n in forecast.data_vars:
         x = forecast[n]
         order = [*_group_dims(x), "time", *space_dims(x)]
-        var = x.var(MEMBER, ddof=1).transpose(*order)
+        var = x.var(MEMBER, ddof=1, skipna=False).transpose(*order)  # a missing member: no sample
         if predictors == "mean":
-            out[f"{n}__mean"] = x.mean(MEMBER).transpose(*order)
+            out[f"{n}__mean"] = x.mean(MEMBER, skipna=False).transpose(*order)
         else:
             out[f"{n}__members"] = x.transpose(*order, MEMBER).assign_coords({MEMBER: np.arange(x.sizes[MEMBER])})
         out[f"{n}__var"] = var
@@ -162,12 +163,17 @@ def _fit_local(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray,
     (per point and date with a window); groups with fewer than ``min_samples`` valid samples get NaN."""
     b = _samples(xm, v, y, wsp, True, win)
     valid = np.isfinite(b["X"]).all(-1) & np.isfinite(b["v"]) & np.isfinite(b["y"]) & (b["w"] > 0)
-    if b["X"].shape[-1] == 2:  # the mean/spread form: the same solver as the in-memory fit_emos
-        coef, ok = _fit_groups_newton(b["X"][..., 1], b["v"], b["y"], b["w"], iterations=iterations)
-    else:
-        coef, ok = fit_blocks(lambda fn: fn(b), iterations=iterations)
-    coef = np.concatenate([coef, ok[:, None].astype(np.float64)], 1)
-    coef[valid.sum(1) < min_samples, :-1] = np.nan
+    enough = valid.sum(1) >= min_samples
+    k = b["X"].shape[-1]
+    coef = np.full((len(enough), k + 3), np.nan)
+    coef[:, -1] = 1.0  # groups without enough samples: no fit (NaN), nothing to converge
+    if enough.any():
+        sub = {n: a[enough] for n, a in b.items()}
+        if k == 2:  # the mean/spread form: the same solver as the in-memory fit_emos
+            c, ok = _fit_groups_newton(sub["X"][..., 1], sub["v"], sub["y"], sub["w"], iterations=iterations)
+        else:
+            c, ok = fit_blocks(lambda fn: fn(sub), iterations=iterations)
+        coef[enough] = np.concatenate([c, ok[:, None].astype(np.float64)], 1)
     return coef
 
 

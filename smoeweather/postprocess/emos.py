@@ -50,7 +50,7 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 
 def ensemble_moments(forecast: xr.Dataset, member_dim: str = "member") -> tuple[xr.Dataset, xr.Dataset]:
     """(ensemble mean, unbiased ensemble variance) over ``member_dim``; units and units² of the field."""
-    return forecast.mean(member_dim), forecast.var(member_dim, ddof=1)
+    return forecast.mean(member_dim, skipna=False), forecast.var(member_dim, ddof=1, skipna=False)
 
 
 def _standardise(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray

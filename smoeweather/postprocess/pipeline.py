@@ -23,34 +23,6 @@ from smoeweather.io import atomic_path
 from smoeweather.postprocess import chunked
 from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
 
-TABLE_OPTIONS = ("variable", "lead", "time_kind", "members")
-
-
-def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
-    """The options of issue 25 on the ``fit`` or ``apply`` parser: scheduler, progress, site tables, and for
-    ``fit`` rolling windows, predictors and per-site fits."""
-    p.add_argument("--scheduler", default=None,
-                   help="dask.distributed scheduler address tcp://host:port (default: a local cluster; "
-                        "'threads' for no cluster)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    t = p.add_argument_group("site tables (CSV/Parquet: one row per station and date)")
-    t.add_argument("--table-variable", default="2m_temperature", help="field name of the table's values")
-    t.add_argument("--table-lead", default="48h", help="lead time of the table's forecasts (default 48h)")
-    t.add_argument("--table-time", choices=["valid", "init"], default="valid",
-                   help="the date column is the valid date (default, as ensembleBMA) or the init date")
-    t.add_argument("--table-members", nargs="+", help="member columns (default: every other numeric column)")
-    if verb == "fit":
-        p.add_argument("--per-site", dest="per_gridpoint", action="store_true",
-                       help="site forecasts: one fit per site (default: global, pooled over sites)")
-        p.add_argument("--predictors", choices=chunked.PREDICTORS, default="mean",
-                       help="mean: μ = a + b·ensemble mean (exchangeable members, default); members: one weight "
-                            "per member, μ = a + Σ bₖ xₖ (non-exchangeable, e.g. a multi-model ensemble)")
-        p.add_argument("--window", help="rolling training window, e.g. 25D: one fit per forecast date")
-        p.add_argument("--lag", default=None,
-                       help="with --window: the window ends this long before each date (default: the longest lead)")
-        p.add_argument("--dates", nargs=2, metavar=("START", "END"),
-                       help="with --window: forecast dates to fit (default: every date with a full window)")
-
 
 def _table_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,

@@ -1,0 +1,34 @@
+"""Command-line options of out-of-core EMOS (issue 25) for ``smoe postprocess fit`` / ``apply``: where dask runs,
+progress, site tables, and for ``fit`` the predictors, per-site fits and rolling training windows. Kept free
+of heavy imports: the parser is built on every ``smoe`` call."""
+
+from __future__ import annotations
+
+import argparse
+
+PREDICTORS = ("mean", "members")
+
+
+def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
+    """Add the options to the ``fit`` (``verb="fit"``) or ``apply`` parser."""
+    p.add_argument("--scheduler", default=None,
+                   help="dask.distributed scheduler address tcp://host:port (default: a local cluster; "
+                        "'threads' for no cluster)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    t = p.add_argument_group("site tables (CSV/Parquet: one row per station and date)")
+    t.add_argument("--table-variable", default="2m_temperature", help="field name of the table's values")
+    t.add_argument("--table-lead", default="48h", help="lead time of the table's forecasts (default 48h)")
+    t.add_argument("--table-time", choices=["valid", "init"], default="valid",
+                   help="the date column is the valid date (default, as ensembleBMA) or the init date")
+    t.add_argument("--table-members", nargs="+", help="member columns (default: every other numeric column)")
+    if verb == "fit":
+        p.add_argument("--per-site", dest="per_gridpoint", action="store_true",
+                       help="site forecasts: one fit per site (default: global, pooled over sites)")
+        p.add_argument("--predictors", choices=PREDICTORS, default="mean",
+                       help="mean: mu = a + b * ensemble mean (exchangeable members, default); members: one "
+                            "weight per member, mu = a + sum b_k x_k (non-exchangeable, e.g. a multi-model ensemble)")
+        p.add_argument("--window", help="rolling training window, e.g. 25D: one fit per forecast date")
+        p.add_argument("--lag", default=None,
+                       help="with --window: the window ends this long before each date (default: the longest lead)")
+        p.add_argument("--dates", nargs=2, metavar=("START", "END"),
+                       help="with --window: forecast dates to fit (default: every date with a full window)")
