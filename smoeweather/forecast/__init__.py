@@ -73,11 +73,11 @@ def make_forecast(
         attrs.update(method=name or what, reference_method=what)
     else:
         from smoeweather.forecast.model import model_forecast, model_metadata
-        from smoeweather.training.checkpoint import load_trained
+        from smoeweather.models.loader import load_network
 
         if fields:
             raise ValueError("--fields applies to --method forecasts; a model forecasts its own targets")
-        trained = load_trained(what, map_location=device)
+        trained = load_network(what, map_location=device)
         arrays, members, lat, lon = model_forecast(trained, ds, inits, leads, where, batch_size, device,
                                                    need_truth=not beyond_data, progress=progress)
         run = Path(trained.config.get("output_dir") or Path(what).parent.parent).name

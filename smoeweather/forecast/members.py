@@ -24,10 +24,10 @@ from smoeweather.data.weather import Field
 from smoeweather.forecast.output import HOUR, check_times
 from smoeweather.forecast.sources import check_fields, read_field
 from smoeweather.models.ensemble import model_kind, physical_members
-from smoeweather.training.checkpoint import TrainedModel
+from smoeweather.models.loader import TrainedNetwork
 
 
-def is_ensemble_model(trained: TrainedModel) -> bool:
+def is_ensemble_model(trained: TrainedNetwork) -> bool:
     """Whether a weatherbench checkpoint holds an ensemble network (e3, deep_ensemble, gaussian)."""
     return trained.task == "weatherbench" and model_kind(trained.config.get("model", {})) != "deterministic"
 
@@ -46,7 +46,7 @@ def _constants(ds: xr.Dataset, spec: Any, where: str) -> torch.Tensor:
 
 
 def members_forecast(
-    trained: TrainedModel,
+    trained: TrainedNetwork,
     ds: xr.Dataset,
     inits: np.ndarray,
     leads_h: Sequence[int],
@@ -104,7 +104,7 @@ def members_forecast(
 
 
 def members_dataset(
-    trained: TrainedModel,
+    trained: TrainedNetwork,
     ds: xr.Dataset,
     inits: np.ndarray,
     leads_h: Sequence[int],

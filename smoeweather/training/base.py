@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from smoeweather.models.checkpoint_io import plain
+from smoeweather.models.loader import FORMAT_VERSION, METADATA_KEY, check_checkpoint
 from smoeweather.nn.smoe import rc_loss_value, set_loss_scale
 
 warnings.filterwarnings("ignore", message=r".*ReduceLROnPlateau conditioned on metric val_loss which is not "
@@ -25,30 +26,6 @@ def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 """``training.optimizer`` choices."""
-
-FORMAT_VERSION = 1
-"""Version of the ``checkpoint["smoeweather"]`` payload; bump it when the layout changes."""
-METADATA_KEY = "smoeweather"
-
-
-class CheckpointFormatError(ValueError):
-    """A checkpoint was written by an incompatible version of smoeweather (or by something else)."""
-
-
-def check_checkpoint(checkpoint: dict[str, Any], source: str = "checkpoint") -> dict[str, Any]:
-    """The ``smoeweather`` metadata of a loaded checkpoint; CheckpointFormatError if absent or mismatched."""
-    meta = checkpoint.get(METADATA_KEY)
-    if not isinstance(meta, dict) or "format_version" not in meta:
-        raise CheckpointFormatError(
-            f"{source} has no smoeweather metadata (format_version); it was not written by `smoe train`"
-        )
-    if meta["format_version"] != FORMAT_VERSION:
-        raise CheckpointFormatError(
-            f"{source} has checkpoint format version {meta['format_version']}, this smoeweather reads "
-            f"version {FORMAT_VERSION}; retrain or convert it with the smoeweather version that wrote it"
-        )
-    return meta
-
 
 class MetadataCheckpointMixin:
     """Adds ``self.metadata`` (a JSON-able dict) and the format version to every checkpoint; refuses to

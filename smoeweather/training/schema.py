@@ -74,7 +74,7 @@ WEATHERBENCH_DATA = Block({
     **SPLIT_KEYS,
     **LOADER_KEYS,
 })
-ENS10_DATA = Block({  # task postprocess (= ens10): smoeweather.training.tasks.build_postprocess
+POSTPROCESS_DATA = Block({  # task postprocess: smoeweather.training.tasks.build_postprocess
     "store": STR,  # a `smoe data prepare ens10` store (alias of source; created from world/sources if missing)
     "source": (str, list),  # ensemble file(s)/store(s) of any supported layout
     "truth": (str, list, NULL),  # truth store(s); default: the truth inside the source
@@ -117,8 +117,7 @@ def _task(data: Block) -> Block:
 
 TASK_SCHEMAS: dict[str, Any] = {
     "weatherbench": lambda: _task(WEATHERBENCH_DATA),
-    "postprocess": lambda: _task(ENS10_DATA),
-    "ens10": lambda: _task(ENS10_DATA),
+    "postprocess": lambda: _task(POSTPROCESS_DATA),
     "heat": lambda: _task(HEAT_DATA),
 }
 """task → zero-argument function returning its schema (built lazily: the trainer block imports Lightning)."""
@@ -162,7 +161,6 @@ def _vision_model(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
 
 MODEL_ARGUMENTS: dict[str, Arguments] = {
     "weatherbench": Arguments(_weather_model),
-    "ens10": Arguments(_weather_model),
     "postprocess": Arguments(_weather_model),
     "heat": Arguments(_heat_model, nullable=True),
     "vision": Arguments(_vision_model),
@@ -195,7 +193,9 @@ def validate_train_config(cfg: dict[str, Any]) -> None:
     including the types of the ``model`` and ``trainer`` values (:func:`check_argument_types`)."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"a training config must be a mapping, got {type(cfg).__name__}")
-    task = cfg.get("task")
+    from smoeweather.models.loader import canonical_task
+
+    task = cfg["task"] = canonical_task(cfg.get("task"))  # `ens10` → `postprocess` (DeprecationWarning)
     if not isinstance(task, str):
         raise ConfigError(f"config key 'task' must name the task (one of {', '.join(TASK_SCHEMAS)}), got {task!r}")
     validate(cfg, schema_for(task))
