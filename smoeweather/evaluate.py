@@ -47,7 +47,7 @@ from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.scores import METRICS, forecast_scores
 from smoeweather.metrics.weights import latitude_weights
 
-UNITLESS = ("acc", "spread_skill")
+UNITLESS = ("acc", "spread_skill", "diversity_ratio")
 
 
 def open_truth_source(truth: str | Path | Sequence[str | Path]) -> tuple[xr.Dataset, bool]:
@@ -180,6 +180,7 @@ def evaluate(
     shape = (len(methods), len(fields), len(leads))
     arrays = {m: np.full(shape, np.nan) for m in METRICS}
     n_time = np.zeros((len(fields), len(leads)), np.int64)
+    ranks: dict[tuple[int, int], np.ndarray] = {}  # (method, field) → (lead, M + 1) rank histogram
     valid_at = xr.Dataset(coords={"time": inits, "prediction_timedelta": leads})
     for j, f in enumerate(fields):
         t = truth_at_valid_times(valid_at, _select(truth_ds, f), gaps="nan").astype(np.float64).load()
@@ -190,6 +191,9 @@ def evaluate(
                 continue
             sigma = _select(ds, f, f"{f[0]}{STD_SUFFIX}") if kinds[m] == "gaussian" else None
             for metric, v in forecast_scores(_select(ds, f), kinds[m], t, w, sigma, clim_fields.get(f)).items():
+                if metric == "rank_histogram":
+                    ranks[i, j] = v.transpose("prediction_timedelta", "rank").values
+                    continue
                 arrays[metric][i, j] = v.transpose("prediction_timedelta").values
     units = [str(truth_ds[f[0]].attrs.get("units", "")) for f in fields]
     field_names = [field_name(f) for f in fields]
@@ -198,12 +202,22 @@ def evaluate(
     data = {m: (("method", "field", "prediction_timedelta"), a) for m, a in arrays.items()
             if not np.all(np.isnan(a))}
     data["n_time"] = (("field", "prediction_timedelta"), n_time)
+    if ranks:  # NaN-padded to the largest ensemble: rank 1 … M + 1 of each method
+        n_rank = max(r.shape[-1] for r in ranks.values())
+        rh = np.full((*shape, n_rank), np.nan)
+        for (i, j), r in ranks.items():
+            rh[i, j, :, : r.shape[-1]] = r
+        data["rank_histogram"] = (("method", "field", "prediction_timedelta", "rank"), rh)
+        coords["rank"] = np.arange(1, n_rank + 1)
     scores = xr.Dataset(data, coords=coords)
     long = {"rmse": "latitude-weighted RMSE (sqrt after time mean)", "bias": "latitude-weighted mean error",
             "acc": "anomaly correlation coefficient (WeatherBench 2)",
-            "crps": "latitude-weighted CRPS (fair for ensembles, closed form for Gaussian forecasts)",
+            "crps": "latitude-weighted CRPS (fair for ensembles, closed form for Gaussian forecasts, MAE for "
+                    "deterministic ones: one-member ensembles)",
             "quantile_loss": "latitude-weighted pinball loss, mean over the quantile levels",
-            "spread_skill": "spread-skill ratio", "n_time": "initialisations with truth"}
+            "spread_skill": "spread-skill ratio", "n_time": "initialisations with truth",
+            "diversity_ratio": "mean pairwise member distance / mean member error (1: calibrated, 0: collapsed)",
+            "rank_histogram": "relative frequency of the truth's rank among the members (latitude-weighted)"}
     for k in scores.data_vars:
         scores[k].attrs["long_name"] = long[k]
         scores[k].attrs["units"] = "1" if k in (*UNITLESS, "n_time") else "units of the field (coordinate units)"
@@ -218,6 +232,8 @@ def evaluate(
         "latitude_weights": "cos(lat)/mean(cos(lat))",
     }
     scores.attrs = {"provenance": json.dumps(provenance)}
+    if "rank_histogram" in scores:
+        scores["rank_histogram"].attrs["units"] = "1"
     if out_dir is not None:
         write_scores(scores, out_dir)
     return scores
@@ -268,6 +284,10 @@ def write_scores(scores: xr.Dataset, out_dir: str | Path) -> Path:
         scores.to_netcdf(tmp)
     write_json(out_dir / "scores.json", scores_json(scores))
     write_text(out_dir / "scores.md", scores_markdown(scores))
+    if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
+        from smoeweather.plotting.ensembles import plot_rank_histograms
+
+        plot_rank_histograms(scores, out_dir / "rank_histograms.png")
     return out_dir
 
 

@@ -1,6 +1,6 @@
 """``smoe plot routing|forecast|error|scores``: global maps (cartopy, offline coastlines) and score curves.
 
-    smoe plot routing CKPT --out DIR [--land-sea STORE_OR_NC]
+    smoe plot routing CKPT --out DIR [--land-sea STORE_OR_NC] [--member M]
     smoe plot forecast FC.zarr --truth STORE --field geopotential_500 --lead 72h --init 2003-01-01T00 --out DIR
     smoe plot error FC.zarr --truth STORE --field temperature_850 --lead 120h [--init T] --out DIR
     smoe plot scores DIR/scores.nc --out DIR
@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--out", required=True, type=Path, help="output folder")
     r.add_argument("--land-sea", type=Path, default=None,
                    help="store or netCDF with land_sea_mask/lsm to rebuild the prior (default: the training store)")
+    r.add_argument("--member", type=int, default=None,
+                   help="E³ checkpoints: only the gates of this member (0-based), its routing within its expert group")
     for verb, text in (("forecast", "forecast, truth and their difference at one init and lead"),
                        ("error", "error map at one init, or time-mean error and RMSE maps over all inits")):
         p = verbs.add_parser(verb, help=text, parents=[maps])
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot_verb == "routing":
         from smoeweather.plotting.routing import plot_routing
 
-        result = plot_routing(args.checkpoint, args.out, args.land_sea, proj=args.projection)
+        result = plot_routing(args.checkpoint, args.out, args.land_sea, proj=args.projection, member=args.member)
         print(json.dumps(result["gates"], indent=2))
         paths = result["netcdf"] + result["png"]
     elif args.plot_verb == "forecast":

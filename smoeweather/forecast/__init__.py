@@ -78,9 +78,15 @@ def make_forecast(
         if fields:
             raise ValueError("--fields applies to --method forecasts; a model forecasts its own targets")
         trained = load_network(what, map_location=device)
+        run = Path(trained.config.get("output_dir") or Path(what).parent.parent).name
+        from smoeweather.forecast.members import is_ensemble_model, members_dataset
+
+        if is_ensemble_model(trained):  # e3 / deep_ensemble members, gaussian μ and σ (issue 26)
+            attrs.update(method=name or run, **model_metadata(trained))
+            return members_dataset(trained, ds, inits, leads, where, attrs, batch_size=batch_size, device=device,
+                                   need_truth=not beyond_data, progress=progress)
         arrays, members, lat, lon = model_forecast(trained, ds, inits, leads, where, batch_size, device,
                                                    need_truth=not beyond_data, progress=progress)
-        run = Path(trained.config.get("output_dir") or Path(what).parent.parent).name
         attrs.update(method=name or run, **model_metadata(trained))
     kind = "ensemble" if members is not None else "deterministic"
     attrs["forecast_kind"] = kind

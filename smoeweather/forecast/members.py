@@ -127,10 +127,9 @@ def members_dataset(
         out["member"].attrs.update({"long_name": "ensemble member", "standard_name": "realization",
                                     "units": "1", "axis": "E"})
         return out
+    from smoeweather.data.ensembles import gaussian_dataset
+
     attrs["title"] = f"smoeweather gaussian forecast: {attrs.get('method', '')}"
     mu = forecast_dataset(fields, inits, leads_h, lat, lon, None, source=ds, attrs=attrs)
     sd = forecast_dataset(sigma or {}, inits, leads_h, lat, lon, None, source=ds, attrs=attrs)
-    for name in list(sd.data_vars):
-        sd[name].attrs["long_name"] = f"standard deviation of {sd[name].attrs.get('long_name', name)}"
-        sd[name].attrs.pop("standard_name", None)
-    return xr.merge([mu, sd.rename({n: f"{n}_std" for n in sd.data_vars})], combine_attrs="override")
+    return gaussian_dataset(mu, sd).assign_coords(mu.coords).assign_attrs(mu.attrs)

@@ -17,7 +17,7 @@ from smoeweather.metrics import deterministic as det
 from smoeweather.metrics import probabilistic
 from smoeweather.metrics.weights import weighted_mean
 
-METRICS = ("rmse", "bias", "acc", "crps", "spread_skill", "quantile_loss")
+METRICS = ("rmse", "bias", "acc", "crps", "spread_skill", "diversity_ratio", "quantile_loss")
 """Every score ``forecast_scores`` may return, in table order."""
 SPACE_TIME = ("time", "latitude", "longitude")
 
@@ -53,10 +53,14 @@ def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weig
     out = {"rmse": det.rmse(point, truth, weights, dims), "bias": det.bias(point, truth, weights, dims)}
     if climatology is not None:
         out["acc"] = det.acc(point, truth, climatology, weights, dims)
-    if kind == "ensemble":
+    if kind == "deterministic":  # a one-member ensemble: its CRPS is its mean absolute error
+        out["crps"] = weighted_mean(abs(point - truth), dims, weights)
+    elif kind == "ensemble":
         out["crps"] = weighted_mean(probabilistic.crps_ensemble(da, truth, estimator="fair"), dims, weights)
         if da.sizes["member"] > 1:
             out["spread_skill"] = probabilistic.spread_skill_ratio(da, truth, weights, dims)
+            # diversity_ratio and rank_histogram (dims prediction_timedelta × rank) of the members
+            out.update(probabilistic.ensemble_diagnostics(da, truth, weights, dims))
     elif kind == "gaussian":
         if sigma is None:
             raise ValueError("a gaussian forecast needs sigma (its <name>_std variable)")

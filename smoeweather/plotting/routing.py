@@ -480,15 +480,27 @@ def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "", proj: str = 
 
 
 def plot_routing(checkpoint: str | Path, out_dir: str | Path, land_sea: str | Path | None = None,
-                 proj: str = "robinson") -> dict[str, Any]:
+                 proj: str = "robinson", member: int | None = None) -> dict[str, Any]:
     """``smoe plot routing``: maps, usage histogram and netCDF of every gate of a trained checkpoint.
 
+    ``member``: only the gates of that E³ member (0-based; ``model.name: e3``, gates ``M<m>_…``, each routing
+    within its member's expert group).
     Returns {"netcdf": [paths], "png": [paths], "gates": {name: {"n_distinct_sets", ...}}}.
     """
     from smoeweather.training.checkpoint import load_trained
 
     trained = load_trained(checkpoint)
     routings = gate_routings(trained.model, trained.metadata, trained.config, land_sea)
+    if member is not None:
+        mcfg = trained.config.get("model") or {}
+        members = int(mcfg.get("members", 0)) if mcfg.get("name") == "e3" else 0
+        if not members:
+            raise ValueError(f"{checkpoint}: --member applies to E³ checkpoints (model.name e3), this one is "
+                             f"model {mcfg.get('name')!r}")
+        if not 0 <= member < members:
+            raise ValueError(f"{checkpoint}: --member must be in 0..{members - 1} (model.members = {members}), "
+                             f"got {member}")
+        routings = [r for r in routings if r.name.startswith(f"M{member}_")]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     provenance = {"source_checkpoint": str(trained.path), "checkpoint_sha256": trained.sha256,
