@@ -1,78 +1,25 @@
 """The Spatial Mixture-of-Experts layer (paper §2): convolutional experts, top-E routing per location,
 and the routing-classification (RC) loss and expert error damping computed inside the layer's backward.
 
-Design decisions (differences from the reference code, each tested in ``tests/test_smoe_layer.py``):
+Design decisions (differences from the reference code, each tested in ``tests/test_smoe_layer.py``; the
+measurements behind them are in docs/smoe-weather-findings.md, "Design notes of the SMoE layer"):
 
-* RC loss and damping happen in the backward of one autograd Function, from the error signal dL/dy
-  arriving at the layer. Any number of SMoE layers at any depth therefore train with ONE ordinary
-  ``loss.backward()``; the reference needs a second backward and supports a single layer only.
-* The RC loss gradient d BCE(g, labels)/dg = (sigmoid(g) − labels)/N is injected directly as the gate's
-  gradient, so user code adds nothing for it. Its value is kept for logging in ``layer.last_rc_loss``.
-* Gate gradient from the task loss: with RC on, the gate gets NONE (as in the reference: the task
-  gradient is uninformative for a classification decision, paper App. B). With RC off it gets the
-  straight-through gradient (unweighted) or the exact gradient of the weighting (weighted).
-  ``gate_task_grad=True`` adds the task gradient on top of RC.
-* The tensor-routing gate is input-independent, so the top-E is taken ONCE over (|E|, H, W), not per
-  sample, and the batch-averaged RC labels give the exact mean BCE gradient without any B×|E|×H×W
-  label tensor (BCE is linear in the label).
-* The per-sample q-quantile uses ``kthvalue`` (lower quantile), cheaper than ``torch.quantile``.
-* Default q = 0.3, not the paper text's 0.7: the reference code's heat runs pass
-  ``--routing-error-quantile 0.3`` (flag the selections above the 30 % quantile, i.e. the top ~70 %).
-  With RC labels averaged over many samples, a selected expert's logit settles at sigmoid⁻¹(1 − p) and
-  an unselected one's at sigmoid⁻¹(p / (|E| − E)), where p is how often the location is flagged; routing
-  only changes where p > (|E|−E)/(|E|−E+1) (2/3 for |E| = 3, E = 1). With q = 0.7 at most 30 % of a
-  sample is flagged, which makes p > 2/3 hard to reach while many locations are misrouted. q = 0.7 is
-  OBSERVED TO STALL, not proven to: on heat diffusion with the experts training, q = 0.7 stalled at
-  84–90 % within 1 % (64×64; 88–90 % in the runs behind issue 10, 84 % after 8k steps here), while
-  q = 0.3 with the absolute ``tolerance`` reached 100 % after ~12k steps (the tolerance stops the churn
-  once the experts are right). With the experts FROZEN at the true stencils, the gate alone reaches
-  100 % routing accuracy at q = 0.7 — so q = 0.7 does not lock the gate; the stall is a slow joint
-  dynamic of gate and experts. ``smoe_q07`` in the heat benchmark keeps the paper-text reading.
-* Damping factor: the paper text says 0.1 (the default here); the reference code's default, used by
-  its heat runs (its README does not pass the flag), is 0.0 — misrouted selections give their expert
-  no gradient. The heat benchmark's ``reference`` protocol uses 0.0.
-* An SMoE inside a deep network (issue 17; docs/postprocessing-study.md, Finding 6 of
-  docs/smoe-weather-findings.md): damping OFF (``damping=None``) and a COHERENT gate init
-  (:class:`~smoeweather.nn.gates.TensorRoutingGate` ``init="coherent"``, with a categorical prior where one
-  exists); q stays 0.3. Damping scales the error signal of the flagged ~70 % of slots by 0.1, but in a hidden
-  layer a large |dL/dy| marks the slots that matter most, not misrouted ones: on gcm_ens post-processing
-  (3 seeds, 1,000 steps) damping 0.1 raised the SMoE-U-Net's Z500 48 h CRPS by 15 % (+3.1 ± 0.8 m² s⁻²),
-  and the SMoE-CNN on digits lost 0.12 accuracy and stopped improving monotonically. The per-location
-  uniform init gives every output plane a different expert at neighbouring points: +29 % CRPS (+6.3 ± 0.7).
-  With both fixed the SMoE-U-Net ties the U-Net (+0.2 ± 0.2). These are the defaults of the deep networks
-  built for post-processing (:class:`~smoeweather.models.unet.Ens10UNet`) and of the vision SMoE-CNN config;
-  this layer's own defaults stay the paper's (damping 0.1, uniform gate), which reproduce its one-layer heat
-  results, where the SMoE IS the output layer and |dL/dy| is the per-location prediction error that the
-  damping was designed for. The weather ResNet keeps the paper's defaults too: its
-  ``smoe_all_prior_coherent`` arm in configs/studies/gcm_16x3_cpu.yaml (coherent init, no damping, 600 steps,
-  3 seeds) is WORSE than the paper arm and than dense (Z500 120 h +16.9 ± 4.8 m² s⁻² vs dense), consistent
-  with Finding 4: in a residual network a coherent rank order puts a land/sea switch in every channel.
-* Init: ``expert_init="reference"`` is Kaiming-uniform with the ReLU gain, the reference code's init
-  of hidden layers. The reference gives its LAST layer the linear gain (bound sqrt(3 / fan_in)); in
-  its one-layer heat SMoE the experts are that last layer, which
-  :func:`smoeweather.models.heat.reference_init` reproduces.
-* Mixed precision: labels come from quantiles and are scale-free; the injected gate gradient is
-  multiplied by ``loss_scale`` so that a GradScaler's unscale leaves it correct. Lightning modules in
-  this project set it automatically (:func:`set_loss_scale`); bf16 autocast needs nothing.
-* Routing implementations (``route_impl``, issue 11): identical routing, RC labels and gradient routing; the
-  expert conv may sum in another order per layout (bitwise on exact data; tests/test_smoe_fastpath.py):
-  ``index_select`` computes the experts in the input's layout and gathers the selected slots from the
-  (B, |E|·F·H·W) view in one ``index_select`` (backward: one ``index_add_`` into a zero buffer).
-  ``channels_last`` computes them channels-last, (B, H, W, |E|·F) in memory, so that one
-  ``index_select`` reads each pixel's E of |E| slots from one contiguous |E|·F chunk and the output
-  (B, E·F, H, W) is channels-last (a view, no copy); the backward scatters the same way. With the
-  random per-location rank order of a ``uniform`` gate the planar gather reads every value from a
-  different plane: on 1 CPU thread at C = 128, |E| = 256, E = 128, 32×64, B = 16 the gather takes
-  ~24 ms planar vs ~3 ms channels-last and the scatter ~20 vs ~4 ms, but oneDNN's channels-last
-  convolution (forward + backward) is ~25 % slower on the project's 2-core AVX2 CPU, which outweighs
-  it (benchmarks/results/smoe_layer_cpu.json; on GPUs channels-last is cuDNN's native tensor-core layout,
-  still to be measured with ``benchmarks/smoe_layer.py --device cuda``). ``auto`` (default) follows the
-  input's memory format on every device, like PyTorch's own convolutions: channels-last inputs take
-  the channels-last route (the planar route would copy the channels-last expert output to planar and
-  back), other inputs the planar one, so no existing caller gets a different layout or speed.
-* No host synchronisation in forward or backward (no ``.item()``, no data-dependent shapes or Python
-  branches on values; tested), so a training step can be captured in a CUDA graph; the per-step
-  logging values ``last_rc_loss`` and ``last_misrouted_fraction`` stay tensors.
+* RC loss and damping happen in the backward of one autograd Function, from the error signal dL/dy arriving
+  at the layer, so any number of SMoE layers at any depth train with ONE ordinary ``loss.backward()``.
+* The RC loss gradient (sigmoid(g) − labels)/N is injected directly as the gate's gradient; its value is kept
+  in ``layer.last_rc_loss``. With RC on the gate gets no task gradient (paper App. B) unless
+  ``gate_task_grad=True``; with RC off it gets the straight-through (or, weighted, the exact) gradient.
+* The tensor-routing gate is input-independent: the top-E is taken once over (|E|, H, W), and batch-averaged
+  RC labels give the exact mean BCE gradient without a B×|E|×H×W label tensor.
+* The per-sample q-quantile uses ``kthvalue`` (lower quantile). Default q = 0.3 (the reference code's heat
+  runs), not the paper text's 0.7; damping factor 0.1 (paper text; the reference code's default is 0.0).
+* Deep networks (post-processing U-Net, vision SMoE-CNN) use damping off and a coherent gate init; this
+  layer's defaults stay the paper's.
+* Init: ``expert_init="reference"`` is Kaiming-uniform with the ReLU gain (the reference's hidden layers).
+* Mixed precision: the injected gate gradient is multiplied by ``loss_scale`` (:func:`set_loss_scale`).
+* Routing implementations (``route_impl``): ``index_select`` (planar) and ``channels_last`` give identical
+  routing, labels and gradients; ``auto`` follows the input's memory format.
+* No host synchronisation in forward or backward (CUDA-graph capturable); logging values stay tensors.
 """
 
 from __future__ import annotations
