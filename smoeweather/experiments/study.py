@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,9 +127,10 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
                           "step must be validated)")
     scoring = str(raw.get("scoring", "forecast"))
-    if scoring not in ("auto", "forecast", "postprocess"):
-        raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate) or "
-                          f"'postprocess' (Gaussian CRPS of post-processing networks), got {scoring!r}")
+    if scoring not in ("auto", "forecast", "postprocess", "ensemble"):
+        raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate), "
+                          f"'postprocess' (Gaussian CRPS of post-processing networks) or 'ensemble' (CRPS, "
+                          f"spread/skill, ensemble-mean RMSE of ensemble networks), got {scoring!r}")
     return StudyConfig(
         name=str(raw.get("name", path.stem)),
         path=path,
@@ -319,7 +321,9 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
         shutil.rmtree(run_dir)
     log(f"study {study.name}: {variant.name} seed {seed}: "
         + (f"resuming from {resume}" if resume else f"training {study.steps} steps"))
+    t0 = time.perf_counter()
     result = train_fn(cfg, resume=resume)  # routing diagnostics are logged by every smoe train
+    train_seconds = time.perf_counter() - t0  # wall time of this process's training (the cost of the run)
     steps = int(result.trainer.global_step)
     best = result.best_checkpoint or result.last_checkpoint
     if not best:
@@ -332,6 +336,11 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
         all_scores = score_checkpoint(str(best), cfg["data"])
         scores, extra = all_scores["crps"], {k: v for k, v in all_scores.items() if k != "crps"}
         refs = postprocess_references(study, cfg, out, log)
+    elif study.scoring == "ensemble":  # ensemble networks (issue 26): CRPS, spread/skill, RMSE, rank histograms
+        from smoeweather.experiments.ensembles import score_ensemble_run
+
+        mode, refs = "ensemble", {}
+        scores, extra = score_ensemble_run(best, cfg, study.leads_h, study.targets, run_dir)
     else:
         mode = "forecast"
         scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
@@ -339,7 +348,8 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     if routing:  # SMoE runs: how far the routing moved from its initialisation by the best checkpoint
         extra["routing"] = routing
     record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": str(best),
-              "scoring": mode, "scores": scores, "extra": extra, "references": refs}
+              "scoring": mode, "scores": scores, "extra": extra, "references": refs,
+              "train_seconds": train_seconds if resume is None else None}
     write_json(done, record)
     return record
 
@@ -398,7 +408,7 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
     leads = [f"{lead}h" for lead in study.leads_h]
     refs = next((r["references"] for r in records if r.get("references")), {})
     runs = [{k: r[k] for k in ("variant", "seed", "steps", "scores", "best_checkpoint", "scoring")}
-            | {"extra": r.get("extra", {})} for r in records]
+            | {"extra": r.get("extra", {}), "train_seconds": r.get("train_seconds")} for r in records]
     postprocess = any(r["scoring"] == "postprocess" for r in runs)
     ref_name = study.reference_baseline
     reference = (ref_name, refs[ref_name]) if ref_name and ref_name in refs else None
@@ -425,13 +435,20 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
         "variants": {v.name: {"config": str(v.config), "overrides": [*study.overrides, *v.overrides]}
                      for v in study.variants},
         "score": "CRPS (latitude-weighted; Gaussian closed form, fair estimator for raw members)"
-        if postprocess else "RMSE",
+        if postprocess else "CRPS (latitude-weighted; fair for members, Gaussian closed form, MAE of a deterministic "
+        "network)" if any(r["scoring"] == "ensemble" for r in runs) else "RMSE",
         "runs": runs,
         "references": {k: v for k, v in refs.items() if ":" not in k},
         "reference_baseline": ref_name if reference else None,
         "summary": summarise(runs, study.baseline, leads, study.targets, reference),
         "extra_means": extra_means,
     }
+    text = markdown(study_json)
+    if any(r["scoring"] == "ensemble" for r in runs):
+        from smoeweather.experiments.ensembles import ensemble_markdown, ensemble_summary
+
+        study_json["ensemble"] = ensemble_summary(runs, study.baseline, leads, study.targets)
+        text += ensemble_markdown(study_json["ensemble"], study.baseline, leads, study.targets)
     write_json(out / "study.json", study_json)
-    write_text(out / "study.md", markdown(study_json))
+    write_text(out / "study.md", text)
     return study_json
