@@ -202,3 +202,27 @@ def test_member_diversity_closed_forms() -> None:
     assert abs(float(d["diversity_ratio"]) - 1) < 0.05
     collapsed = fc.isel(member=[0, 0, 0, 0]).assign_coords(member=np.arange(4))
     assert float(P.member_diversity(collapsed, truth)["diversity_ratio"]) == 0.0
+
+
+def test_ensemble_study_summary_pairs_to_the_baseline() -> None:
+    """`smoe study` with scoring: ensemble: per metric mean ± std over seeds, the paired (same seed) difference
+    to the baseline with SE std(d)/√n, and the training-cost ratio."""
+    from smoeweather.experiments.ensembles import ensemble_markdown, ensemble_summary
+
+    def run(variant: str, seed: int, crps: float, rmse: float, seconds: float) -> dict:
+        cell = {"72h": {"z": crps}}
+        return {"variant": variant, "seed": seed, "scores": cell, "train_seconds": seconds,
+                "extra": {"rmse": {"72h": {"z": rmse}}, "spread_skill": {"72h": {"z": 1.0}}, "forecast_seconds": 1.0}}
+
+    runs = [run("de", s, c, 2 * c, 100.0) for s, c in enumerate([1.0, 2.0, 3.0])]
+    runs += [run("e3", s, c, 2 * c, 40.0 + s) for s, c in enumerate([1.5, 2.1, 3.6])]
+    summary = ensemble_summary(runs, "de", ["72h"], ["z"])
+    d = np.array([0.5, 0.1, 0.6])
+    cell = summary["e3"]["crps"]["z@72h"]
+    np.testing.assert_allclose(cell["mean"], 2.4, rtol=1e-12)
+    np.testing.assert_allclose(cell["diff_to_baseline"]["mean"], d.mean(), rtol=1e-12)
+    np.testing.assert_allclose(cell["diff_to_baseline"]["se"], d.std(ddof=1) / np.sqrt(3), rtol=1e-12)
+    np.testing.assert_allclose(summary["e3"]["rmse"]["z@72h"]["diff_to_baseline"]["mean"], 2 * d.mean(), rtol=1e-12)
+    np.testing.assert_allclose(summary["e3"]["cost"]["ratio_to_baseline"], np.mean([0.40, 0.41, 0.42]), rtol=1e-12)
+    text = ensemble_markdown(summary, "de", ["72h"], ["z"])
+    assert "| e3 | **+0.4 ± 0.15 (3)** |" in text and "Training cost" in text  # |0.4| > 2 × 0.153: bold
