@@ -1,6 +1,6 @@
 """Post-processing speed (issue 17): EMOS fit in grid points per second (the batched per-group Newton solver
 against the earlier L-BFGS implementation, same run, same arrays), apply throughput (EMOS + ECC-Q members),
-and network training samples/s (forward + backward of ``Ens10UNet`` with and without SMoE at 32×64).
+and network training samples/s (forward + backward of ``PostprocessingUNet`` with and without SMoE at 32×64).
 
 Data: the shared gcm_ens 2005 stream when present (per-grid-point groups: 2 fields × 2 leads × 2 levels ×
 2,048 points, 150 inits), else a seeded synthetic set of the same shape. The reference solver is timed on a
@@ -115,12 +115,12 @@ def bench_apply() -> dict[str, Any]:
 
 
 def bench_network(steps: int) -> dict[str, Any]:
-    from smoeweather.models.unet import Ens10UNet
+    from smoeweather.models.unet import PostprocessingUNet
 
     out = {}
     for smoe in (False, True):
         torch.manual_seed(0)
-        model = Ens10UNet(4, levels=3, widths=(16, 32, 64), smoe=smoe, grid=(32, 64))
+        model = PostprocessingUNet(4, levels=3, widths=(16, 32, 64), smoe=smoe, grid=(32, 64))
         opt = torch.optim.Adam(model.parameters(), 1e-3)
         x = torch.randn(8, 4, 32, 64)
 
@@ -137,7 +137,8 @@ def bench_network(steps: int) -> dict[str, Any]:
         dt = time.perf_counter() - t0
         out["smoe_unet" if smoe else "unet"] = {"samples_per_s": steps * 8 / dt, "batch": 8, "steps": steps}
     out["smoe_over_unet_time"] = out["unet"]["samples_per_s"] / out["smoe_unet"]["samples_per_s"]
-    out["note"] = "forward+backward+Adam of Ens10UNet widths 16/32/64, 4 input channels, 32x64, synthetic batch"
+    out["note"] = ("forward+backward+Adam of PostprocessingUNet widths 16/32/64, 4 input channels, 32x64, "
+                   "synthetic batch")
     return out
 
 

@@ -31,7 +31,6 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.data.ensembles import (
-    STD_SUFFIX,
     check_grid,
     describe,
     forecast_kind,
@@ -41,6 +40,7 @@ from smoeweather.data.ensembles import (
     open_canonical,
     open_forecast,
     open_truth,
+    split_gaussian,
     truth_at_valid_times,
 )
 from smoeweather.data.weather import Field, field_name
@@ -189,8 +189,12 @@ def evaluate(
             ds = fcs[m].sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
             if f not in forecast_fields(ds):
                 continue
-            sigma = _select(ds, f, f"{f[0]}{STD_SUFFIX}") if kinds[m] == "gaussian" else None
-            for metric, v in forecast_scores(_select(ds, f), kinds[m], t, w, sigma, clim_fields.get(f)).items():
+            if kinds[m] == "gaussian":  # μ as <name>, σ as <name>_std
+                mu_ds, sigma_ds = split_gaussian(ds)
+                point, sigma = _select(mu_ds, f), _select(sigma_ds, f)
+            else:
+                point, sigma = _select(ds, f), None
+            for metric, v in forecast_scores(point, kinds[m], t, w, sigma, clim_fields.get(f)).items():
                 if metric == "rank_histogram":
                     ranks[i, j] = v.transpose("prediction_timedelta", "rank").values
                     continue

@@ -78,7 +78,7 @@ def test_forecast_refuses_crafted_checkpoint(setup: dict[str, Path], capsys: pyt
 
 def test_postprocess_apply_refuses_crafted_checkpoint(setup: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     out = setup["tmp"] / "pp_evil.zarr"
-    _refused(setup, ["postprocess", "apply", str(setup["evil"]), "--forecast", str(setup["source"]),
+    _refused(setup, ["postprocess", "apply", "--network", str(setup["evil"]), "--forecast", str(setup["source"]),
                      "--out", str(out), "--members", "4"], capsys, out)
     assert not (setup["tmp"] / "pp_evil_members.zarr").exists()
 

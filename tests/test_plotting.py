@@ -16,10 +16,10 @@ import xarray as xr
 pytest.importorskip("cartopy")
 
 from smoeweather.cli import main  # noqa: E402
+from smoeweather.models.loader import FORMAT_VERSION, METADATA_KEY  # noqa: E402
 from smoeweather.models.registry import build_weather_model, synthetic_land_sea_mask  # noqa: E402
 from smoeweather.plotting import cartography, routing  # noqa: E402
 from smoeweather.plotting.fields import forecast_and_truth  # noqa: E402
-from smoeweather.training.base import FORMAT_VERSION, METADATA_KEY  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 H, W = 16, 32

@@ -162,7 +162,7 @@ def test_cli_synthetic_emos_crossval(tmp_path: Path, capsys: pytest.CaptureFixtu
     model = tmp_path / "emos.nc"
     assert main(["postprocess", "fit", "--method", "emos", "--per-gridpoint", "--forecast", str(ens), "--truth",
                  str(world), "--train-period", "2001", "2001", "--out", str(model)]) == 0
-    assert main(["postprocess", "apply", str(model), "--forecast", str(ens), "--apply-period", "2002", "2002",
+    assert main(["postprocess", "apply", "--emos", str(model), "--forecast", str(ens), "--apply-period", "2002", "2002",
                  "--out", str(pp)]) == 0
     out = xr.open_zarr(pp)
     assert out.attrs["forecast_kind"] == "gaussian" and {"geopotential_std", "temperature_std"} <= set(out.data_vars)
@@ -245,7 +245,7 @@ def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str)
     result = train(load_config(repo / "configs" / "ens10" / config, overrides))
     ckpt = result.last_checkpoint
     out = tmp_path / "pp.zarr"
-    assert main(["postprocess", "apply", str(ckpt), "--forecast", str(ens_path), "--out", str(out)]) == 0
+    assert main(["postprocess", "apply", "--network", str(ckpt), "--forecast", str(ens_path), "--out", str(out)]) == 0
     pp = xr.open_zarr(out)
     assert pp.attrs["forecast_kind"] == "gaussian" and pp.attrs["members"] == 5
     assert pp["geopotential"].dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
@@ -267,5 +267,5 @@ def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str)
         np.testing.assert_allclose(got["geopotential"].values, mu, rtol=0, atol=tol)
         np.testing.assert_allclose(got["geopotential_std"].values, sigma, rtol=0, atol=tol)
     # a non-ens10 checkpoint / a missing field are clear errors
-    assert main(["postprocess", "apply", str(tmp_path / "none.ckpt"), "--forecast", str(ens_path),
+    assert main(["postprocess", "apply", "--network", str(tmp_path / "none.ckpt"), "--forecast", str(ens_path),
                  "--out", str(tmp_path / "x.zarr")]) == 2

@@ -84,8 +84,8 @@ def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_pa
         assert m["temperature_a"].dims == ("prediction_timedelta", "level", "latitude", "longitude")
         assert m["temperature_c"].attrs["units"] == "(K)**2" and m["temperature_b"].attrs["units"] == "1"
         np.testing.assert_allclose(m["latitude"].values, LAT)
-    assert main(["postprocess", "apply", str(model), "--forecast", str(new), "--out", str(pp), "--members", "6",
-                 "--quantiles", "0.1", "0.5", "0.9"]) == 0
+    assert main(["postprocess", "apply", "--emos", str(model), "--forecast", str(new), "--out", str(pp),
+                 "--members", "6", "--quantiles", "0.1", "0.5", "0.9"]) == 0
     gauss = xr.open_zarr(pp)
     ens = xr.open_zarr(tmp_path / "pp_members.zarr")
     qs = xr.open_zarr(tmp_path / "pp_quantiles.zarr")
@@ -141,21 +141,21 @@ def test_refusals_name_the_mismatch_and_write_nothing(streams: tuple[Path, Path]
              "level": "level(s) [850]"}
     for what, path in other.items():
         out = tmp_path / f"pp_{what}.zarr"
-        assert main(["postprocess", "apply", str(model), "--forecast", str(path), "--out", str(out),
+        assert main(["postprocess", "apply", "--emos", str(model), "--forecast", str(path), "--out", str(out),
                      "--members", "6" if what != "members" else "5", "--quantiles", "0.5"]) == 2, what
         err = capsys.readouterr().err
         assert words[what] in err, (what, err)
         assert not any(tmp_path.glob(f"pp_{what}*")), what
     # ECC needs N = raw member count; bad levels; an existing output: refused before anything is written
     for argv, word in ((["--members", "4"], "--members 4"), (["--quantiles", "0", "0.5"], "--quantiles")):
-        assert main(["postprocess", "apply", str(model), "--forecast", str(new), "--out", str(tmp_path / "x.zarr"),
-                     *argv]) == 2
+        assert main(["postprocess", "apply", "--emos", str(model), "--forecast", str(new),
+                     "--out", str(tmp_path / "x.zarr"), *argv]) == 2
         assert word in capsys.readouterr().err and not any(tmp_path.glob("x*"))
     (tmp_path / "y_quantiles.zarr").mkdir()
-    assert main(["postprocess", "apply", str(model), "--forecast", str(new), "--out", str(tmp_path / "y.zarr"),
-                 "--quantiles", "0.5"]) == 2
+    assert main(["postprocess", "apply", "--emos", str(model), "--forecast", str(new),
+                 "--out", str(tmp_path / "y.zarr"), "--quantiles", "0.5"]) == 2
     assert "already exists" in capsys.readouterr().err and not (tmp_path / "y.zarr").exists()
-    assert main(["postprocess", "apply", str(tmp_path / "none.nc"), "--forecast", str(new), "--out",
+    assert main(["postprocess", "apply", "--emos", str(tmp_path / "none.nc"), "--forecast", str(new), "--out",
                  str(tmp_path / "z.zarr")]) == 2
 
 
@@ -283,7 +283,7 @@ def test_gcm_ens_2005_to_2006_through_the_cli(shared_data: Path, tmp_path: Path)
             sub.to_netcdf(b)
     model, pp = tmp_path / "m.nc", tmp_path / "pp.zarr"
     assert main(["postprocess", "fit", "--per-gridpoint", "--forecast", str(old), "--out", str(model)]) == 0
-    assert main(["postprocess", "apply", str(model), "--forecast", str(new), "--out", str(pp),
+    assert main(["postprocess", "apply", "--emos", str(model), "--forecast", str(new), "--out", str(pp),
                  "--members", "10"]) == 0
     raw, emos = _crps_raw_and_pp(new, pp)
     assert emos < raw

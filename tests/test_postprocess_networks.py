@@ -16,7 +16,7 @@ from smoeweather.cli import main
 from smoeweather.data import ensembles
 from smoeweather.data.ensemble_dataset import EnsembleSpec, open_ensemble_dataset
 from smoeweather.data.ensembles import split_times
-from smoeweather.models.unet import Ens10UNet, gaussian_heads
+from smoeweather.models.unet import PostprocessingUNet, gaussian_heads
 from smoeweather.postprocess.neural import apply_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +127,8 @@ def test_unet_gate_prior_at_every_level() -> None:
     land = torch.zeros(grid)
     land[:, 8:] = 1.0
     torch.manual_seed(0)
-    net = Ens10UNet(3, levels=3, widths=(4, 8, 16), smoe=True, grid=grid, gate_init="coherent", land_sea_prior=land)
+    net = PostprocessingUNet(3, levels=3, widths=(4, 8, 16), smoe=True, grid=grid, gate_init="coherent",
+                             land_sea_prior=land)
     assert {(k[:3], g.height) for k, g in net.gates.items()} == {(p, h) for p in ("enc", "dec") for h in (8, 4, 2)}
     for key, gate in net.gates.items():
         level = {8: 0, 4: 1, 2: 2}[gate.height]
@@ -143,7 +144,7 @@ def test_unet_gate_prior_at_every_level() -> None:
         assert all(set(top[:, i, j].tolist()) == (land_sel if prior[i, j] else sea_sel)
                    for i in range(gate.height) for j in range(gate.width))
     with pytest.raises(ValueError, match="shape"):
-        Ens10UNet(3, levels=2, widths=(4, 8), smoe=True, grid=grid, land_sea_prior=torch.zeros(4, 4))
+        PostprocessingUNet(3, levels=2, widths=(4, 8), smoe=True, grid=grid, land_sea_prior=torch.zeros(4, 4))
 
 
 def _train(tmp: Path, source: Path, smoe: bool) -> Path:

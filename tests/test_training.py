@@ -19,7 +19,7 @@ from conftest import float_tol
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.config import apply_overrides, load_config
-from smoeweather.training.base import CheckpointFormatError, check_checkpoint
+from smoeweather.models.loader import CheckpointFormatError, check_checkpoint
 from smoeweather.training.init import init_weights
 from smoeweather.training.losses import gaussian_crps, lat_weighted_mse, latitude_weights
 from smoeweather.training.run import train

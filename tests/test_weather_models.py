@@ -24,7 +24,7 @@ from smoeweather.models.resnet import (
     WeatherBenchResNet,
     dense_resnet_param_count,
 )
-from smoeweather.models.unet import Ens10UNet, gaussian_head
+from smoeweather.models.unet import PostprocessingUNet, gaussian_head
 from smoeweather.nn import SpatialMoE2d, TensorRoutingGate, smoe_layers
 
 H, W = TINY_GRID
@@ -162,9 +162,9 @@ def test_unet_gate_sharing_per_resolution_and_part() -> None:
 
 
 def test_unet_handles_odd_grids() -> None:
-    model = Ens10UNet(3, levels=3, widths=(4, 8, 16), smoe=True, grid=(19, 36))
+    model = PostprocessingUNet(3, levels=3, widths=(4, 8, 16), smoe=True, grid=(19, 36))
     assert model(torch.randn(2, 3, 19, 36)).shape == (2, 2, 19, 36)
-    assert Ens10UNet(3, widths=(4, 8, 16))(torch.randn(1, 3, 21, 30)).shape == (1, 2, 21, 30)
+    assert PostprocessingUNet(3, widths=(4, 8, 16))(torch.randn(1, 3, 21, 30)).shape == (1, 2, 21, 30)
 
 
 def test_normalized_model_round_trip_and_state_dict() -> None:

@@ -39,6 +39,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from smoeweather.experiments import heat
+    import logging
+    import warnings
 
-    return heat.run_cli(args)
+    from pipelines.heat_diffusion import generate
+    from smoeweather.experiments.heat import markdown_table, run_benchmark
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    if args.heat_verb == "generate":
+        path = generate(args.out, runs=args.runs, val_runs=args.val_runs, test_runs=args.test_runs,
+                        steps=args.steps, size=args.size, seed=args.seed, overwrite=args.overwrite,
+                        generator=args.generator, mask=args.mask, diffusivities=args.diffusivities)
+        print(f"wrote {path}")
+        return 0
+    doc = run_benchmark(args.out, quick=args.quick, config=args.config, only=args.only, data=args.data,
+                        overrides=args.overrides, protocol=args.protocol)
+    print(markdown_table(doc["rows"], "Heat-diffusion benchmark"))
+    print(f"wrote {args.out / 'heat_benchmark.json'} and {args.out / 'heat_benchmark.md'}")
+    return 0

@@ -3,19 +3,20 @@ cross-validation; a synthetic imperfect ensemble for demos.
 
     smoe postprocess fit --method emos [--per-gridpoint] --forecast ENS [--truth TRUTH] [--train-period A B]
                          [--variables ...] --out MODEL.nc
-    smoe postprocess apply MODEL.nc|CKPT.ckpt --forecast NEW --out PP.zarr [--apply-period A B]
+    smoe postprocess apply (--emos MODEL.nc | --network CKPT) --forecast NEW --out PP.zarr [--apply-period A B]
                            [--members N [--members-out ENS_PP.zarr]] [--quantiles 0.1 0.5 0.9 [--quantiles-out Q.zarr]]
     smoe postprocess crossval --forecast ENS [--truth TRUTH] [--fold year|month] --out DIR
     smoe postprocess synthetic STORE --out ENS.zarr [--members 10] [--lead 24h 48h] [--init A B] [--seed 0]
 
 ENS/NEW: an ensemble store (WeatherBench 2 conventions), a gcm_ens reforecast file or a forecast file such as
 SEAS5 hindcasts (sdate/ftime/member); TRUTH: a canonical store with valid times (default: the truth inside ENS).
-MODEL.nc: CF netCDF of the EMOS coefficients (smoeweather.postprocess.model_file); CKPT: a post-processing
-network checkpoint of ``smoe train``. ``apply`` writes the Gaussian (μ, σ) store to --out, and with
---members N the ECC-Q calibrated members (an ensemble store, default PP_members.zarr) and with --quantiles
-a quantile store (default PP_quantiles.zarr): one store per product, each with its own forecast_kind, all
-scored by ``smoe evaluate``. Every check (model vs forecast: field, level, lead, members, grid; outputs
-that exist without --overwrite) runs before anything is written.
+MODEL.nc (``--emos``): CF netCDF of the EMOS coefficients (smoeweather.postprocess.model_file);
+CKPT (``--network``): a post-processing network checkpoint of ``smoe train`` (loaded without Lightning).
+``apply`` writes the Gaussian (μ, σ) store to --out, and with --members N the ECC-Q calibrated members
+(an ensemble store, default PP_members.zarr) and with --quantiles a quantile store (default
+PP_quantiles.zarr): one store per product, each with its own forecast_kind, all scored by ``smoe evaluate``.
+Every check (model vs forecast: field, level, lead, members, grid; outputs that exist without --overwrite)
+runs before anything is written.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="newton: batched per-group Newton (default); lbfgs: the earlier reference solver")
     f.add_argument("--out", type=Path, required=True, help="model file (netCDF, e.g. emos.nc)")
 
-    a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with a model file or checkpoint")
-    a.add_argument("model", type=Path, help="EMOS model file of `smoe postprocess fit` or a network *.ckpt")
+    a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with EMOS or a network")
+    which = a.add_mutually_exclusive_group()
+    which.add_argument("--emos", type=Path, metavar="MODEL.nc", help="EMOS model file of `smoe postprocess fit`")
+    which.add_argument("--network", type=Path, metavar="CKPT",
+                       help="post-processing network checkpoint of `smoe train` (task postprocess)")
+    a.add_argument("legacy_model", nargs="?", type=Path, help=argparse.SUPPRESS)  # the old spelling: refused
     a.add_argument("--forecast", type=Path, nargs="+", required=True,
                    help="ensemble store(s) or forecast file(s) to calibrate (several: concatenated along init time)")
     a.add_argument("--out", type=Path, required=True, help="Gaussian (μ, σ) store (zarr)")
@@ -132,11 +137,26 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def apply_model(args: argparse.Namespace) -> tuple[str, Path]:
+    """("emos" | "network", path) said by ``--emos`` / ``--network``; ValueError naming the new spelling for
+    the old one (the model as a positional argument, told apart by its suffix)."""
+    if args.legacy_model is not None:
+        flag = "--network" if args.legacy_model.suffix == ".ckpt" else "--emos"
+        raise ValueError(f"smoe postprocess apply {args.legacy_model}: say which model it is, e.g. "
+                         f"`smoe postprocess apply {flag} {args.legacy_model} --forecast ...` (--emos MODEL.nc for "
+                         "an EMOS model file, --network CKPT for a post-processing network checkpoint)")
+    if args.emos is None and args.network is None:
+        raise ValueError("smoe postprocess apply needs --emos MODEL.nc (EMOS model file of `smoe postprocess fit`) "
+                         "or --network CKPT (post-processing network checkpoint of `smoe train`)")
+    return ("emos", args.emos) if args.emos is not None else ("network", args.network)
+
+
 def _apply(args: argparse.Namespace) -> int:
     from smoeweather.data import ensembles
     from smoeweather.postprocess.ecc import check_quantile_levels, ecc_members, gaussian_quantiles
 
     # every check before anything is computed or written
+    method, args.model = apply_model(args)
     members_out = (args.members_out or _sibling(args.out, "members")) if args.members is not None else None
     quantiles_out = (args.quantiles_out or _sibling(args.out, "quantiles")) if args.quantiles else None
     levels = check_quantile_levels(args.quantiles) if args.quantiles else None
@@ -152,7 +172,7 @@ def _apply(args: argparse.Namespace) -> int:
     if args.members is not None and args.members != forecast.sizes["member"]:
         raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
                          f"ensemble's member count ({forecast.sizes['member']} in {' '.join(map(str, args.forecast))})")
-    if args.model.suffix == ".ckpt":
+    if method == "network":
         from smoeweather.postprocess.neural import apply_checkpoint
 
         mu, sigma, attrs = apply_checkpoint(args.model, forecast, batch_size=args.batch_size)

@@ -23,6 +23,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from smoeweather.experiments import vision
+    import torch
 
-    return vision.run_cli(args)
+    from smoeweather.experiments.vision import markdown, run_benchmark
+
+    # one intra-op thread: these models are small (batch 64 of 8×8 images), where thread hand-offs cost more than
+    # they save, badly so on a loaded machine
+    torch.set_num_threads(int(args.threads))
+    results = run_benchmark(args.out, quick=args.quick, config=args.config, only=args.only, overrides=args.overrides)
+    print(markdown(results))
+    print(f"smoe vision benchmark: wrote {Path(args.out) / 'vision_benchmark.json'}")
+    return 0

@@ -86,8 +86,8 @@ def check_grid(ds: xr.Dataset | xr.DataArray, latitude: Any, longitude: Any, whe
     for name, want in (("latitude", np.asarray(latitude)), ("longitude", np.asarray(longitude))):
         have = np.asarray(ds[name].values)
         if have.shape != want.shape or not np.allclose(have, want, atol=GRID_ATOL):
-            raise ValueError(f"{where}: {name} differs from {reference} ({have.size} vs {want.size} points, "
-                             f"{have[:1]}..{have[-1:]} vs {want[:1]}..{want[-1:]}); regrid first")
+            raise ValueError(f"{where}: {name} grid ({have.size} points, {have[:1]}..{have[-1:]}) differs from "
+                             f"{reference} ({want.size} points, {want[:1]}..{want[-1:]}); regrid first")
 
 
 # -- opening -------------------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ class HeatDiffusionDataset(Dataset):
         return self.frames[run, t].unsqueeze(1), self.frames[run, t + 1].unsqueeze(1)
 
 
-def _batched(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def batched_pairs(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collate function of :class:`HeatDiffusionDataset` batches, which ``__getitems__`` already stacks."""
     return batch
 
 

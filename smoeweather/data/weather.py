@@ -29,10 +29,11 @@ import xarray as xr
 import zarr
 from torch.utils.data import Dataset
 
+from smoeweather.data.ensembles import HOUR
+
 Field = tuple[str, int | float | None]  # (canonical variable name, level in hPa or None)
 DEFAULT_CONSTANTS = ("land_sea_mask", "geopotential_at_surface", "latitude")
 DEFAULT_LEAD_CHOICES_H = tuple(range(6, 121, 6))
-HOUR = np.timedelta64(1, "h")
 MAX_MERGE_GAP = 8  # time steps: batched reads merge needed times at most this far apart (one read)
 
 

@@ -126,9 +126,9 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
     # fit once on 2002, apply to the held-out 2003 forecasts: Gaussian store + ECC-Q calibrated members
     plan.commands.append(["postprocess", "fit", "--method", "emos", "--per-gridpoint", "--forecast", str(ens),
                           "--truth", str(store), "--train-period", "2002", "2002", "--out", str(model), "--overwrite"])
-    plan.commands.append(["postprocess", "apply", str(model), "--forecast", str(ens), "--apply-period", "2003", "2003",
-                          "--out", str(emos), "--members", str(members_n), "--members-out", str(members),
-                          "--overwrite"])
+    plan.commands.append(["postprocess", "apply", "--emos", str(model), "--forecast", str(ens),
+                          "--apply-period", "2003", "2003", "--out", str(emos), "--members", str(members_n),
+                          "--members-out", str(members), "--overwrite"])
     # scored on the inits they share: the held-out year 2003
     plan.commands.append(["evaluate", f"raw_ensemble={ens}", f"emos={emos}", f"emos_ecc_members={members}",
                           "--truth", str(store), "--no-references", "--out", str(pp_scores)])

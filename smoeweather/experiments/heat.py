@@ -8,11 +8,8 @@ the rows it finished) plus the routing-map and expert-kernel plots of the SMoE r
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ from torch import nn
 
 from pipelines.heat_diffusion import generate, open_heat
 from smoeweather.config import apply_overrides, deep_merge, load_config
-from smoeweather.data.heat import _batched, heat_splits
+from smoeweather.data.heat import batched_pairs, heat_splits
 from smoeweather.io import write_json, write_text
 from smoeweather.models.heat import HEAT_MODELS, build_heat_model, count_parameters
 from smoeweather.nn.smoe import SpatialMoE2d
@@ -73,7 +70,7 @@ def train_row(name: str, store: Path, out_dir: Path, training: dict[str, Any],
                                    plateau_factor=float(training["plateau_factor"]),
                                    plateau_patience=int(training["plateau_patience"]), monitor=monitor)
     data = SplitDataModule(lambda: heat_splits(store, training.get("max_runs")),
-                           batch_size=int(training["batch_size"]), seed=seed, collate_fn=_batched,
+                           batch_size=int(training["batch_size"]), seed=seed, collate_fn=batched_pairs,
                            drop_last=False)  # the last partial batch trains too (reference protocol)
     progress = bool(training.get("progress", True))
     tag = f"{name}_seed{seed}"
@@ -263,22 +260,3 @@ def protocol_line(cfg: dict[str, Any]) -> str:
             f"Adam {t['lr']}, plateau ×{t['plateau_factor']} after {t['plateau_patience']} epochs, early stop "
             f"after {t['early_stopping_patience']}, ≤ {t['max_epochs']} epochs, init {cfg.get('init', 'torch')}, "
             f"SMoE damping factor {cfg.get('damping_factor')}")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Entry point of ``smoe heat ...``."""
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    if args.heat_verb == "generate":
-        path = generate(args.out, runs=args.runs, val_runs=args.val_runs, test_runs=args.test_runs,
-                        steps=args.steps, size=args.size, seed=args.seed, overwrite=args.overwrite,
-                        generator=args.generator, mask=args.mask, diffusivities=args.diffusivities)
-        print(f"wrote {path}")
-        return 0
-    if args.heat_verb == "benchmark":
-        doc = run_benchmark(args.out, quick=args.quick, config=args.config, only=args.only, data=args.data,
-                            overrides=args.overrides, protocol=getattr(args, "protocol", None))
-        print(markdown_table(doc["rows"], "Heat-diffusion benchmark"))
-        print(f"wrote {args.out / 'heat_benchmark.json'} and {args.out / 'heat_benchmark.md'}")
-        return 0
-    raise ValueError(f"unknown heat verb {args.heat_verb!r}")

@@ -11,7 +11,6 @@ validation-driven schedules, and a loop keeps nine short trainings cheap on 2 CP
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 from pathlib import Path
@@ -282,16 +281,6 @@ def markdown(results: dict[str, Any], extra: list[str] | None = None) -> str:
                       f"deep ensemble of two V-MoE k=1 {f['deep_ensemble_2x_vmoe_k1']:,} "
                       f"(E³ {f['e3_vs_deep_ensemble']:+.1%})."]
     return "\n".join(lines + (extra or [])) + "\n"
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    # one intra-op thread: these models are small (batch 64 of 8×8 images), where thread hand-offs cost
-    # more than they save, badly so on a loaded machine
-    torch.set_num_threads(int(args.threads))
-    results = run_benchmark(args.out, quick=args.quick, config=args.config, only=args.only, overrides=args.overrides)
-    print(markdown(results))
-    print(f"smoe vision benchmark: wrote {Path(args.out) / 'vision_benchmark.json'}")
-    return 0
 
 
 # ---- SMoE-CNN collapse study (issue 18, part 3; docs/smoe-weather-findings.md Finding 6) ------------------

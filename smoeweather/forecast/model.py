@@ -21,13 +21,13 @@ from smoeweather.data.ensembles import HOUR, check_grid
 from smoeweather.data.weather import DEFAULT_CONSTANTS, DEFAULT_LEAD_CHOICES_H, Field, field_name, parse_fields
 from smoeweather.forecast.output import check_times
 from smoeweather.forecast.sources import check_fields, read_field
-from smoeweather.training.checkpoint import TrainedModel
+from smoeweather.models.loader import TrainedNetwork
 
 
 class ModelSpec:
     """What a weatherbench checkpoint needs as input and predicts, from its saved data config."""
 
-    def __init__(self, trained: TrainedModel) -> None:
+    def __init__(self, trained: TrainedNetwork) -> None:
         if trained.task != "weatherbench":
             raise ValueError(f"{trained.path}: task {trained.task!r}; smoe forecast runs weatherbench checkpoints")
         d = trained.config["data"]
@@ -71,7 +71,7 @@ def _on_model_grid(ds: xr.Dataset, spec: ModelSpec, where: str) -> xr.Dataset:
 
 
 def model_forecast(
-    trained: TrainedModel,
+    trained: TrainedNetwork,
     ds: xr.Dataset,
     inits: np.ndarray,
     leads_h: Sequence[int],
@@ -138,7 +138,7 @@ def model_forecast(
     return result, members, spec.latitude, spec.longitude
 
 
-def model_metadata(trained: TrainedModel) -> dict[str, Any]:
+def model_metadata(trained: TrainedNetwork) -> dict[str, Any]:
     """Provenance attrs of a model forecast."""
     cfg = trained.config
     return {

@@ -18,7 +18,7 @@ from torch import nn
 
 from smoeweather.models.ensemble import ENSEMBLE_MODELS, build_ensemble_model
 from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
-from smoeweather.models.unet import Ens10UNet
+from smoeweather.models.unet import PostprocessingUNet
 
 _RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "smoe", "grid", "conv",
                 "lrlcn_rank"}
@@ -50,7 +50,7 @@ def model_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
             out += [(SMoEPlacement, smoe, ".smoe"), (SpatialMoE2d, smoe.get("layer_kwargs"), ".smoe.layer_kwargs")]
         return out
     if name == "unet":
-        return [(Ens10UNet, cfg, ""), (SpatialMoE2d, cfg.get("smoe_kwargs"), ".smoe_kwargs")]
+        return [(PostprocessingUNet, cfg, ""), (SpatialMoE2d, cfg.get("smoe_kwargs"), ".smoe_kwargs")]
     return []  # an unknown name is refused by build_weather_model
 
 
@@ -87,7 +87,7 @@ def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None
             if land_sea_prior is None:
                 raise ValueError("model.gate_prior: land_sea needs a land-sea mask (data.static or data.constants)")
             kwargs["land_sea_prior"] = land_sea_prior
-        return Ens10UNet(**kwargs)
+        return PostprocessingUNet(**kwargs)
     raise ValueError(f"unknown weather model {name!r}; expected 'resnet', 'unet' or one of {ENSEMBLE_MODELS}")
 
 

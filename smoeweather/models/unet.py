@@ -28,8 +28,10 @@ class ConvBNReLU(nn.Module):
         return self.act(self.norm(self.layer(x)))
 
 
-class Ens10UNet(nn.Module):
-    """U-Net of the ENS-10 baselines, optionally with every 3×3 conv replaced by an SMoE.
+class PostprocessingUNet(nn.Module):
+    """U-Net of the ENS-10 baselines (any ensemble source), optionally with every 3×3 conv replaced by an SMoE.
+
+    Named ``Ens10UNet`` before issue 23; the old name still imports, with a DeprecationWarning.
 
     Encoder level l (l = 0..levels−1): two [3×3 conv → BN → ReLU] to ``widths[l]``, 2×2 max-pool between
     levels. Decoder: two convs at the bottom (widths[-1] → widths[-1] → widths[-2]); at each higher level
@@ -216,3 +218,18 @@ def gaussian_heads(o: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tenso
                          f"{tuple(ens_mean.shape)}, {tuple(ens_std.shape)}")
     loc, raw_scale = o[:, 0::2], o[:, 1::2]
     return loc * ens_std + ens_mean, F.softplus(raw_scale) * ens_std + eps
+
+
+_DEPRECATED_NAMES = {"Ens10UNet": "PostprocessingUNet"}
+
+
+def __getattr__(name: str) -> object:
+    """Old names of this module's classes (:data:`_DEPRECATED_NAMES`), with a DeprecationWarning."""
+    if name in _DEPRECATED_NAMES:
+        import warnings
+
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"smoeweather.models.unet.{name} is deprecated; it is {new} (the same network, for any "
+                      "ensemble source)", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from smoeweather.data.ensembles import lead_label
 from smoeweather.metrics.probabilistic import crps_ensemble, crps_gaussian, spread_skill_ratio
 from smoeweather.metrics.weights import latitude_weights, weighted_mean
 from smoeweather.postprocess.emos import apply_emos, fit_emos
@@ -30,11 +31,6 @@ def fold_labels(times: xr.DataArray, fold: str) -> np.ndarray:
     if fold == "month":
         return times.dt.year.values * 100 + times.dt.month.values
     raise ValueError(f"fold must be one of {FOLDS}, got {fold!r}")
-
-
-def lead_label(td: np.timedelta64) -> str:
-    """Lead as whole hours, e.g. ``72h`` (the scores files' convention)."""
-    return f"{int(np.timedelta64(td, 'h').astype(int))}h"
 
 
 def _fields(ds: xr.Dataset) -> list[tuple[str, str, dict[str, Any]]]:

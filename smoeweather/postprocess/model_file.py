@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from smoeweather.data.ensembles import check_grid
 from smoeweather.data.sites import SITE_COORDS
 from smoeweather.io import atomic_path
 from smoeweather.postprocess.emos import COEFFICIENTS
@@ -145,11 +146,8 @@ def check_forecast(attrs: dict[str, Any], forecast: xr.Dataset, model: str, wher
                          f"{members} (the ensemble variance of another member count is another predictor)")
     if "site" in forecast.dims or "station_id" in attrs:
         return _check_sites(attrs, forecast, model, where)
-    for c in ("latitude", "longitude"):
-        a, b = np.asarray(attrs[c], np.float64), forecast[c].values.astype(np.float64)
-        if a.shape != b.shape or not np.allclose(a, b, rtol=0, atol=1e-6):
-            raise ValueError(f"{where}: {c} grid ({len(b)} points, {b.min():g}..{b.max():g}) differs from the "
-                             f"model {model}'s ({len(a)} points, {a.min():g}..{a.max():g}); regrid first")
+    check_grid(forecast, np.asarray(attrs["latitude"], np.float64), np.asarray(attrs["longitude"], np.float64),
+               where, f"the grid of the model {model}")
     return forecast
 
 

@@ -33,12 +33,12 @@ def apply_checkpoint(
     longitude), units of the field (levels that are not a target of that variable hold NaN). Raises
     ValueError for a checkpoint of another task, or a missing field/level/lead, another grid or member count.
     """
-    from smoeweather.training.checkpoint import load_trained
+    from smoeweather.models.loader import load_network
 
-    trained = load_trained(checkpoint)
+    trained = load_network(checkpoint)
     where = f"{checkpoint} applied to {forecast.attrs.get('source_files', 'the forecast')}"
     meta = trained.metadata or {}
-    if trained.task not in ("postprocess", "ens10") or "spec" not in meta:
+    if trained.task != "postprocess" or "spec" not in meta:
         raise ValueError(f"{checkpoint} is a {trained.task!r} checkpoint; post-processing needs a postprocess one")
     spec = EnsembleSpec.from_config(meta["spec"])
     check_forecast(forecast, spec, where)

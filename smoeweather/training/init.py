@@ -9,7 +9,7 @@ from pathlib import Path
 from torch import nn
 
 from smoeweather.models.checkpoint_io import read_checkpoint
-from smoeweather.training.base import check_checkpoint
+from smoeweather.models.loader import check_checkpoint
 
 NORMALISATION_BUFFERS = ("input_mean", "input_std", "target_mean", "target_std")
 

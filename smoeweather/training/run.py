@@ -1,6 +1,6 @@
 """``smoe train --config X [--init-from CKPT] [--resume CKPT] key=value ...``: one entry for every task.
 
-A config names ``task`` (``weatherbench``, ``ens10``, ``heat``, ``vision``) and has the blocks ``data``,
+A config names ``task`` (``weatherbench``, ``postprocess``, ``heat``, ``vision``) and has the blocks ``data``,
 ``model``, ``training`` (lr, optimizer, plateau, early stopping, aux_weight, freeze_batchnorm), ``trainer``
 (``lightning.Trainer`` arguments: devices, num_nodes, strategy, accelerator, max_epochs, max_steps,
 precision, ...), ``seed`` and ``output_dir``; it is checked against its task's schema
@@ -34,23 +34,13 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from smoeweather.models.checkpoint_io import read_checkpoint
-from smoeweather.training.base import check_checkpoint
+from smoeweather.models.loader import canonical_task, check_checkpoint
 from smoeweather.training.callbacks import BatchSeed, LastCheckpoint, SamplesPerSecond, SaveResolvedConfig
-from smoeweather.training.datamodule import SPLITS, SplitDataModule
+from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
-from smoeweather.training.init import NORMALISATION_BUFFERS, InitReport, init_weights
+from smoeweather.training.init import init_weights
 from smoeweather.training.schema import validate_train_config
-from smoeweather.training.stores import base_dataset, ensure_store, land_sea_mask, time_subset
-from smoeweather.training.tasks import (
-    BUILDERS,
-    TASKS,
-    _module_kwargs,
-    _uses_land_sea_prior,
-    build,
-    build_ens10,
-    build_heat,
-    build_weatherbench,
-)
+from smoeweather.training.tasks import build
 
 
 class _WithoutLibraryChatter(logging.Filter):
@@ -84,11 +74,7 @@ warnings.filterwarnings(
     module="lightning",
 )
 
-__all__ = [  # the entry point, plus re-exports of the builders, stores and weight loading it uses
-    "BUILDERS", "NORMALISATION_BUFFERS", "SPLITS", "TASKS", "InitReport", "TrainResult", "_module_kwargs",
-    "_uses_land_sea_prior", "base_dataset", "build", "build_ens10", "build_heat", "build_trainer",
-    "build_weatherbench", "ensure_store", "init_weights", "land_sea_mask", "time_subset", "train",
-]
+__all__ = ["TrainResult", "build_trainer", "train"]
 
 
 @dataclass
@@ -147,6 +133,7 @@ def train(
 ) -> TrainResult:
     """Seed, build, optionally initialise from ``init_from``, and fit (resuming from ``resume``)."""
     cfg = json.loads(json.dumps(cfg, default=str))  # plain types only (YAML dates → strings): safe to pickle
+    cfg["task"] = canonical_task(cfg.get("task"))  # `ens10` → `postprocess` (DeprecationWarning)
     validate_train_config(cfg)  # unknown keys / wrong types: an error, not silently ignored
     for given in (init_from, resume):  # read as data before anything is built or written: a crafted file is
         if given is not None:  # refused here (UnsafeCheckpointError naming it) and no output directory appears

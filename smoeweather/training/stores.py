@@ -79,7 +79,7 @@ def _years(value: Any) -> tuple[int, int] | None:
     return None if value is None else (int(value[0]), int(value[-1]))
 
 
-def _splits(dcfg: dict[str, Any], make: Callable[[tuple[int, int] | None], Dataset]) -> dict[str, Dataset]:
+def year_splits(dcfg: dict[str, Any], make: Callable[[tuple[int, int] | None], Dataset]) -> dict[str, Dataset]:
     """One dataset per split from ``<split>_years`` and an optional ``<split>_period`` [start, end]."""
     out = {}
     for split in SPLITS:

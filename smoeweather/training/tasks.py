@@ -1,7 +1,8 @@
 """Task builders of ``smoe train``: config → (:class:`SplitDataModule`, LightningModule) per ``task``.
 
-``BUILDERS`` maps a task name to its builder (``weatherbench``, ``postprocess`` = ``ens10``, ``heat``,
-``vision``); the config schema of each task lives in :mod:`smoeweather.training.schema`.
+``BUILDERS`` maps a task name to its builder (``weatherbench``, ``postprocess``, ``heat``, ``vision``; the old
+name ``ens10`` of ``postprocess`` is read with a DeprecationWarning, :data:`smoeweather.models.loader.TASK_ALIASES`);
+the config schema of each task lives in :mod:`smoeweather.training.schema`.
 """
 
 from __future__ import annotations
@@ -15,22 +16,19 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from smoeweather.models.loader import canonical_task, complete_model_config, uses_land_sea_prior
 from smoeweather.training.base import SMoETrainingModule
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.init import NORMALISATION_BUFFERS
 from smoeweather.training.regression import FieldRegressionModule
-from smoeweather.training.stores import _splits, base_dataset, ensure_store, land_sea_mask
+from smoeweather.training.stores import base_dataset, ensure_store, land_sea_mask, year_splits
 from smoeweather.training.vision import build_vision
 
-TASKS = ("weatherbench", "postprocess", "ens10", "heat", "vision")
+TASKS = ("weatherbench", "postprocess", "heat", "vision")
 
 
-def _uses_land_sea_prior(mcfg: dict[str, Any]) -> bool:
-    smoe = mcfg.get("smoe")
-    return isinstance(smoe, dict) and smoe.get("gate_prior") == "land_sea" and smoe.get("placement") != "none"
-
-
-def _module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
+def module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of a task's Lightning module from the config's ``training`` block."""
     t = cfg.get("training", {})
     return {
         "lr": float(t.get("lr", 1e-3)),
@@ -60,7 +58,8 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
     """WeatherBench-style forecasting: data module and :class:`ForecastingModule` from a config."""
     from smoeweather.data.weather import WeatherBenchDataset
     from smoeweather.models.registry import build_weather_model
-    from smoeweather.training.forecasting import ForecastingModule, normalized_model
+    from smoeweather.training.ensemble_forecasting import build_forecasting_module
+    from smoeweather.training.forecasting import normalized_model
 
     dcfg = dict(cfg["data"])
     store = ensure_store(dcfg)
@@ -72,13 +71,11 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
 
         return cache_from_config(WeatherBenchDataset(store, dcfg["variables"], years=years, **kwargs), dcfg)
 
-    data = _datamodule(cfg, lambda: _splits(dcfg, make), default_batch=32)
+    data = _datamodule(cfg, lambda: year_splits(dcfg, make), default_batch=32)
     train_ds = base_dataset(data.dataset("train"))
-    mcfg = dict(cfg["model"])
-    mcfg.setdefault("in_channels", len(train_ds.channel_names))
-    mcfg.setdefault("out_channels", len(train_ds.target_names))
-    mcfg.setdefault("grid", list(train_ds.grid))
-    prior = land_sea_mask(store) if _uses_land_sea_prior(mcfg) else None
+    mcfg = complete_model_config(cfg["model"], len(train_ds.channel_names), len(train_ds.target_names),
+                                 train_ds.grid)
+    prior = land_sea_mask(store) if uses_land_sea_prior(mcfg) else None
     model = normalized_model(build_weather_model(mcfg, land_sea_prior=prior), train_ds)
     metadata = {
         "task": "weatherbench",
@@ -89,14 +86,14 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
         "longitude": train_ds.longitude.tolist(),
         "normalisation": _stats_metadata(model),
     }
-    module = ForecastingModule(
-        model, train_ds.latitude, train_ds.target_names, metadata=metadata, **_module_kwargs(cfg)
+    module = build_forecasting_module(  # ForecastingModule, or the ensemble one for e3/deep_ensemble/gaussian
+        cfg, model, train_ds.latitude, train_ds.target_names, metadata=metadata, **module_kwargs(cfg)
     )
     return data, module
 
 
 def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
-    """Ensemble post-processing (task ``postprocess``; ``ens10`` is the same task): data module and
+    """Ensemble post-processing (task ``postprocess``): data module and
     :class:`PostprocessingModule` from a config.
 
     ``data.source`` (or ``data.store``): any ensemble source(s) of
@@ -107,8 +104,9 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     """
     from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec, static_channels
     from smoeweather.data.ensembles import open_ensemble, open_static, open_truth, select_split
+    from smoeweather.models.postprocessor import EnsemblePostprocessor
     from smoeweather.models.registry import build_weather_model
-    from smoeweather.training.postprocessing import EnsemblePostprocessor, PostprocessingModule
+    from smoeweather.training.postprocessing import PostprocessingModule
 
     dcfg = dict(cfg["data"])
     source = dcfg.get("source") or dcfg.get("store")
@@ -137,16 +135,14 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
 
     data = _datamodule(cfg, splits, default_batch=8)
     static_names = list(dcfg.get("static") or [])
-    mcfg = dict(cfg["model"])
-    wants_prior = mcfg.get("gate_prior") == "land_sea" and mcfg.get("smoe")
+    wants_prior = uses_land_sea_prior(cfg["model"])
     file_static = [n for n in static_names if n != "latitude"] + (["land_sea_mask"] if wants_prior else [])
     file_static = list(dict.fromkeys(file_static))
     static = open_static(dcfg.get("constants") or source, file_static) if file_static else None
     channels, names = static_channels(static_names, static, train_ds.latitude, train_ds.longitude)
     prior = torch.as_tensor(static["land_sea_mask"].values, dtype=torch.float32) if wants_prior else None
-    mcfg.setdefault("in_channels", len(train_ds.channel_names) + len(names))
-    mcfg.setdefault("out_channels", 2 * len(train_ds.target_names))
-    mcfg.setdefault("grid", list(train_ds.grid))
+    mcfg = complete_model_config(cfg["model"], len(train_ds.channel_names) + len(names),
+                                 2 * len(train_ds.target_names), train_ds.grid)
     net = build_weather_model(mcfg, land_sea_prior=prior)
     model = EnsemblePostprocessor(net, torch.from_numpy(channels), len(train_ds.target_names))
     metadata = {
@@ -164,17 +160,14 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     }
     target_std = [train_ds.stats[n.split("@")[0]][1] for n in train_ds.target_names]
     module = PostprocessingModule(model, train_ds.target_names, target_std, metadata=metadata,
-                                  **_module_kwargs(cfg))
+                                  **module_kwargs(cfg))
     return data, module
-
-
-build_ens10 = build_postprocess  # ENS-10 stores go through the same path (one ensemble convention)
 
 
 def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
     """Heat diffusion (paper §3.1): data module and :class:`FieldRegressionModule` from a config."""
     from pipelines.heat_diffusion import generate
-    from smoeweather.data.heat import _batched, heat_splits
+    from smoeweather.data.heat import batched_pairs, heat_splits
     from smoeweather.models.heat import build_heat_model
 
     dcfg = dict(cfg["data"])
@@ -185,11 +178,12 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
                 f"heat store {store} does not exist (add data.generate or run `smoe heat generate`)"
             )
         generate(store, progress=False, **dcfg["generate"])
-    data = _datamodule(cfg, lambda: heat_splits(store, dcfg.get("max_runs")), default_batch=32, collate_fn=_batched)
+    data = _datamodule(cfg, lambda: heat_splits(store, dcfg.get("max_runs")), default_batch=32,
+                       collate_fn=batched_pairs)
     size = int(data.dataset("train").frames.shape[-1])
     mcfg = dict(cfg.get("model", {}))
     net = build_heat_model(mcfg.pop("name", "smoe"), size=size, **mcfg)
-    t = _module_kwargs(cfg)
+    t = module_kwargs(cfg)
     module = FieldRegressionModule(
         net,
         lr=t["lr"],
@@ -205,15 +199,15 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
 BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.LightningModule]]] = {
     "weatherbench": build_weatherbench,
     "postprocess": build_postprocess,
-    "ens10": build_postprocess,
     "heat": build_heat,
     "vision": build_vision,
 }
 
 
 def build(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
-    """(data module, Lightning module) for ``cfg['task']``."""
-    task = cfg.get("task")
+    """(data module, Lightning module) for ``cfg['task']`` (a deprecated alias is replaced, with a warning)."""
+    task = canonical_task(cfg.get("task"))
+    cfg = dict(cfg, task=task) if task is not None else cfg
     if task not in BUILDERS:
         raise ValueError(f"config task must be one of {TASKS}, got {task!r}")
     return BUILDERS[task](cfg)
