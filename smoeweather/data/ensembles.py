@@ -478,20 +478,20 @@ def split_gaussian(ds: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
     return ds[names], ds[[f"{n}{STD_SUFFIX}" for n in names]].rename({f"{n}{STD_SUFFIX}": n for n in names})
 
 
-def write_store(ds: xr.Dataset, out: str | Path, kind: str, attrs: dict[str, Any] | None = None,
-                overwrite: bool = False, time_chunk: int | None = 1) -> Path:
-    """Write a forecast store of ``forecast_kind`` = ``kind`` (:data:`FORECAST_KINDS`), atomically.
+def store_dataset(ds: xr.Dataset, kind: str, attrs: dict[str, Any] | None = None) -> xr.Dataset:
+    """``ds`` as a forecast store of ``forecast_kind`` = ``kind`` (:data:`FORECAST_KINDS`) holds it, lazily.
 
     Floating variables as float32, CF attributes on the coordinates (:data:`COORD_ATTRS`), ``Conventions``,
-    ``code_version`` and ``created_utc`` unless given; attrs that are None are dropped, non-scalars written
-    as strings. ``*.nc``/``*.nc4``: netCDF; anything else: zarr (format 2, consolidated, ``time_chunk`` inits
-    per chunk, None = one chunk). The source's codecs (CF packing) are not carried over.
+    ``code_version`` and ``created_utc`` unless given; attrs that are None are dropped, non-scalars written as
+    strings; the source's codecs (CF packing) are not carried over. ValueError for another kind or a Dataset
+    without the forecast dims.
     """
     if kind not in FORECAST_KINDS:
         raise ValueError(f"forecast_kind must be one of {FORECAST_KINDS}, got {kind!r}")
-    missing = [d for d in ("time", "prediction_timedelta", "latitude", "longitude") if d not in ds.dims]
-    if missing:
-        raise ValueError(f"{out}: a {kind} forecast store needs dims {missing} (has {dict(ds.sizes)})")
+    missing = [d for d in ("time", "prediction_timedelta") if d not in ds.dims]
+    if missing or not ({"latitude", "longitude"} <= set(ds.dims) or "site" in ds.dims):
+        raise ValueError(f"a {kind} forecast store needs dims time, prediction_timedelta and latitude/longitude "
+                         f"(or site); got {dict(ds.sizes)}")
     ds = ds.copy()
     for n in ds.data_vars:
         if np.issubdtype(ds[n].dtype, np.floating):
@@ -506,6 +506,14 @@ def write_store(ds: xr.Dataset, out: str | Path, kind: str, attrs: dict[str, Any
                 **given, "forecast_kind": kind}
     for v in ds.variables.values():
         v.encoding = {}
+    return ds
+
+
+def write_store(ds: xr.Dataset, out: str | Path, kind: str, attrs: dict[str, Any] | None = None,
+                overwrite: bool = False, time_chunk: int | None = 1) -> Path:
+    """Write :func:`store_dataset` of ``ds`` atomically: ``*.nc``/``*.nc4`` as netCDF, anything else as zarr
+    (format 2, consolidated, ``time_chunk`` inits per chunk, None = one chunk)."""
+    ds = store_dataset(ds, kind, attrs)
     out = Path(out)
     with atomic_path(out, overwrite=overwrite) as tmp:
         if out.suffix in (".nc", ".nc4"):

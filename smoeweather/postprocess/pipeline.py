@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -113,22 +112,12 @@ def _align_sites(params: xr.Dataset, mattrs: dict[str, Any], forecast: xr.Datase
 
 
 def _store(ds: xr.Dataset, kind: str, attrs: dict[str, Any]) -> xr.Dataset:
-    """``ds`` ready for a forecast store: float32, CF coordinate attributes, provenance, no source codecs."""
-    ds = ds.copy()
-    for n in ds.data_vars:
-        if np.issubdtype(ds[n].dtype, np.floating):
-            ds[n] = ds[n].astype(np.float32)
-    for c, cf in ensembles.COORD_ATTRS.items():
-        if c in ds.coords:
-            ds[c].attrs = {**cf, **ds[c].attrs}
+    """``ds`` ready for a forecast store (:func:`smoeweather.data.ensembles.store_dataset`, the one store format),
+    station ids as strings."""
+    ds = ensembles.store_dataset(ds, kind, attrs)
     if "station_id" in ds.coords:
         ds["station_id"] = ds["station_id"].astype(str)
-    ds.attrs = {"Conventions": "CF-1.8", "code_version": ensembles.code_version(),
-                "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
-                "forecast_kind": kind}
-    for v in ds.variables.values():
-        v.encoding = {}
+        ds["station_id"].encoding = {}
     return ds
 
 
