@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from smoeweather.postprocess.options import add_arguments as add_scale_arguments
+
 NAME = "postprocess"
 
 
@@ -48,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--solver", choices=["newton", "lbfgs"], default="newton",
                    help="newton: batched per-group Newton (default); lbfgs: the earlier reference solver")
     f.add_argument("--out", type=Path, required=True, help="model file (netCDF, e.g. emos.nc)")
+    add_scale_arguments(f, "fit")  # issue 25: --scheduler, site tables, --predictors, --per-site, --window/--lag
 
     a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with EMOS or a network")
     which = a.add_mutually_exclusive_group()
@@ -64,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--quantiles", nargs="+", type=float, help="also write these predictive quantiles, e.g. 0.1 0.5 0.9")
     a.add_argument("--quantiles-out", type=Path, help="quantile store (default: <out>_quantiles.zarr)")
     a.add_argument("--batch-size", type=int, default=8, help="checkpoints: samples per network batch")
+    add_scale_arguments(a, "apply")
 
     c = verbs.add_parser("crossval", help="leave-one-year/month-out EMOS vs raw CRPS → DIR/crossval.{json,md}")
     c.add_argument("--forecast", type=Path, nargs="+", required=True,
@@ -122,6 +126,11 @@ def _fit(args: argparse.Namespace) -> int:
     from smoeweather.postprocess.emos import fit_emos
     from smoeweather.postprocess.model_file import write_model
 
+    if args.solver == "newton" or args.window is not None or args.predictors != "mean":
+        from smoeweather.postprocess.pipeline import fit  # out of core on dask, sites, rolling (issue 25)
+
+        print(fit(args))
+        return 0
     if args.out.exists() and not args.overwrite:
         raise FileExistsError(f"{args.out} already exists (pass --overwrite to replace it)")
     forecast = ensembles.select_period(ensembles.open_ensemble(args.forecast, args.variables), args.train_period)
@@ -168,6 +177,12 @@ def _apply(args: argparse.Namespace) -> int:
             raise FileExistsError(f"{p} already exists (pass --overwrite to replace it)")
     if not args.model.exists():
         raise FileNotFoundError(f"model {args.model} does not exist")
+    if method == "emos":  # out of core on dask, streamed to zarr; sites and rolling windows (issue 25)
+        from smoeweather.postprocess.pipeline import apply
+
+        for p in apply(args, members_out, quantiles_out, levels):
+            print(p)
+        return 0
     forecast = ensembles.select_period(ensembles.open_ensemble(args.forecast), args.apply_period)
     if args.members is not None and args.members != forecast.sizes["member"]:
         raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
