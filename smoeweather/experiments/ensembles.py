@@ -54,12 +54,12 @@ def score_ensemble_run(checkpoint: str | Path, cfg: dict[str, Any], leads_h: lis
         raise ValueError(f"{checkpoint}: the evaluation has no CRPS for {missing or targets}")
 
     def table(metric: str) -> dict[str, dict[str, float]]:
-        values = scores[metric].sel(method="model").transpose("field", "prediction_timedelta").values
+        values = scores[metric].sel({"method": "model"}).transpose("field", "prediction_timedelta").values
         return {f"{h}h": {t: float(values[fields.index(t), leads.index(h)]) for t in targets} for h in leads_h}
 
     extra: dict[str, Any] = {m: table(m) for m in EXTRA_METRICS if m in scores}
     if "rank_histogram" in scores:
-        rh = scores["rank_histogram"].sel(method="model").transpose("field", "prediction_timedelta", "rank").values
+        rh = scores["rank_histogram"].sel({"method": "model"}).transpose("field", "prediction_timedelta", "rank").values
         extra["rank_histogram"] = {f"{h}h": {t: [float(v) for v in rh[fields.index(t), leads.index(h)]
                                                  if np.isfinite(v)] for t in targets} for h in leads_h}
     extra["forecast_seconds"] = seconds
