@@ -4,6 +4,7 @@ the CLI with their refusals, and the real-data check on the UWME ensemble (skipp
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -162,32 +163,35 @@ def test_cli_rolling_member_weights_and_per_site(tmp_path: Path) -> None:
     assert sp["2m_temperature"].dims == ("prediction_timedelta", "time", "site", "coefficient")
 
 
-def test_cli_site_refusals(tmp_path: Path) -> None:
+def _refused(capsys: pytest.CaptureFixture[str], pattern: str, *args: object) -> None:
+    """The CLI exits 2 with an error message matching ``pattern``."""
+    assert main(["postprocess", *map(str, args), "--scheduler", "threads", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err), err
+
+
+def test_cli_site_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     srft_like(tmp_path / "t.csv", n_days=30, n_sites=4)
     _cli("fit", "--forecast", tmp_path / "t.csv", "--per-site", "--out", tmp_path / "site.nc")
     # a site in the forecast but not in the model file
     srft_like(tmp_path / "more.csv", n_days=30, n_sites=6, seed=1)
-    with pytest.raises(ValueError, match=r"2 site\(s\).*\['K004', 'K005'\]"):
-        _cli("apply", "--emos", tmp_path / "site.nc", "--forecast", tmp_path / "more.csv", "--out",
-             tmp_path / "pp.zarr")
+    _refused(capsys, r"2 site\(s\).*\['K004', 'K005'\]", "apply", "--emos", tmp_path / "site.nc", "--forecast",
+             tmp_path / "more.csv", "--out", tmp_path / "pp.zarr")
     assert not (tmp_path / "pp.zarr").exists()
     # mismatched members: the member-weights model names its members
     _cli("fit", "--forecast", tmp_path / "t.csv", "--predictors", "members", "--out", tmp_path / "mem.nc")
-    df = pd.read_csv(tmp_path / "t.csv").rename(columns={"UKMO": "ECMWF"})
-    df.to_csv(tmp_path / "renamed.csv", index=False)
-    with pytest.raises(ValueError, match=r"members .*ECMWF.* differ from the members .*UKMO"):
-        _cli("apply", "--emos", tmp_path / "mem.nc", "--forecast", tmp_path / "renamed.csv", "--out",
-             tmp_path / "pp.zarr")
+    pd.read_csv(tmp_path / "t.csv").rename(columns={"UKMO": "ECMWF"}).to_csv(tmp_path / "renamed.csv", index=False)
+    _refused(capsys, r"members .*ECMWF.* differ from the members .*UKMO", "apply", "--emos", tmp_path / "mem.nc",
+             "--forecast", tmp_path / "renamed.csv", "--out", tmp_path / "pp.zarr")
     # a date without a full window, and a rolling model applied to a date it has no coefficients for
-    with pytest.raises(ValueError, match=r"2004-01-02.*no full training window"):
-        _cli("fit", "--forecast", tmp_path / "t.csv", "--window", "10D", "--dates", "2004-01-02", "2004-01-20",
-             "--out", tmp_path / "roll.nc")
+    _refused(capsys, r"2004-01-02.*no full training window", "fit", "--forecast", tmp_path / "t.csv", "--window",
+             "10D", "--dates", "2004-01-02", "2004-01-20", "--out", tmp_path / "roll.nc")
     assert not (tmp_path / "roll.nc").exists()
     _cli("fit", "--forecast", tmp_path / "t.csv", "--window", "10D", "--out", tmp_path / "roll.nc")
-    with pytest.raises(ValueError, match=r"no coefficients for the forecast date\(s\) \['2003-12-30"):
-        _cli("apply", "--emos", tmp_path / "roll.nc", "--forecast", tmp_path / "t.csv", "--out",
-             tmp_path / "pp.zarr")
+    _refused(capsys, r"no coefficients for the forecast date\(s\) \['2003-12-30", "apply", "--emos",
+             tmp_path / "roll.nc", "--forecast", tmp_path / "t.csv", "--out", tmp_path / "pp.zarr")
     assert not (tmp_path / "pp.zarr").exists()
+    assert not list(tmp_path.glob(".*staging*")) and not list(tmp_path.glob("*.tmp*"))
 
 
 @pytest.mark.shared_data

@@ -367,7 +367,7 @@ def apply_emos(params: xr.Dataset, forecast: xr.Dataset, member_dim: str = "memb
                 raise ValueError(f"the forecast's members {have} differ from the members the EMOS model weights "
                                  f"{model_members} (non-exchangeable members must match by name and order)")
             b = b.rename(coefficient=member_dim).assign_coords({member_dim: forecast[member_dim].values})
-            loc = p.sel(coefficient="a", drop=True) + (b * forecast[name]).sum(member_dim)
+            loc = p.sel(coefficient="a", drop=True) + (b * forecast[name]).sum(member_dim, skipna=False)
         else:
             loc = p.sel(coefficient="a", drop=True) + p.sel(coefficient="b", drop=True) * mean[name]
         mu[name] = loc.assign_attrs(forecast[name].attrs)
