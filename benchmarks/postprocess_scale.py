@@ -186,10 +186,11 @@ def markdown(r: dict[str, Any]) -> str:
                      f"{a['points'] / s['wall_s']:.0f} |")
     tot = m["fit"]["wall_s"] + m["apply"]["wall_s"]
     peak = max(m["fit"]["peak_rss_bytes"], m["apply"]["peak_rss_bytes"])
+    hours = 721 * 1440 / (a["points"] / tot) / 3600
     lines += [f"| fit → apply → ECC-Q | {tot:.0f} | {peak / gb:.2f} | {a['points'] / tot:.0f} |", "",
               f"Peak memory {peak / gb:.2f} GB = {peak / a['ensemble_bytes']:.1%} of the archive (target ≤ 4 GB).",
               "", f"Projected 0.25° (721 × 1440 points, same members/leads/starts) at this throughput: "
-              f"{r['projection_025']['hours']:.1f} h on this machine.", ""]
+              f"{hours:.1f} h on this machine.", ""]
     if r.get("workers"):
         lines += [f"Workers (LocalCluster at a tcp address, 1 thread each; first {r['worker_starts']} starts):", "",
                   "| workers | fit [s] | apply [s] | grid points/s (chain) | peak RSS [GB] |",
@@ -236,6 +237,7 @@ def main() -> None:
             args.keep = True
             return
         r["main"] = chain(root, args.members, None, None, "default")
+        save(r, args.out_name)
         print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "log_tail"} if isinstance(v, dict) else v
                           for k, v in r["main"].items()}), flush=True)
         tot = r["main"]["fit"]["wall_s"] + r["main"]["apply"]["wall_s"]
@@ -250,14 +252,22 @@ def main() -> None:
             t = pd.date_range("2021-01-01", periods=k, freq="D")
             period = (str(t[0].date()), str(t[-1].date()))
             r["worker_starts"] = k
-            r["workers"] = {str(n): with_workers(root, args.members, n, period) for n in args.workers}
+            r["workers"] = {}
+            for n in args.workers:
+                r["workers"][str(n)] = with_workers(root, args.members, n, period)
+                save(r, args.out_name)
+        save(r, args.out_name)
+        print(markdown(r))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def save(r: dict[str, Any], name: str) -> None:
+    """Write what has been measured so far (a long run keeps its results if stopped later)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out_name}.json").write_text(json.dumps(r, indent=2, default=float) + "\n")
-    (RESULTS / f"{args.out_name}.md").write_text(markdown(r))
-    print(markdown(r))
+    (RESULTS / f"{name}.json").write_text(json.dumps(r, indent=2, default=float) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(r))
 
 
 if __name__ == "__main__":

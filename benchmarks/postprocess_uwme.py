@@ -96,11 +96,13 @@ def main() -> None:
     (RESULTS / "postprocess_uwme.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"UWME 48 h 2 m temperature, {out['cases']} station-days, forecast dates {out['forecast_dates'][0]} .. "
              f"{out['forecast_dates'][1]}, rolling window {WINDOW}, lag {LAG}:", "",
-             "| forecast | CRPS [K] | vs raw | paired difference, 95 % CI over dates [K] |", "|---|---:|---:|---:|"]
+             "| forecast | CRPS [K] | vs raw | paired difference to raw, 95 % CI (bootstrap over dates) [K] |",
+             "|---|---:|---:|---:|"]
     for k, v in out["crps_K"].items():
         ci = boots[k]
-        lines.append(f"| {k} | {v:.3f} | {-out['improvement_vs_raw'][k]:+.1%} | "
-                     + ("–" if k.startswith("raw") else f"{ci[0]:+.3f} … {ci[1]:+.3f}") + " |")
+        raw_row = k.startswith("raw")
+        lines.append(f"| {k} | {v:.3f} | " + ("–" if raw_row else f"{-out['improvement_vs_raw'][k]:+.1%}") + " | "
+                     + ("–" if raw_row else f"{ci[0]:+.3f} … {ci[1]:+.3f}") + " |")
     (RESULTS / "postprocess_uwme.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -82,6 +82,6 @@ def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, memb
 
 def _ecc_block(raw: np.ndarray, mu: np.ndarray, sd: np.ndarray, zq: np.ndarray) -> np.ndarray:
     """ECC-Q members (..., M) float32 of N(μ, σ²) (...) in the rank order of ``raw`` (..., M); NaN where raw is."""
-    x = np.asarray(raw, np.float64)
+    x = np.asarray(raw)  # ranked in its own dtype (float32 → float64 would not change the order)
     vals = np.asarray(mu, np.float64)[..., None] + np.asarray(sd, np.float64)[..., None] * zq[ranks(x, axis=x.ndim - 1)]
     return np.where(np.isnan(x), np.nan, vals).astype(np.float32)
