@@ -226,3 +226,23 @@ def test_ensemble_study_summary_pairs_to_the_baseline() -> None:
     np.testing.assert_allclose(summary["e3"]["cost"]["ratio_to_baseline"], np.mean([0.40, 0.41, 0.42]), rtol=1e-12)
     text = ensemble_markdown(summary, "de", ["72h"], ["z"])
     assert "| e3 | **+0.4 ± 0.15 (3)** |" in text and "Training cost" in text  # |0.4| > 2 × 0.153: bold
+
+
+def test_mc_dropout_members_are_dropout_draws() -> None:
+    from smoeweather.models.ensemble import MCDropoutResNet
+
+    torch.manual_seed(0)
+    net = build_weather_model({"name": "mc_dropout", "members": 3, "dropout": 0.2, "in_channels": 5,
+                               "out_channels": 2, "width": 4, "blocks": 1, "grid": list(GRID)})
+    assert isinstance(net, MCDropoutResNet)
+    x = torch.randn(2, 5, *GRID)
+    assert net.train()(x).shape == (2, 1, 2, *GRID)  # training: one stochastic pass
+    net.eval()
+    torch.manual_seed(1)
+    y = net(x)
+    assert y.shape == (2, 3, 2, *GRID) and not torch.allclose(y[:, 0], y[:, 1])
+    assert all(not m.training for m in net.modules())  # dropout back in eval mode after the draws
+    torch.manual_seed(1)
+    torch.testing.assert_close(net(x), y)  # seeded draws are reproducible
+    with pytest.raises(ValueError, match="dropout"):
+        build_weather_model({"name": "mc_dropout", "dropout": 0.0, "in_channels": 5, "out_channels": 2})

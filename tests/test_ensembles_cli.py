@@ -108,11 +108,14 @@ def test_e3_forecast_evaluate_and_routing_per_member(e3: Path, world: str, tmp_p
     assert list(gates) == ["M1_E8_H32_W64"] and gates["M1_E8_H32_W64"]["num_experts"] == 8
 
 
-def test_deep_ensemble_and_gaussian_and_dense_are_scored(world: str, tmp_path: Path) -> None:
+def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world: str, tmp_path: Path) -> None:
     de = _train("gcm_deep_ensemble", world, tmp_path / "de", "model.members=2")
     gauss = _train("gcm_gaussian", world, tmp_path / "g")
     dense = _train("gcm_dense", world, tmp_path / "d")
-    paths = [_forecast(c, world, tmp_path / f"{n}.zarr") for n, c in (("de", de), ("g", gauss), ("d", dense))]
+    mc = _train("gcm_mc_dropout", world, tmp_path / "mc", "model.members=3")
+    paths = [_forecast(c, world, tmp_path / f"{n}.zarr") for n, c in (("de", de), ("g", gauss), ("d", dense),
+                                                                      ("mc", mc))]
+    assert xr.open_zarr(paths[3]).sizes["member"] == 3
     g = xr.open_zarr(paths[1])
     assert g.attrs["forecast_kind"] == "gaussian" and "geopotential_std" in g
     assert float(g["geopotential_std"].sel(level=500).min()) > 0

@@ -78,7 +78,9 @@ def members_forecast(
     n_out = 2 if kind == "gaussian" else int(trained.config["model"].get("members", 4))
     out = np.empty((len(spec.targets), len(inits), len(leads_h), n_out, H, W), np.float32)
     bar = tqdm(total=len(inits), desc="smoe forecast (members)", unit="init", disable=not progress)
-    with torch.no_grad():
+    # mc_dropout members are dropout draws: seeded (0) in a forked RNG, so a forecast is reproducible
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
         for s in range(0, len(inits), batch_size):
             batch = inits[s : s + batch_size]
             times = np.concatenate([batch + o * HOUR for o in spec.offsets_h])

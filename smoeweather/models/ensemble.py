@@ -7,6 +7,8 @@
   the dense convs) is shared by the members.
 * ``deep_ensemble``: :class:`DeepEnsemble`, M independently initialised dense (or SMoE) ResNets.
 * ``gaussian``: :class:`GaussianResNet`, one ResNet predicting μ and σ per target.
+* ``mc_dropout``: :class:`MCDropoutResNet`, one ResNet with dropout kept on at inference (Gal & Ghahramani
+  2016): M stochastic passes are the members.
 
 Output convention of every network here, in normalised units: ``(B, M, C_out, H, W)``; for ``gaussian``
 M = 2 holds (μ, σ) with σ > 0 (:data:`KIND` tells which). :func:`physical_members` turns that into
@@ -25,9 +27,10 @@ from torch.nn import functional as F
 from smoeweather.models.resnet import ConvBlock, NormalizedModel, ResBlock, SMoEPlacement, WeatherBenchResNet
 from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d, TensorRoutingGate
 
-ENSEMBLE_MODELS = ("e3", "deep_ensemble", "gaussian")
+ENSEMBLE_MODELS = ("e3", "deep_ensemble", "gaussian", "mc_dropout")
 EnsembleKind = Literal["ensemble", "gaussian"]
-KIND: dict[str, EnsembleKind] = {"e3": "ensemble", "deep_ensemble": "ensemble", "gaussian": "gaussian"}
+KIND: dict[str, EnsembleKind] = {"e3": "ensemble", "deep_ensemble": "ensemble", "gaussian": "gaussian",
+                                  "mc_dropout": "ensemble"}
 SIGMA_FLOOR = 1e-3
 """Smallest σ of the Gaussian head in normalised units (keeps the CRPS gradient finite)."""
 
@@ -196,11 +199,43 @@ class GaussianResNet(nn.Module):
         return torch.stack([mu, F.softplus(s) + SIGMA_FLOOR], dim=1)
 
 
+class MCDropoutResNet(nn.Module):
+    """A ResNet whose dropout stays on at inference: (B, C_in, H, W) → (B, M, C_out, H, W).
+
+    Training (``self.training``): one pass, (B, 1, C_out, H, W), dropout on as usual. Evaluation: M passes with
+    every Dropout layer sampling (BatchNorm keeps its running statistics), the M outputs are the members;
+    they are random draws (seed torch's RNG for reproducible members).
+    """
+
+    def __init__(self, members: int = 4, dropout: float = 0.1, land_sea_prior: torch.Tensor | None = None,
+                 **resnet: Any) -> None:
+        super().__init__()
+        if members < 2:
+            raise ValueError(f"model mc_dropout needs members >= 2, got {members}")
+        if not 0.0 < dropout < 1.0:
+            raise ValueError(f"model mc_dropout needs 0 < dropout < 1, got {dropout}")
+        self.members = int(members)
+        self.net = WeatherBenchResNet(dropout=dropout, land_sea_prior=land_sea_prior, **resnet)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return self.net(x).unsqueeze(1)
+        drops = [m for m in self.net.modules() if isinstance(m, nn.Dropout)]
+        for m in drops:
+            m.train()
+        try:
+            return torch.stack([self.net(x) for _ in range(self.members)], dim=1)
+        finally:
+            for m in drops:
+                m.eval()
+
+
 _RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "smoe", "grid"}
 ENSEMBLE_KEYS: dict[str, set[str]] = {
     "e3": _RESNET_KEYS | {"members"},
     "deep_ensemble": _RESNET_KEYS | {"members", "conv", "lrlcn_rank"},
     "gaussian": _RESNET_KEYS | {"conv", "lrlcn_rank"},
+    "mc_dropout": _RESNET_KEYS | {"members", "conv", "lrlcn_rank"},
 }
 
 
@@ -229,6 +264,8 @@ def build_ensemble_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | Non
         return E3ResNet(land_sea_prior=prior, **cfg)
     if name == "deep_ensemble":
         return DeepEnsemble(land_sea_prior=prior, **cfg)
+    if name == "mc_dropout":
+        return MCDropoutResNet(land_sea_prior=prior, **cfg)
     return GaussianResNet(land_sea_prior=prior, **cfg)
 
 

@@ -1,4 +1,4 @@
-"""Training of ensemble forecast networks (``model.name`` ∈ ``e3``, ``deep_ensemble``, ``gaussian``).
+"""Training of ensemble forecast networks (``model.name`` ∈ ``e3``, ``deep_ensemble``, ``gaussian``, ``mc_dropout``).
 
 The network (inside a :class:`~smoeweather.models.resnet.NormalizedModel`) maps normalised inputs
 (B, C_in, H, W) to (B, M, C_out, H, W) members, or (B, 2, C_out, H, W) = (μ, σ) for ``gaussian``. The loss is
@@ -22,7 +22,7 @@ from smoeweather.training.ensemble_losses import ENSEMBLE_LOSSES, ensemble_crps,
 from smoeweather.training.forecasting import ForecastingModule
 from smoeweather.training.losses import lat_weighted_mse
 
-DEFAULT_LOSS = {"e3": "mse", "deep_ensemble": "mse", "gaussian": "gaussian_crps"}
+DEFAULT_LOSS = {"e3": "mse", "deep_ensemble": "mse", "gaussian": "gaussian_crps", "mc_dropout": "mse"}
 
 
 def loss_settings(cfg: dict[str, Any]) -> tuple[str, float]:
@@ -38,6 +38,9 @@ def loss_settings(cfg: dict[str, Any]) -> tuple[str, float]:
                          "model gaussian (and its only one); e3/deep_ensemble take mse or crps")
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"training.crps_alpha must be in [0, 1], got {alpha}")
+    if name == "mc_dropout" and loss != "mse":
+        raise ValueError(f"model mc_dropout trains one stochastic pass per sample: training.loss must be mse, "
+                         f"got {loss!r}")
     return loss, alpha
 
 
