@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -44,6 +45,8 @@ _TO_CHANNELS_LAST = (0, 3, 4, 1, 2)
 
 
 EXACT_QUANTILE_MAX = 1 << 16
+NUMPY_QUANTILE = True
+"""Take the RC quantile of CPU tensors with ``np.partition`` (same value as ``torch.kthvalue``, ~7× faster)."""
 
 
 def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
@@ -68,6 +71,13 @@ def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
         flat = memory_order.index_select(1, offsets.reshape(-1)[::step])
     m = flat.shape[1]
     k = min(max(math.ceil(quantile * m), 1), m)
+    if NUMPY_QUANTILE and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64) \
+            and not flat.requires_grad:
+        # numpy's introselect (np.partition) returns the same k-th smallest value ~7× faster than
+        # torch.kthvalue on CPU (8 × 32,768 float32: 5 vs 36 ms on one thread; the RC threshold was 17 % of an
+        # SMoE-U-Net training step). A CPU tensor has no device to synchronise with; other devices keep kthvalue.
+        values = np.partition(flat.numpy(), k - 1, axis=1)[:, k - 1]
+        return torch.from_numpy(np.ascontiguousarray(values)).view(b, 1, 1, 1)
     return flat.kthvalue(k, dim=1).values.view(b, 1, 1, 1)
 
 
