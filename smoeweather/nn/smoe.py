@@ -72,7 +72,8 @@ def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
     m = flat.shape[1]
     k = min(max(math.ceil(quantile * m), 1), m)
     if NUMPY_QUANTILE and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64) \
-            and not flat.requires_grad:
+            and type(flat) is torch.Tensor and not flat.requires_grad and not torch.compiler.is_compiling():
+        # (a plain eager CPU tensor only: fake/traced tensors under FakeTensorMode or torch.compile have no data)
         # numpy's introselect (np.partition) returns the same k-th smallest value ~7× faster than
         # torch.kthvalue on CPU (8 × 32,768 float32: 5 vs 36 ms on one thread; the RC threshold was 17 % of an
         # SMoE-U-Net training step). A CPU tensor has no device to synchronise with; other devices keep kthvalue.
