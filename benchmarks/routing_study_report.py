@@ -1,0 +1,142 @@
+"""Report of the gate-learning study (``configs/studies/gcm_ens_routing*.yaml``, issue 22) from its study.json:
+
+* CRPS per arm (mean ± std over seeds) with the parameter count of each network;
+* paired differences (same seed) to the U-Net, to the parameter-matched wide U-Net, and LEARNED − FROZEN gate,
+  as mean ± standard error, marked where |mean| > 2 SE;
+* how far the routing moved from its initialisation by the best checkpoint, per U-Net level (mean over the
+  layers of a level and over seeds): area whose expert SET moved, area whose rank ORDER moved (some output
+  plane fed by another expert), share of (slot, location) pairs moved, order variety within a land/sea
+  category, per-epoch order change, and the RC labels' information (share of locations whose flagged share is
+  off 1 − q by more than 0.1).
+
+Writes ``<study.json stem>_report.md`` and ``_report.json`` beside it.
+    python benchmarks/routing_study_report.py benchmarks/results/studies/gcm_ens_routing.json [more.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smoeweather.config import apply_overrides, load_config
+from smoeweather.models.registry import build_weather_model
+
+PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),)
+
+
+def parameter_count(variant: dict[str, Any], n_inputs: int = 8, grid: tuple[int, int] = (32, 64)) -> int:
+    """Trainable + frozen parameters of a variant's network (built from its config, a dummy prior)."""
+    import torch
+
+    cfg = apply_overrides(load_config(variant["config"]), variant["overrides"])
+    mcfg = dict(cfg["model"], in_channels=n_inputs, out_channels=2, grid=list(grid))
+    prior = torch.zeros(grid) if mcfg.get("gate_prior") == "land_sea" and mcfg.get("smoe") else None
+    net = build_weather_model(mcfg, land_sea_prior=prior)
+    return sum(p.numel() for p in net.parameters())
+
+
+def paired(runs: list[dict[str, Any]], a: str, b: str, key: tuple[str, str]) -> dict[str, float] | None:
+    """a − b over the seeds both finished: mean, standard error, n."""
+    lead, target = key
+    by_seed = {(r["variant"], r["seed"]): r["scores"][lead][target] for r in runs}
+    seeds = sorted(s for (v, s) in by_seed if v == a and (b, s) in by_seed)
+    if not seeds:
+        return None
+    d = np.array([by_seed[(a, s)] - by_seed[(b, s)] for s in seeds])
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return {"mean": float(d.mean()), "se": se, "n": len(d)}
+
+
+def level_of(layer: str) -> str:
+    """U-Net layer path → 'enc L' / 'dec L' (decoder blocks are listed bottom-up)."""
+    m = re.match(r"(encoder|decoder)\.(\d+)\.", layer)
+    if not m:
+        return layer
+    part, i = m.group(1), int(m.group(2))
+    return f"enc {i}" if part == "encoder" else f"dec {2 - i}"
+
+
+def routing_table(runs: list[dict[str, Any]], variant: str) -> dict[str, dict[str, float]]:
+    """{level: {metric: mean over layers and seeds}} of a variant's routing movement at its best checkpoint."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        if r["variant"] != variant:
+            continue
+        for layer, metrics in (r.get("extra", {}).get("routing") or {}).items():
+            for k, v in metrics.items():
+                acc.setdefault(level_of(layer), {}).setdefault(k, []).append(v)
+    return {lev: {k: float(np.mean(v)) for k, v in m.items()} for lev, m in sorted(acc.items())}
+
+
+def fmt(d: dict[str, float] | None) -> str:
+    if d is None:
+        return "–"
+    bold = d["n"] > 1 and abs(d["mean"]) > 2 * d["se"]
+    s = f"{d['mean']:+.2f} ± {d['se']:.2f} ({d['n']})"
+    return f"**{s}**" if bold else s
+
+
+def report(path: Path) -> dict[str, Any]:
+    study = json.loads(path.read_text())
+    runs = study["runs"]
+    lead, target = study["leads"][0], study["targets"][0]
+    key = (lead, target)
+    variants = list(study["variants"])
+    params = {v: parameter_count(study["variants"][v]) for v in variants}
+    out: dict[str, Any] = {"study": study["name"], "key": f"{target}@{lead}", "arms": {}, "pairs": {}, "routing": {}}
+    lines = [f"# {study['name']}: {target} at {lead}, {study['steps']} steps, seeds {study['seeds']}", "",
+             "CRPS (m² s⁻² for Z500, K for T850; latitude-weighted, test period), mean ± std over seeds; paired "
+             "differences are mean ± standard error (n), **bold** where |mean| > 2 SE; negative = the arm is better.",
+             "", "| arm | parameters | CRPS | − U-Net | − wide U-Net |", "|---|---:|---:|---:|---:|"]
+    for v in variants:
+        vals = [r["scores"][lead][target] for r in runs if r["variant"] == v]
+        if not vals:
+            continue
+        mean, std = float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
+        vs_unet = paired(runs, v, "unet", key) if v != "unet" else None
+        vs_wide = paired(runs, v, "unet_wide", key) if v != "unet_wide" and "unet_wide" in variants else None
+        out["arms"][v] = {"crps_mean": mean, "crps_std": std, "n": len(vals), "parameters": params[v],
+                          "minus_unet": vs_unet, "minus_unet_wide": vs_wide}
+        crps = f"{mean:.2f} ± {std:.2f} ({len(vals)})"
+        lines.append(f"| {v} | {params[v]:,} | {crps} | {fmt(vs_unet)} | {fmt(vs_wide)} |")
+    refs = runs[0].get("references", {}) if runs else {}
+    for name in ("raw", "emos_global", "emos_gridpoint"):
+        if name in refs:
+            lines.append(f"| {name} (reference) | – | {refs[name][lead][target]:.2f} | | |")
+    for a, b, label in PAIRS:
+        if a in variants and b in variants:
+            out["pairs"][label] = paired(runs, a, b, key)
+            lines += ["", f"{label} ({a} − {b}, same seed): {fmt(out['pairs'][label])}"]
+    metrics = ("set_moved", "order_moved", "slots_moved", "order_variety", "order_changed_per_epoch",
+               "label_information")
+    for v in variants:
+        table = routing_table(runs, v)
+        if not table:
+            continue
+        out["routing"][v] = table
+        lines += ["", f"Routing of `{v}` at the best checkpoint against its initialisation (mean over the level's "
+                  "layers and the seeds):", "", "| level | " + " | ".join(metrics) + " |",
+                  "|---|" + "---:|" * len(metrics)]
+        for lev, m in table.items():
+            lines.append(f"| {lev} | " + " | ".join(f"{m.get(k, float('nan')):.3f}" for k in metrics) + " |")
+    stem = path.with_name(path.stem + "_report")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study_json", nargs="+", type=Path)
+    for path in parser.parse_args().study_json:
+        report(path)
+        print(path.with_name(path.stem + "_report.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
