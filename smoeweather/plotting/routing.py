@@ -161,7 +161,7 @@ def _prior_categories(config: dict[str, Any], shape: tuple[int, int], land_sea: 
     """The categorical prior the gates were initialised from: land fraction > 0.5 → 1 (land), else 0, as
     :class:`~smoeweather.models.resnet.WeatherBenchResNet` does with the store's ``land_sea_mask``; with
     ``unet`` the mask's pool × pool block mean ≥ 0.5 (pool = 2^l at U-Net level l), as
-    :meth:`~smoeweather.models.unet.Ens10UNet.level_prior` does."""
+    :meth:`~smoeweather.models.unet.PostprocessingUNet.level_prior` does."""
     full = (shape[0] * pool, shape[1] * pool)
     files = _land_sea_files(config)
     if land_sea is not None:
