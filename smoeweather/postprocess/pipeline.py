@@ -28,7 +28,7 @@ def _table_options(args: argparse.Namespace) -> dict[str, Any]:
             "members": args.table_members}
 
 
-def open_source(paths: Sequence[Path], truth: Path | None, variables: Sequence[str] | None,
+def open_forecast_and_truth(paths: Sequence[Path], truth: Path | None, variables: Sequence[str] | None,
                 table: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset]:
     """(forecast, truth on valid times) of gridded ensemble sources or site files/tables; lazy for stores."""
     if any(is_site_source(p) for p in paths):
@@ -64,7 +64,7 @@ def fit(args: argparse.Namespace) -> str:
                          "L-BFGS reference is available in the Python API (emos.fit_emos)")
     if args.window is None and (args.lag is not None or args.dates is not None):
         raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
-    forecast, truth = open_source(args.forecast, args.truth, args.variables, _table_options(args))
+    forecast, truth = open_forecast_and_truth(args.forecast, args.truth, args.variables, _table_options(args))
     forecast = ensembles.select_period(forecast, args.train_period)
     truth_at = _truth_at(forecast, truth)
     window = None
@@ -144,7 +144,7 @@ def apply(args: argparse.Namespace, members_out: Path | None, quantiles_out: Pat
     from smoeweather.postprocess.model_file import check_forecast, read_model
 
     params, mattrs = read_model(args.model)
-    forecast, _ = open_source(args.forecast, None, None, _table_options(args)) if any(
+    forecast, _ = open_forecast_and_truth(args.forecast, None, None, _table_options(args)) if any(
         is_site_source(p) for p in args.forecast) else (ensembles.open_ensemble(args.forecast), None)
     forecast = ensembles.select_period(forecast, args.apply_period)
     if args.members is not None and args.members != forecast.sizes["member"]:
