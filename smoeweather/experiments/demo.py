@@ -49,9 +49,9 @@ DESCRIPTIONS: dict[str, str] = {
     "forecasts/dense.zarr/": "the dense ResNet's forecasts for every day of 2003 at 72 h and 120 h lead "
     "(WeatherBench 2 layout: time = init, prediction_timedelta = lead)",
     "forecasts/smoe_prior.zarr/": "the SMoE ResNet's forecasts, same layout",
-    "scores/scores.md": "THE TABLE: latitude-weighted RMSE (lower is better; Z500 in m² s⁻², T850 in K) and "
-    "ACC (anomaly correlation, 1 is perfect, above 0.6 is useful) of both networks, persistence and "
-    "day-of-year climatology, per lead",
+    "scores/scores.md": "THE TABLE: latitude-weighted RMSE (lower is better; Z500 in m² s⁻², T850 in K), bias "
+    "(near 0 is better), ACC (anomaly correlation, 1 is perfect, above 0.6 is useful) and CRPS (here the mean "
+    "absolute error, lower is better) of both networks, persistence and day-of-year climatology, per lead",
     "scores/scores.nc": "the same scores as netCDF (method × field × lead × metric), for your own plots",
     "scores/scores.json": "the same scores as JSON",
     "ensemble/synthetic_ens.zarr/": "a synthetic 10-member ensemble made from the world (biased, "
