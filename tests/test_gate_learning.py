@@ -172,3 +172,20 @@ def test_routing_summary_reads_the_epoch_of_the_best_checkpoint() -> None:
     assert out["enc"]["set_moved"] == pytest.approx(0.2) and out["enc"]["order_moved"] == pytest.approx(0.4)
     assert out["enc"]["order_changed_per_epoch"] == pytest.approx(0.5)
     assert routing_summary([]) == {}
+
+
+def test_planes_off_common_order_maps_the_learned_order() -> None:
+    """0 where a location keeps its category's usual ranked selection; the share of re-fed planes elsewhere."""
+    from smoeweather.plotting.routing import planes_off_common_order
+
+    top = np.zeros((2, 2, 3), np.int64)
+    top[0], top[1] = 0, 1  # every location: expert 0 feeds plane 0, expert 1 plane 1
+    top[:, 0, 0] = [1, 0]  # swapped order at one location: both planes re-fed
+    top[1, 1, 2] = 5  # one plane re-fed at another
+    out = planes_off_common_order(top)
+    expected = np.zeros((2, 3))
+    expected[0, 0], expected[1, 2] = 1.0, 0.5
+    np.testing.assert_array_equal(out, expected)
+    prior = np.array([[1, 0, 0], [0, 0, 0]])  # the swapped location is its own category: its order is usual
+    expected[0, 0] = 0.0
+    np.testing.assert_array_equal(planes_off_common_order(top, prior), expected)

@@ -249,6 +249,22 @@ def area_weights(latitude: np.ndarray, width: int) -> np.ndarray:
     return w / w.sum()
 
 
+def planes_off_common_order(top: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
+    """Per location, the fraction of the E output planes fed by another expert than in the most common ranked
+    selection of its category: ``top`` (E, H, W) ranked experts, ``prior`` (H, W) categories or None (one
+    category) → (H, W) in [0, 1]. An SMoE's output plane j is its rank-j expert, so this maps where the learned
+    rank ORDER departs from a coherent one, which the set-based maps do not show."""
+    e, h, w = top.shape
+    columns = top.reshape(e, -1).T  # (H·W, E)
+    category = np.zeros(h * w, np.int64) if prior is None else np.asarray(prior).reshape(-1)
+    out = np.zeros(h * w, np.float64)
+    for c in np.unique(category):
+        rows = columns[category == c]
+        uniq, counts = np.unique(rows, axis=0, return_counts=True)
+        out[category == c] = (rows != uniq[np.argmax(counts)]).mean(axis=1)
+    return out.reshape(h, w)
+
+
 def routing_dataset(r: GateRouting, provenance: dict[str, str] | None = None) -> xr.Dataset:
     """The routing of one gate as a CF-1.8 Dataset (see the module docstring for every variable)."""
     n, e = r.num_experts, r.num_selected
@@ -272,6 +288,8 @@ def routing_dataset(r: GateRouting, provenance: dict[str, str] | None = None) ->
     rank_of_set[np.argsort(-set_area, kind="stable")] = np.arange(len(uniq))
     region = rank_of_set[inverse].reshape(h, w)
 
+    order_off = planes_off_common_order(top, r.prior)
+
     lat_attrs = {"standard_name": "latitude", "long_name": "latitude of the cell centre", "units": "degrees_north",
                  "axis": "Y"}
     lon_attrs = {"standard_name": "longitude", "long_name": "longitude of the cell centre", "units": "degrees_east",
@@ -291,6 +309,10 @@ def routing_dataset(r: GateRouting, provenance: dict[str, str] | None = None) ->
         "dominant_expert": (grid, dominant.astype(np.int32), {"long_name": "expert with the highest routing score"}),
         "routing_margin": (grid, margin.astype(np.float32), {
             "long_name": "score of the E-th minus score of the (E+1)-th expert", "units": "1"}),
+        "order_off_common": (grid, order_off.astype(np.float32), {
+            "long_name": "fraction of the E output planes whose expert differs from the most common ranked "
+                         "selection of the location's prior category (0 = the category's order; a coherent "
+                         "initialisation is 0 everywhere, so this maps the LEARNED rank order)", "units": "1"}),
         "routing_region": (grid, region.astype(np.int32), {
             "long_name": "index of the distinct top-E set used here, 0 = the set covering the largest area"}),
         "expert_usage_area": ("expert", usage, {"long_name": "fraction of the globe's area where the expert is in "
@@ -475,6 +497,12 @@ def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "", proj: str = 
             f"{head}: selected experts outside the prior's group (0 = routing as initialised)",
             out_dir / f"routing_{g}_outside_prior.png", f"experts outside the prior's group (of E = {e})",
             cmap="viridis", discrete=e, proj=proj))
+    if "order_off_common" in ds:
+        paths.append(plot_continuous_map(
+            ds["order_off_common"].values, lat, lon,
+            f"{head}: learned rank order (share of output planes fed by another expert than the category's usual)",
+            out_dir / f"routing_{g}_order.png", "share of the E output planes", cmap="viridis", proj=proj,
+            vmin=0.0, vmax=1.0))
     paths.append(plot_usage(ds, f"{head}: expert usage", out_dir / f"routing_{g}_usage.png"))
     return paths
 
@@ -515,7 +543,9 @@ def plot_routing(checkpoint: str | Path, out_dir: str | Path, land_sea: str | Pa
                    "experts_dominant_somewhere": int((ds["expert_dominant_area"] > 0).sum()),
                    "experts_used": int((ds["expert_usage_area"] > 0).sum()),
                    "num_experts": r.num_experts, "num_selected": r.num_selected,
-                   "median_margin": float(np.nanmedian(ds["routing_margin"].values))}
+                   "median_margin": float(np.nanmedian(ds["routing_margin"].values)),
+                   "area_with_own_order": float((area_weights(r.latitude, len(r.longitude))
+                                                 * (ds["order_off_common"].values > 0)).sum())}
         if "n_experts_outside_prior_group" in ds:
             w = area_weights(r.latitude, len(r.longitude))
             summary["area_routed_as_prior"] = float((w * (ds["n_experts_outside_prior_group"].values == 0)).sum())
