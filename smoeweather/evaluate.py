@@ -153,14 +153,14 @@ def evaluate(
         leads_h = lead_hours(leads)
         ref_inits = inits[np.isin(inits, tt)]
         if "persistence" not in fcs and len(ref_inits):
-            fcs["persistence"] = make_forecast("persistence", truth, ref_inits, leads_h=leads_h, fields=names,
+            fcs["persistence"] = make_forecast(truth, ref_inits, method="persistence", leads_h=leads_h, fields=names,
                                                beyond_data=True, progress=False)
             kinds["persistence"] = "deterministic"
             inits = ref_inits
         elif "persistence" not in fcs:
             warnings.warn(f"{where_truth} holds none of the initialisation times: no persistence", stacklevel=2)
         if climatology is not None and "climatology" not in fcs:
-            fcs["climatology"] = make_forecast("climatology", truth, inits, leads_h=leads_h, fields=names,
+            fcs["climatology"] = make_forecast(truth, inits, method="climatology", leads_h=leads_h, fields=names,
                                                climatology_from=climatology, climatology_years=climatology_years,
                                                beyond_data=True, progress=False)
             kinds["climatology"] = "deterministic"

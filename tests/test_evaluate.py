@@ -119,7 +119,7 @@ def linear_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_persistence_of_a_linear_trend_closed_form(linear_store: Path, tmp_path: Path) -> None:
-    fc = run_forecast("persistence", linear_store, init=("2000-01-03", "2000-01-20"), every="12h",
+    fc = run_forecast(linear_store, method="persistence", init=("2000-01-03", "2000-01-20"), every="12h",
                       leads_h=("24h", "72h"), out=tmp_path / "p.zarr")
     s = evaluate(fc, linear_store, out_dir=tmp_path / "scores")
     rmse = s["rmse"].sel({"method": "persistence"})
@@ -144,13 +144,14 @@ def test_persistence_of_a_linear_trend_closed_form(linear_store: Path, tmp_path:
 
 def test_valid_time_matching_and_no_overlap_error(linear_store: Path, tmp_path: Path) -> None:
     # a forecast labelled in another year verifies against nothing: refuse, naming the fields
-    ds = make_forecast("persistence", linear_store, init=("2000-01-03", "2000-01-05"), leads_h=(24,), progress=False)
+    ds = make_forecast(linear_store, method="persistence", init=("2000-01-03", "2000-01-05"), leads_h=(24,),
+                       progress=False)
     ds = ds.assign_coords(time=ds["time"].values + np.timedelta64(3 * 365, "D"))
     ds.to_zarr(tmp_path / "late.zarr", zarr_format=2)
     with pytest.raises(ValueError, match=r"time \+ prediction_timedelta"):
         evaluate(tmp_path / "late.zarr", linear_store)
     # leads past the truth's end: those pairs are left out (n_time counts only verified inits)
-    fc = make_forecast("persistence", linear_store, init=("2000-02-05", "2000-02-08"), leads_h=(24, 96),
+    fc = make_forecast(linear_store, method="persistence", init=("2000-02-05", "2000-02-08"), leads_h=(24, 96),
                        beyond_data=True, progress=False)
     fc.to_zarr(tmp_path / "edge.zarr", zarr_format=2)
     s = evaluate(tmp_path / "edge.zarr", linear_store)
@@ -160,13 +161,13 @@ def test_valid_time_matching_and_no_overlap_error(linear_store: Path, tmp_path: 
 
 def test_climatology_reference_and_missing_truth_errors(linear_store: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="climatology-from"):
-        make_forecast("climatology", linear_store, init=("2000-01-20", "2000-01-21"), leads_h=(24,))
+        make_forecast(linear_store, method="climatology", init=("2000-01-20", "2000-01-21"), leads_h=(24,))
     with pytest.raises(ValueError, match="truth"):
-        make_forecast("persistence", linear_store, init=("2000-02-08", "2000-02-09"), leads_h=(72,))
+        make_forecast(linear_store, method="persistence", init=("2000-02-08", "2000-02-09"), leads_h=(72,))
     with pytest.raises(ValueError, match="2m_temperature"):
-        make_forecast("persistence", linear_store, init=("2000-01-08", "2000-01-09"), leads_h=(24,),
+        make_forecast(linear_store, method="persistence", init=("2000-01-08", "2000-01-09"), leads_h=(24,),
                       fields=["2m_temperature"])
-    fc = make_forecast("climatology", linear_store, init=("2000-01-20", "2000-01-21"), leads_h=(24,),
+    fc = make_forecast(linear_store, method="climatology", init=("2000-01-20", "2000-01-21"), leads_h=(24,),
                        climatology_from=linear_store, progress=False)
     # climatology of a linear trend = mean of the window's samples at that hour = the value at the centre
     # day, as the window of valid time 2000-01-21T00 (01-06 … 02-05) lies inside the store's 40 days
@@ -181,7 +182,7 @@ def test_gaussian_forecast_crps_closed_form(linear_store: Path, tmp_path: Path) 
     −slope·τ everywhere, so the area-mean CRPS is properscoring's CRPS of that one error."""
     import properscoring
 
-    fc = make_forecast("persistence", linear_store, init=("2000-01-03", "2000-01-10"), leads_h=(24,),
+    fc = make_forecast(linear_store, method="persistence", init=("2000-01-03", "2000-01-10"), leads_h=(24,),
                        fields=["geopotential_500"], progress=False)
     sigma = 40.0
     fc["geopotential_std"] = xr.full_like(fc["geopotential"], sigma)

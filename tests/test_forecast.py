@@ -131,7 +131,8 @@ def test_load_trained_rebuilds_the_training_module(dense: str, tmp_path: Path) -
 def test_forecast_equals_network_as_in_training(which: str, request: pytest.FixtureRequest, world: str) -> None:
     ckpt = request.getfixturevalue(which)
     lead = 24
-    fc = make_forecast(ckpt, world, init=TEST_INIT, every="24h", leads_h=(lead,), progress=False, batch_size=3)
+    fc = make_forecast(world, checkpoint=ckpt, init=TEST_INIT, every="24h", leads_h=(lead,), progress=False,
+                       batch_size=3)
     assert fc.attrs["forecast_kind"] == "deterministic"
     assert list(fc["geopotential"].dims) == ["time", "prediction_timedelta", "level", "latitude", "longitude"]
     assert np.all(np.diff(fc["latitude"].values) > 0) and fc["geopotential"].attrs["units"] == "m**2 s**-2"
@@ -147,7 +148,8 @@ def test_forecast_equals_network_as_in_training(which: str, request: pytest.Fixt
 
 
 def test_forecast_on_another_year_uses_checkpoint_normalisation(dense: str, world: str, other_year: str) -> None:
-    fc = make_forecast(dense, other_year, init=("2003-01-02", "2003-01-20"), leads_h=("24h", "48h"), progress=False)
+    fc = make_forecast(other_year, checkpoint=dense, init=("2003-01-02", "2003-01-20"), leads_h=("24h", "48h"),
+                       progress=False)
     assert fc.sizes["time"] == 37 and np.isfinite(fc["geopotential"].sel(level=500)).all()
     init = fc["time"].values[5]
     ref = _net_forecast(dense, other_year, init, 48, stats_store=world)  # statistics of the TRAINING store
@@ -161,19 +163,19 @@ def test_forecast_on_another_year_uses_checkpoint_normalisation(dense: str, worl
 
 def test_bad_requests_are_clear_errors(dense: str, smoe_fixed: str, world: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="fixed-lead model"):
-        make_forecast(smoe_fixed, world, init=TEST_INIT, leads_h=(48,))
+        make_forecast(world, checkpoint=smoe_fixed, init=TEST_INIT, leads_h=(48,))
     with pytest.raises(ValueError, match=r"input at init -12 h"):
-        make_forecast(dense, world, init=("2000-01-01", "2000-01-03"), leads_h=(24,))
+        make_forecast(world, checkpoint=dense, init=("2000-01-01", "2000-01-03"), leads_h=(24,))
     with pytest.raises(ValueError, match="truth"):
-        make_forecast(dense, world, init=("2000-04-05", "2000-04-09"), leads_h=(48,))
-    assert make_forecast(dense, world, init=("2000-04-05", "2000-04-09"), leads_h=(48,), beyond_data=True,
+        make_forecast(world, checkpoint=dense, init=("2000-04-05", "2000-04-09"), leads_h=(48,))
+    assert make_forecast(world, checkpoint=dense, init=("2000-04-05", "2000-04-09"), leads_h=(48,), beyond_data=True,
                          progress=False).sizes["time"] == 9
     xr.open_zarr(world).sel(level=[500, 850]).to_zarr(tmp_path / "no250.zarr", zarr_format=2)
     with pytest.raises(ValueError, match="geopotential_250"):
-        make_forecast(dense, tmp_path / "no250.zarr", init=TEST_INIT, leads_h=(24,))
+        make_forecast(tmp_path / "no250.zarr", checkpoint=dense, init=TEST_INIT, leads_h=(24,))
     xr.open_zarr(world).drop_vars("land_sea_mask").to_zarr(tmp_path / "nolsm.zarr", zarr_format=2)
     with pytest.raises(ValueError, match="land_sea_mask"):
-        make_forecast(dense, tmp_path / "nolsm.zarr", init=TEST_INIT, leads_h=(24,))
+        make_forecast(tmp_path / "nolsm.zarr", checkpoint=dense, init=TEST_INIT, leads_h=(24,))
     r = subprocess.run([*SMOE, "forecast", str(tmp_path / "missing.ckpt"), "--data", world, "--init", *TEST_INIT,
                         "--out", str(tmp_path / "x.zarr")], capture_output=True, text=True)
     assert r.returncode == 2 and "missing.ckpt" in r.stderr
@@ -181,10 +183,10 @@ def test_bad_requests_are_clear_errors(dense: str, smoe_fixed: str, world: str, 
 
 def test_ensemble_store_gives_member_dim_and_crps(dense: str, tmp_path: Path) -> None:
     ens = _store(tmp_path / "ens.zarr", (2000, 2000), 0, 120, members=3)
-    fc = make_forecast(dense, ens, init=("2000-01-05", "2000-01-10"), leads_h=(24,), progress=False)
+    fc = make_forecast(ens, checkpoint=dense, init=("2000-01-05", "2000-01-10"), leads_h=(24,), progress=False)
     assert fc.attrs["forecast_kind"] == "ensemble" and fc.sizes["member"] == 3
     xr.open_zarr(ens).isel(member=0, drop=True).to_zarr(tmp_path / "m0.zarr", zarr_format=2)
-    m0 = make_forecast(dense, tmp_path / "m0.zarr", init=("2000-01-05", "2000-01-10"), leads_h=(24,),
+    m0 = make_forecast(tmp_path / "m0.zarr", checkpoint=dense, init=("2000-01-05", "2000-01-10"), leads_h=(24,),
                        progress=False)
     np.testing.assert_allclose(fc["geopotential"].isel(member=0).values, m0["geopotential"].values, rtol=0,
                                atol=_tolerance(dense)[0])
@@ -245,7 +247,7 @@ def test_cli_forecast_evaluate_end_to_end_and_independent_script(dense: str, wor
 def test_persistence_reference_matches_numpy(dense: str, world: str) -> None:
     """(Moved from the removed `smoe skill`.) Persistence beside a model: the numpy formula on the store."""
     fc = Path(world).with_name("skill_fc.zarr")
-    run_forecast(dense, world, init=TEST_INIT, leads_h=(24,), out=fc, progress=False, name="dense")
+    run_forecast(world, checkpoint=dense, init=TEST_INIT, leads_h=(24,), out=fc, progress=False, name="dense")
     s = evaluate(fc, world, climatology=world)
     truth = xr.open_zarr(world)["geopotential"].sel(level=500).load()
     inits = xr.open_zarr(fc)["time"].values

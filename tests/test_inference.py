@@ -188,3 +188,18 @@ def test_old_apply_spelling_fails_naming_the_new_one(model: str, flag: str, tmp_
     assert f"smoe postprocess apply {flag} {tmp_path / model}" in err and not out.exists()
     assert main(["postprocess", "apply", "--forecast", "ens.nc", "--out", str(out)]) == 2
     assert "needs --emos MODEL.nc" in capsys.readouterr().err
+
+
+def test_make_forecast_says_what_makes_the_forecast(world: str) -> None:
+    """`make_forecast` takes the network or the reference method by name (`checkpoint=` / `method=`), exactly one;
+    each is checked before any data is read."""
+    from smoeweather.forecast import make_forecast
+
+    with pytest.raises(ValueError, match="checkpoint=CKPT .* or method="):
+        make_forecast(world, ("2000-03-21", "2000-03-22"))
+    with pytest.raises(ValueError, match="exactly one"):
+        make_forecast(world, ("2000-03-21", "2000-03-22"), checkpoint="x.ckpt", method="persistence")
+    with pytest.raises(ValueError, match="unknown reference method 'persistance'"):
+        make_forecast(world, ("2000-03-21", "2000-03-22"), method="persistance")
+    fc = make_forecast(world, ("2000-03-21", "2000-03-22"), leads_h=(24,), method="persistence", progress=False)
+    assert fc.attrs["method"] == "persistence" and fc.attrs["forecast_kind"] == "deterministic"

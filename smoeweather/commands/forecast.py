@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give either a checkpoint or --method persistence|climatology|train_mean (not both)")
     data = args.data[0] if len(args.data) == 1 else args.data
     out = run_forecast(
-        args.method or args.checkpoint,
         data,
+        checkpoint=args.checkpoint,
+        method=args.method,
         init=tuple(args.init),
         every=args.every,
         leads_h=args.lead,

@@ -43,7 +43,7 @@ def score_ensemble_run(checkpoint: str | Path, cfg: dict[str, Any], leads_h: lis
 
     dcfg = cfg["data"]
     t0 = time.perf_counter()
-    fc = run_forecast(str(checkpoint), dcfg["store"], init=_test_inits(cfg, leads_h), every="12h",
+    fc = run_forecast(dcfg["store"], checkpoint=str(checkpoint), init=_test_inits(cfg, leads_h), every="12h",
                       leads_h=tuple(leads_h), out=work / "forecast.zarr", progress=False)
     seconds = time.perf_counter() - t0
     scores = evaluate({"model": Path(fc)}, dcfg["store"], out_dir=work / "scores", references=False)

@@ -163,7 +163,7 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
         years = dcfg["test_years"]
         period = [f"{years[0]}-01-01", f"{years[-1]}-12-31T18:00"]
     end = np.datetime64(str(period[1])) - np.timedelta64(max(leads_h), "h")
-    fc = run_forecast(str(checkpoint), dcfg["store"], init=(str(period[0]), str(end)), every="12h",
+    fc = run_forecast(dcfg["store"], checkpoint=str(checkpoint), init=(str(period[0]), str(end)), every="12h",
                       leads_h=tuple(leads_h), out=work / "forecast.zarr", progress=False)
     scores = evaluate({"model": Path(fc)}, dcfg["store"], out_dir=work / "scores")
     out: dict[str, dict[str, dict[str, float]]] = {"model": {}, "persistence": {}}

@@ -1,9 +1,12 @@
 """Forecasts in WeatherBench 2 conventions from trained checkpoints or reference methods.
 
-    run_forecast("runs/.../best.ckpt", "runs/data/world.zarr", init=("2003-01-01", "2003-12-20"),
+    run_forecast("runs/data/world.zarr", checkpoint="runs/.../best.ckpt", init=("2003-01-01", "2003-12-20"),
                  leads_h=(72, 120), out="fc.zarr")
-    run_forecast("persistence", "runs/data/world.zarr", ..., out="persistence.zarr")
-    run_forecast("climatology", ..., climatology_from="runs/data/world.zarr", out="clim.zarr")
+    run_forecast("runs/data/world.zarr", method="persistence", ..., out="persistence.zarr")
+    run_forecast(..., method="climatology", climatology_from="runs/data/world.zarr", out="clim.zarr")
+
+The caller says what makes the forecast: ``checkpoint=`` (a network of ``smoe train``) or ``method=`` (one of
+:data:`~smoeweather.forecast.reference.METHODS`), exactly one of them.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ DEFAULT_FIELDS = ("geopotential_500", "temperature_850")
 
 
 def make_forecast(
-    checkpoint_or_method: str | Path,
     data: Sources,
     init: tuple[Any, Any] | np.ndarray,
     every: str = "12h",
     leads_h: Sequence[int | str] = (72, 120),
+    *,
+    checkpoint: str | Path | None = None,
+    method: str | None = None,
     fields: Sequence[str] | None = None,
     climatology_from: str | Path | None = None,
     climatology_years: tuple[int, int] | None = None,
@@ -38,9 +43,16 @@ def make_forecast(
     name: str | None = None,
     progress: bool = True,
 ) -> Any:
-    """The forecast as an in-memory xarray Dataset (see :func:`run_forecast`)."""
+    """The forecast as an in-memory xarray Dataset (see :func:`run_forecast`) of the network ``checkpoint`` or
+    the reference ``method`` (exactly one)."""
     from smoeweather.data.weather import parse_fields
     from smoeweather.forecast.output import forecast_dataset
+
+    if (checkpoint is None) == (method is None):
+        raise ValueError("say what makes the forecast: checkpoint=CKPT (a network of `smoe train`) or "
+                         f"method= one of {METHODS} (exactly one of them)")
+    if method is not None and method not in METHODS:
+        raise ValueError(f"unknown reference method {method!r}; expected one of {METHODS}")
 
     leads = [parse_lead(v) for v in leads_h]
     if len(set(leads)) != len(leads):
@@ -48,10 +60,10 @@ def make_forecast(
     inits = np.asarray(init, "datetime64[ns]") if isinstance(init, np.ndarray) else init_times(*init, every)
     where = f"data {describe(data)}"
     ds = open_canonical(data)
-    what = str(checkpoint_or_method)
+    what = str(method if method is not None else checkpoint)
     attrs: dict[str, Any] = {"data_source": describe(data), "init_every": str(every)}
     members = None
-    if what in METHODS:
+    if method is not None:
         from smoeweather.forecast import reference
 
         fld = parse_fields(fields or DEFAULT_FIELDS)
@@ -95,7 +107,6 @@ def make_forecast(
 
 
 def run_forecast(
-    checkpoint_or_method: str | Path,
     data: Sources,
     init: tuple[Any, Any] | np.ndarray,
     every: str = "12h",
@@ -104,8 +115,9 @@ def run_forecast(
     overwrite: bool = True,
     **kwargs: Any,
 ) -> Path:
-    """Forecast from a checkpoint (or ``persistence``/``climatology``/``train_mean``) for the inits
-    ``init`` = (start, end) every ``every`` and leads ``leads_h`` (hours), written atomically to ``out``
-    (zarr, or netCDF for ``*.nc``). Keyword args: see :func:`make_forecast`. Returns ``out``."""
-    ds = make_forecast(checkpoint_or_method, data, init, every, leads_h, **kwargs)
+    """Forecast of ``checkpoint=CKPT`` or ``method=`` ``persistence``/``climatology``/``train_mean`` (keyword
+    arguments, exactly one; see :func:`make_forecast`) from ``data`` for the inits ``init`` = (start, end) every
+    ``every`` and leads ``leads_h`` (hours), written atomically to ``out`` (zarr, or netCDF for ``*.nc``).
+    Returns ``out``."""
+    ds = make_forecast(data, init, every, leads_h, **kwargs)
     return write_store(ds, out, ds.attrs["forecast_kind"], overwrite=overwrite, time_chunk=None)
