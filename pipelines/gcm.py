@@ -477,7 +477,7 @@ def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: 
     state = _spin_up(truth, seed, start, spin_up_days, progress, "gcm-ens")
     forecast.start_doy = truth.start_doy
     steps_day = 4 * truth.steps_per_6h
-    n_truth = days + 1 + max(leads_h) // 24
+    n_truth = days + max(leads_h) // 24  # days 0 … days − 1 + the longest lead (302 for 300 days, as gcm_ens)
     inits = list(range(0, days, every_days))
     tz, tt, fz, ft = [], [], [], []
     with _progress(n_truth, f"gcm-ens {year}", progress) as bar:
