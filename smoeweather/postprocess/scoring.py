@@ -15,8 +15,8 @@ import xarray as xr
 from smoeweather.data.ensemble_dataset import EnsembleSpec
 from smoeweather.data.ensembles import lead_label, lead_timedeltas, open_ensemble, open_truth, select_split
 from smoeweather.data.weather import Field, field_name
-from smoeweather.metrics import probabilistic
-from smoeweather.metrics.weights import latitude_weights, weighted_mean
+from smoeweather.metrics.scores import forecast_scores
+from smoeweather.metrics.weights import latitude_weights
 
 METRICS = ("crps", "spread_skill", "bias")
 SPACE_TIME = ("time", "latitude", "longitude")
@@ -31,36 +31,33 @@ def _by_lead(da: xr.DataArray) -> dict[str, float]:
     return {lead_label(v): float(x) for v, x in zip(da["prediction_timedelta"].values, np.atleast_1d(da.values))}
 
 
-def score_gaussian(mu: xr.Dataset, sigma: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
-                   ) -> dict[str, dict[str, dict[str, float]]]:
-    """{metric: {lead: {target: value}}} of N(μ, σ²) forecasts against ``truth`` (same dims, valid times)."""
+def _scores(kind: str, forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field],
+            sigma: xr.Dataset | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """{metric: {lead: {target: value}}} of :data:`METRICS` from :func:`~smoeweather.metrics.scores.forecast_scores`
+    (the score set ``smoe evaluate`` computes) for every target."""
     out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in METRICS}
     w = latitude_weights(truth["latitude"])
     for f in targets:
-        m, s, y = _sel(mu, f), _sel(sigma, f), _sel(truth, f)
-        values = {"crps": weighted_mean(probabilistic.crps_gaussian(m, s, y), SPACE_TIME, w),
-                  "spread_skill": probabilistic.spread_skill_ratio_gaussian(m, s, y, w, SPACE_TIME),
-                  "bias": weighted_mean(m - y, SPACE_TIME, w)}
-        for metric, da in values.items():
-            for lead, v in _by_lead(da.compute()).items():
+        scores = forecast_scores(_sel(forecast, f), kind, _sel(truth, f), w,
+                                 sigma=None if sigma is None else _sel(sigma, f), dims=SPACE_TIME)
+        for metric in METRICS:
+            for lead, v in _by_lead(scores[metric]).items():
                 out[metric].setdefault(lead, {})[field_name(f)] = v
     return out
+
+
+def score_gaussian(mu: xr.Dataset, sigma: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
+                   ) -> dict[str, dict[str, dict[str, float]]]:
+    """{metric: {lead: {target: value}}} of N(μ, σ²) forecasts against ``truth`` (same dims, valid times):
+    closed-form CRPS, spread–skill ratio, bias of μ."""
+    return _scores("gaussian", mu, truth, targets, sigma)
 
 
 def score_ensemble(forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
                    ) -> dict[str, dict[str, dict[str, float]]]:
-    """{metric: {lead: {target: value}}} of raw ensemble members (fair CRPS) against ``truth``."""
-    out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in METRICS}
-    w = latitude_weights(truth["latitude"])
-    for f in targets:
-        x, y = _sel(forecast, f), _sel(truth, f)
-        values = {"crps": weighted_mean(probabilistic.crps_ensemble(x, y, estimator="fair"), SPACE_TIME, w),
-                  "spread_skill": probabilistic.spread_skill_ratio(x, y, w, SPACE_TIME),
-                  "bias": weighted_mean(x.mean("member") - y, SPACE_TIME, w)}
-        for metric, da in values.items():
-            for lead, v in _by_lead(da.compute()).items():
-                out[metric].setdefault(lead, {})[field_name(f)] = v
-    return out
+    """{metric: {lead: {target: value}}} of raw ensemble members against ``truth``: fair CRPS, spread–skill
+    ratio, bias of the ensemble mean."""
+    return _scores("ensemble", forecast, truth, targets)
 
 
 def open_config_data(dcfg: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
