@@ -137,7 +137,7 @@ def write_stores(products: Sequence[tuple[xr.Dataset, Path, str, dict[str, Any]]
 
 def apply(args: argparse.Namespace, members_out: Path | None, quantiles_out: Path | None,
           levels: np.ndarray | None) -> list[Path]:
-    """``smoe postprocess apply MODEL.nc``: the Gaussian store, ECC-Q members and quantiles (checks of the
+    """``smoe postprocess apply --emos MODEL.nc``: the Gaussian store, ECC-Q members and quantiles (checks of the
     caller done: output paths, --members N against the forecast)."""
     from smoeweather.postprocess.ecc import ecc_members, gaussian_quantiles
     from smoeweather.postprocess.emos import apply_emos
