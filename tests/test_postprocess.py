@@ -220,8 +220,9 @@ def _ens10_store(ens: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
 @pytest.mark.parametrize("config", ["unet_z500.yaml", "smoe_unet_z500.yaml"])
 def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str) -> None:
     """Train a tiny U-Net / SMoE-U-Net on an ENS-10 store (one lead, ``<name>_truth``) for a few steps, apply it
-    with ``smoe postprocess apply --network CKPT`` to the same forecasts as a WeatherBench-2 ensemble zarr and check μ, σ
-    against the network run on the training store's own samples (one ensemble convention for both layouts)."""
+    with ``smoe postprocess apply --network CKPT`` to the same forecasts as a WeatherBench-2 ensemble zarr and
+    check μ, σ against the network run on the training store's own samples (one ensemble convention for both
+    layouts)."""
     import torch
 
     from smoeweather.config import load_config
