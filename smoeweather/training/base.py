@@ -12,7 +12,7 @@ from torch import nn
 
 from smoeweather.models.checkpoint_io import plain
 from smoeweather.models.loader import FORMAT_VERSION, METADATA_KEY, check_checkpoint
-from smoeweather.nn.smoe import rc_loss_value, set_loss_scale
+from smoeweather.nn.smoe import SpatialMoE2d, rc_loss_value, set_loss_scale
 
 warnings.filterwarnings("ignore", message=r".*ReduceLROnPlateau conditioned on metric val_loss which is not "
                         r"available but strict is set to `False`.*")
@@ -26,6 +26,20 @@ def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 """``training.optimizer`` choices."""
+
+
+def parameter_groups(model: nn.Module, lr: float, gate_lr_factor: float = 1.0) -> list[dict[str, Any]]:
+    """Optimizer groups: the trainable gate parameters (tensor-routing and other SMoE gates) at
+    ``lr × gate_lr_factor``, everything else at ``lr``; one group when the factor is 1 (or no gate trains), so
+    a default run's optimizer state is what it always was."""
+    gate_ids = {id(p) for m in model.modules() if isinstance(m, SpatialMoE2d) for p in m.gate.parameters()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    gates = [p for p in trainable if id(p) in gate_ids]
+    if gate_lr_factor == 1.0 or not gates:
+        return [{"params": trainable}]
+    return [{"params": [p for p in trainable if id(p) not in gate_ids]},
+            {"params": gates, "lr": lr * gate_lr_factor, "name": "gates"}]
+
 
 class MetadataCheckpointMixin:
     """Adds ``self.metadata`` (a JSON-able dict) and the format version to every checkpoint; refuses to
@@ -62,6 +76,7 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         freeze_batchnorm: bool = False,
         metadata: dict[str, Any] | None = None,
         optimizer: str = "adam",
+        gate_lr_factor: float = 1.0,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -74,6 +89,9 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
             int(plateau_patience),
         )
         self.aux_weight, self.freeze_batchnorm = float(aux_weight), bool(freeze_batchnorm)
+        if not gate_lr_factor > 0:
+            raise ValueError(f"training.gate_lr_factor must be > 0, got {gate_lr_factor}")
+        self.gate_lr_factor = float(gate_lr_factor)
         self.metadata = dict(metadata or {})
 
     def train(self, mode: bool = True) -> SMoETrainingModule:
@@ -109,8 +127,8 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
             self.log("train_rc", rc, on_step=False, on_epoch=True, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = OPTIMIZERS[self.optimizer_name](params, lr=self.lr)
+        optimizer = OPTIMIZERS[self.optimizer_name](parameter_groups(self.model, self.lr, self.gate_lr_factor),
+                                                     lr=self.lr)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, factor=self.plateau_factor, patience=self.plateau_patience
         )
