@@ -189,3 +189,44 @@ def test_planes_off_common_order_maps_the_learned_order() -> None:
     prior = np.array([[1, 0, 0], [0, 0, 0]])  # the swapped location is its own category: its order is usual
     expected[0, 0] = 0.0
     np.testing.assert_array_equal(planes_off_common_order(top, prior), expected)
+
+
+@pytest.mark.parametrize("name", ["gcm_ens_routing", "gcm_ens_routing_variants"])
+def test_routing_study_configs_resolve_and_build(name: str, tmp_path) -> None:
+    """Every arm of the committed routing studies is a valid training config whose network builds, with the
+    option it exists for in effect (frozen gates, per-point head, gate learning rate, thresholds)."""
+    from pathlib import Path
+
+    from smoeweather.experiments.study import load_study
+    from smoeweather.models.registry import build_weather_model
+    from smoeweather.training.base import SMoETrainingModule
+    from smoeweather.training.schema import validate_train_config
+
+    study = load_study(Path(__file__).resolve().parents[1] / "configs" / "studies" / f"{name}.yaml")
+    assert len(study.seeds) >= 3 and study.steps == 1500 and study.baseline == "unet"
+    land = torch.zeros(8, 16)
+    land[:, 8:] = 1.0
+    for variant in study.variants:
+        cfg = study.run_config(variant, 0, tmp_path)
+        validate_train_config(cfg)
+        assert cfg["data"]["target_variables"] == ["geopotential_500"] and cfg["data"]["leads_h"] == [48]
+        mcfg = dict(cfg["model"], in_channels=8, out_channels=2, grid=[8, 16])
+        net = build_weather_model(mcfg, land_sea_prior=land if mcfg.get("gate_prior") else None)
+        gates = list(getattr(net, "gates", {}).values())
+        module = SMoETrainingModule(net, gate_lr_factor=float(cfg.get("training", {}).get("gate_lr_factor", 1.0)))
+        groups = module.configure_optimizers()["optimizer"].param_groups
+        if variant.name == "smoe_frozen":
+            assert gates and not any(p.requires_grad for g in gates for p in g.parameters())
+        if variant.name == "unet_affine":
+            assert net.head_scale is not None and net.head_scale.shape == (2, 8, 16)
+        if variant.name == "smoe_gate_lr10":
+            assert [g["lr"] for g in groups] == [pytest.approx(1e-3), pytest.approx(1e-2)]
+        else:
+            assert len(groups) == 1
+        if variant.name == "smoe_slot_rc":
+            assert all(m.rc_threshold == "slot" for m in net.modules() if isinstance(m, SpatialMoE2d))
+        if variant.name == "smoe_task_grad":
+            assert all(m.weighted and m.gate_gets_task_grad and not m.rc
+                       for m in net.modules() if isinstance(m, SpatialMoE2d))
+        if variant.name == "smoe_unshared":
+            assert len(gates) == sum(isinstance(m, SpatialMoE2d) for m in net.modules())
