@@ -46,7 +46,7 @@ _TO_CHANNELS_LAST = (0, 3, 4, 1, 2)
 
 EXACT_QUANTILE_MAX = 1 << 16
 NUMPY_QUANTILE = True
-"""Take the RC quantile of CPU tensors with ``np.partition`` (same value as ``torch.kthvalue``, ~7× faster)."""
+"""Take the RC quantile of CPU tensors with ``np.partition`` (same value as ``torch.kthvalue``, faster)."""
 
 
 def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
@@ -74,9 +74,10 @@ def quantile_threshold(error: torch.Tensor, quantile: float) -> torch.Tensor:
     if NUMPY_QUANTILE and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64) \
             and type(flat) is torch.Tensor and not flat.requires_grad and not torch.compiler.is_compiling():
         # (a plain eager CPU tensor only: fake/traced tensors under FakeTensorMode or torch.compile have no data)
-        # numpy's introselect (np.partition) returns the same k-th smallest value ~7× faster than
-        # torch.kthvalue on CPU (8 × 32,768 float32: 5 vs 36 ms on one thread; the RC threshold was 17 % of an
-        # SMoE-U-Net training step). A CPU tensor has no device to synchronise with; other devices keep kthvalue.
+        # numpy's introselect (np.partition) returns the same k-th smallest value as torch.kthvalue, several
+        # times faster on CPU (8 × 32,768 float32 on one thread: 5 vs 36 ms on a loaded machine): the SMoE
+        # ResNet 16×3 step went from 2.10× to 1.80× its dense twin's (benchmarks/results/smoe_step_cpu.md).
+        # A CPU tensor has no device to synchronise with; other devices keep kthvalue.
         values = np.partition(flat.numpy(), k - 1, axis=1)[:, k - 1]
         return torch.from_numpy(np.ascontiguousarray(values)).view(b, 1, 1, 1)
     return flat.kthvalue(k, dim=1).values.view(b, 1, 1, 1)
