@@ -128,7 +128,9 @@ def members_dataset(
         out = forecast_dataset(fields, inits, leads_h, lat, lon, members, source=ds, attrs=attrs)
         out["member"].attrs.update({"long_name": "ensemble member", "standard_name": "realization",
                                     "units": "1", "axis": "E"})
-        return out
+        # one initialisation and every member per chunk (as WeatherBench 2 stores): member-wise tools (ECC-Q,
+        # rank statistics) read whole ensembles; zarr's own chunk guess would split the member dim
+        return out.chunk({"time": 1, "member": -1})
     from smoeweather.data.ensembles import gaussian_dataset
 
     attrs["title"] = f"smoeweather gaussian forecast: {attrs.get('method', '')}"
