@@ -152,7 +152,10 @@ def test_cli_rolling_member_weights_and_per_site(tmp_path: Path) -> None:
     np.testing.assert_allclose(pp["2m_temperature"].isel(prediction_timedelta=0).values, mu, rtol=4 * EPS32)
     y = obs["2m_temperature"].sel(time=(pp["time"] + pp["prediction_timedelta"]).values[:, 0]).values
     crps = properscoring.crps_gaussian(y, pp["2m_temperature"].values[:, 0], pp["2m_temperature_std"].values[:, 0])
-    raw = properscoring.crps_ensemble(y, np.moveaxis(sel.values, 1, -1))
+    xs = np.moveaxis(sel.values, 1, -1)
+    fin = np.isfinite(xs).all(-1) & np.isfinite(y)  # rows missing from the table have no raw forecast
+    raw = np.full(y.shape, np.nan)
+    raw[fin] = properscoring.crps_ensemble(y[fin], xs[fin])
     ok = np.isfinite(crps) & np.isfinite(raw)
     assert crps[ok].mean() < 0.8 * raw[ok].mean()  # members 2..8 are biased: weights fix what the mean cannot
     assert p.sel(coefficient="b_CMCG").mean() > p.sel(coefficient="b_UKMO").mean()
