@@ -137,7 +137,9 @@ def test_selection_change_gap_and_swap_closed_form() -> None:
     assert out["changed"] == 0.5  # one of two locations has another set
     assert out["order_kept"] == 0.0  # no slot holds the same expert
     assert out["swapped"] == 0.5  # location 1 lost both initial experts, location 0 none
-    assert selection_change(now, now, now) == {"changed": 0.0, "order_kept": 1.0, "swapped": 0.0}
+    assert selection_change(now, now, now) == {"changed": 0.0, "order_changed": 0.0, "order_kept": 1.0,
+                                               "set_moved": 0.0, "order_moved": 0.0, "slots_moved": 0.0,
+                                               "swapped": 0.0}
 
 
 def test_vision_training_logs_routing_diagnostics(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def write_checkpoint(tmp_path: Path, lat: np.ndarray) -> tuple[Path, np.ndarray,
     """A `smoe train`-format checkpoint of a tiny SMoE ResNet with a perturbed ("trained") gate.
 
     Returns (checkpoint, gate tensor (|E|, H, W) in the model's row order, land fraction (H, W))."""
-    from smoeweather.training.checkpoint import _weatherbench_module
+    from smoeweather.models.loader import forecast_network
 
     lsm = write_lsm(tmp_path / "lsm.nc")
     _, lon = routing.regular_grid(H, W)
@@ -70,12 +70,13 @@ def write_checkpoint(tmp_path: Path, lat: np.ndarray) -> tuple[Path, np.ndarray,
             "latitude": lat.tolist(), "longitude": lon.tolist(),
             "normalisation": {"input_mean": [0.0] * 3, "input_std": [1.0] * 3,
                               "target_mean": [0.0], "target_std": [1.0]}}
-    module = _weatherbench_module(meta)
-    (name, gate), = [(k, g) for k, g in module.model.net.gates.items()]
+    model = forecast_network(meta)  # the NormalizedModel a weatherbench checkpoint holds as `model.`
+    (name, gate), = [(k, g) for k, g in model.net.gates.items()]
     with torch.no_grad():
         gate.weight.copy_(torch.randn(gate.weight.shape, generator=torch.Generator().manual_seed(1)))
     path = tmp_path / "smoe.ckpt"
-    torch.save({"state_dict": module.state_dict(), METADATA_KEY: {"format_version": FORMAT_VERSION, **meta}}, path)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, METADATA_KEY: {"format_version": FORMAT_VERSION, **meta}}, path)
     return path, gate.weight.detach().numpy().copy(), lsm
 
 
@@ -122,7 +123,7 @@ def test_routing_netcdf_equals_gate_argmax_and_topk(tmp_path: Path) -> None:
     assert ds.attrs["Conventions"] == "CF-1.8" and ds["latitude"].attrs["units"] == "degrees_north"
     assert (ds.attrs["num_experts"], ds.attrs["num_selected"]) == (n, e)
     # independent numpy computation from the checkpoint tensor
-    raw = torch.load(ckpt, weights_only=False)["state_dict"]
+    raw = torch.load(ckpt, weights_only=True)["state_dict"]
     (d,) = [v.numpy() for k, v in raw.items() if k.endswith("weight") and "gates" in k]
     np.testing.assert_array_equal(d, scores)
     np.testing.assert_array_equal(ds["gate_scores"].values, d)
@@ -195,7 +196,7 @@ def test_smoe_plot_routing_cli(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     ckpt, _, _ = write_checkpoint(tmp_path, lat)
     assert main(["plot", "routing", str(ckpt), "--out", str(tmp_path / "maps")]) == 0
     gate = f"E8_H{H}_W{W}"
-    kinds = ("dominant", "regions", "margin", "prior", "outside_prior", "usage")
+    kinds = ("dominant", "regions", "margin", "prior", "outside_prior", "order", "usage")
     assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == sorted(
         [f"routing_{gate}.nc"] + [f"routing_{gate}_{k}.png" for k in kinds])
     assert all(is_png(tmp_path / "maps" / f"routing_{gate}_{k}.png") for k in kinds)

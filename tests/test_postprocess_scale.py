@@ -143,3 +143,6 @@ def test_pooled_fit_reduces_over_blocks_and_ecc_streams(tmp_path: Path) -> None:
     lazy = ecc_members(lazy_mu, lazy_sigma, fc.chunk({"time": 3, "latitude": 4}), 6)
     assert lazy["geopotential"].chunks is not None
     xr.testing.assert_identical(lazy.compute(), eager)
+    # a store chunked ALONG the members (e.g. zarr's default chunks of a member store) gives the same members
+    split = ecc_members(lazy_mu, lazy_sigma, fc.chunk({"time": 3, "member": 2}), 6)
+    xr.testing.assert_identical(split.compute(), eager)

@@ -70,6 +70,8 @@ def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, memb
     out = xr.Dataset()
     for name in mu.data_vars:
         r = raw[name].transpose(*mu[name].dims, member_dim)
+        if r.chunks is not None:  # every member of a point in one block: a store chunked along members works too
+            r = r.chunk({member_dim: -1})
         # per chunk of (init, lead, level, space) with every member: lazy on dask, streamed chunk by chunk
         da = xr.apply_ufunc(_ecc_block, r, mu[name], sigma[name].transpose(*mu[name].dims),
                             kwargs={"zq": zq}, input_core_dims=[[member_dim], [], []],
