@@ -230,11 +230,13 @@ def test_auto_route_impl_follows_input_layout() -> None:
 
 
 def _layer_step(impl: str, gate_kind: str) -> None:
-    """Build the layer (RC + damping, F = 2, periodic, every aux loss with noise) and run forward + backward."""
+    """Build the layer (RC + damping, F = 2, periodic, every aux loss with noise) and run forward + backward.
+    ``expert_compute="all"``: the accelerators' default (``auto`` resolves to it off CPU); ``used`` reads the
+    number of selected experts on the host by design (CPU only)."""
     gate = ConvGate(3, 8) if gate_kind == "conv" else None
     layer = SpatialMoE2d(3, 8, 3, gate=gate, grid=(6, 10), out_per_expert=2, padding="periodic_lon", rc=True,
                          damping=0.1, noise=1.0, aux_losses=("importance", "load", "spatial_agreement"),
-                         route_impl=impl)
+                         route_impl=impl, expert_compute="all")
     layer.train()
     x, target = torch.randn(4, 3, 6, 10), torch.randn(4, 6, 6, 10)
     loss = nn.functional.mse_loss(layer(x), target) + layer.aux_loss
@@ -322,3 +324,55 @@ def test_compiled_model_matches_eager(impl: str) -> None:
     for a, b in zip(*runs, strict=True):
         torch.testing.assert_close(a, b, **float_tol(torch.float32, 64, scale=float(a.abs().max())))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_used_experts_only_is_bitwise_identical(impl: str, weighted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22, speed: with a land-sea prior only the experts selected somewhere are convolved
+    (``expert_compute="used"``). On integer data the output, every gradient (unselected experts' weights get
+    exact zeros both ways), the RC loss and the flags are bitwise those of computing every expert."""
+    h, w = 6, 8
+    prior = (torch.arange(h * w).view(h, w) % 3 == 0).long()  # two categories, both present
+    results, computed, calls = [], [], []
+    original = torch.nn.functional.conv2d
+
+    def counting_conv(inp: torch.Tensor, weight: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        calls.append(weight.shape[0])
+        return original(inp, weight, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", counting_conv)
+    for compute in ("all", "used"):
+        torch.manual_seed(1)
+        gate = TensorRoutingGate(8, h, w, num_selected=2, out_per_expert=2, prior=prior, init="coherent")
+        layer = SpatialMoE2d(3, 8, 2, gate=gate, out_per_expert=2, padding="periodic_lon", damping=0.5,
+                             weighted=weighted, gate_task_grad=True, bias=True, route_impl=impl,
+                             expert_compute=compute)
+        with torch.no_grad():
+            layer.experts.weight.copy_(_ints(*layer.experts.weight.shape))
+            layer.experts.bias.copy_(_ints(16))
+            # coherent scores in multiples of 1/8 (exact products when weighted): expert e scores e/8, plus 4
+            # where its group (experts 0–3 sea, 4–7 land) is the location's category, as the prior's init does
+            group = torch.arange(8) // 4
+            gate.weight.copy_(torch.arange(8).view(8, 1, 1) / 8 + 4.0 * (group.view(8, 1, 1) == prior))
+        x = _ints(2, 3, h, w, low=-1, high=2)
+        if impl == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        grad_out = _ints(2, 4, h, w, low=-3, high=4)
+        calls.clear()
+        results.append(_train_step(layer, x, grad_out))
+        computed.append(list(calls))
+    for key, value in results[0].items():
+        assert torch.equal(value, results[1][key]), key
+    assert computed == [[16], [8]]  # all: every expert × F = 2 channels; used: the 2 + 2 selected ones
+    assert 0.0 < float(results[0]["misrouted"]) < 1.0
+
+
+def test_expert_compute_auto_and_validation() -> None:
+    layer = SpatialMoE2d(2, 4, 1, grid=(3, 4))
+    assert layer.uses_selected_experts(torch.zeros(1, 2, 3, 4), shared_routing=True)
+    assert not layer.uses_selected_experts(torch.zeros(1, 2, 3, 4), shared_routing=False)
+    assert not SpatialMoE2d(2, 4, 1, grid=(3, 4), expert_compute="all").uses_selected_experts(
+        torch.zeros(1, 2, 3, 4), shared_routing=True)
+    with pytest.raises(ValueError, match="expert_compute"):
+        SpatialMoE2d(2, 4, 1, grid=(3, 4), expert_compute="some")
