@@ -191,7 +191,7 @@ def test_planes_off_common_order_maps_the_learned_order() -> None:
     np.testing.assert_array_equal(planes_off_common_order(top, prior), expected)
 
 
-@pytest.mark.parametrize("name", ["gcm_ens_routing", "gcm_ens_routing_variants"])
+@pytest.mark.parametrize("name", ["gcm_ens_routing", "gcm_ens_routing_t850", "gcm_ens_routing_variants"])
 def test_routing_study_configs_resolve_and_build(name: str, tmp_path) -> None:
     """Every arm of the committed routing studies is a valid training config whose network builds, with the
     option it exists for in effect (frozen gates, per-point head, gate learning rate, thresholds)."""
@@ -209,7 +209,7 @@ def test_routing_study_configs_resolve_and_build(name: str, tmp_path) -> None:
     for variant in study.variants:
         cfg = study.run_config(variant, 0, tmp_path)
         validate_train_config(cfg)
-        assert cfg["data"]["target_variables"] == ["geopotential_500"] and cfg["data"]["leads_h"] == [48]
+        assert cfg["data"]["target_variables"] == list(study.targets) and cfg["data"]["leads_h"] == [48]
         mcfg = dict(cfg["model"], in_channels=8, out_channels=2, grid=[8, 16])
         net = build_weather_model(mcfg, land_sea_prior=land if mcfg.get("gate_prior") else None)
         gates = list(getattr(net, "gates", {}).values())
@@ -230,3 +230,35 @@ def test_routing_study_configs_resolve_and_build(name: str, tmp_path) -> None:
                        for m in net.modules() if isinstance(m, SpatialMoE2d))
         if variant.name == "smoe_unshared":
             assert len(gates) == sum(isinstance(m, SpatialMoE2d) for m in net.modules())
+
+
+def test_resnet_routing_study_arms(tmp_path) -> None:
+    """gcm_16x3_cpu_routing: the learned and frozen arms build the same coherent land-sea routing; only the
+    frozen one's gate is not trainable; the baseline is dense."""
+    from pathlib import Path
+
+    from smoeweather.experiments.study import load_study
+    from smoeweather.models.registry import build_weather_model
+    from smoeweather.training.schema import validate_train_config
+
+    study = load_study(Path(__file__).resolve().parents[1] / "configs" / "studies" / "gcm_16x3_cpu_routing.yaml")
+    assert len(study.seeds) >= 3 and study.baseline == "dense"
+    land = torch.zeros(8, 16)
+    land[:, 8:] = 1.0
+    routing = {}
+    for variant in study.variants:
+        cfg = study.run_config(variant, 0, tmp_path)
+        validate_train_config(cfg)
+        mcfg = dict(cfg["model"], in_channels=4, out_channels=2, grid=[8, 16])
+        torch.manual_seed(0)
+        net = build_weather_model(mcfg, land_sea_prior=land)
+        gates = list(getattr(net, "gates", {}).values())
+        if variant.name == "dense":
+            assert not gates
+            continue
+        assert all(g.init == "coherent" for g in gates)
+        assert all(m.damping is None for m in net.modules() if isinstance(m, SpatialMoE2d))
+        assert all(p.requires_grad != variant.name.endswith("_frozen") for g in gates for p in g.parameters())
+        routing[variant.name] = [g.top_indices(g.num_experts // 2)[0] for g in gates]
+    learned, frozen = routing["smoe_all_prior_coherent"], routing["smoe_all_prior_coherent_frozen"]
+    assert all(torch.equal(a, b) for a, b in zip(learned, frozen, strict=True))
