@@ -1,8 +1,10 @@
-"""Report of the gate-learning study (``configs/studies/gcm_ens_routing*.yaml``, issue 22) from its study.json:
+"""Report of the gate-learning studies (``configs/studies/gcm_ens_routing*.yaml`` and the ResNet arms
+``gcm_16x3_cpu_routing.yaml``, issue 22) from their study.json:
 
-* CRPS per arm (mean ± std over seeds) with the parameter count of each network;
-* paired differences (same seed) to the U-Net, to the parameter-matched wide U-Net, and LEARNED − FROZEN gate,
-  as mean ± standard error, marked where |mean| > 2 SE;
+* the score per arm (CRPS or RMSE, mean ± std over seeds) at every lead and target, with the parameter count of
+  each U-Net;
+* paired differences (same seed) to the study's baseline (U-Net or dense ResNet), to the parameter-matched wide
+  U-Net, and LEARNED − FROZEN gate, as mean ± standard error, marked where |mean| > 2 SE;
 * how far the routing moved from its initialisation by the best checkpoint, per U-Net level (mean over the
   layers of a level and over seeds): area whose expert SET moved, area whose rank ORDER moved (some output
   plane fed by another expert), share of (slot, location) pairs moved, order variety within a land/sea
@@ -26,7 +28,8 @@ import numpy as np
 from smoeweather.config import apply_overrides, load_config
 from smoeweather.models.registry import build_weather_model
 
-PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),)
+PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),
+         ("smoe_all_prior_coherent", "smoe_all_prior_coherent_frozen", "learned − frozen gate"))
 
 
 def parameter_count(variant: dict[str, Any], n_inputs: int = 8, grid: tuple[int, int] = (32, 64)) -> int:
@@ -54,7 +57,7 @@ def paired(runs: list[dict[str, Any]], a: str, b: str, key: tuple[str, str]) -> 
 
 def level_of(layer: str) -> str:
     """U-Net layer path → 'enc L' / 'dec L' (decoder blocks are listed bottom-up)."""
-    m = re.match(r"(encoder|decoder)\.(\d+)\.", layer)
+    m = re.match(r"(?:.*\.)?(encoder|decoder)\.(\d+)\.", layer)
     if not m:
         return layer
     part, i = m.group(1), int(m.group(2))
@@ -84,34 +87,44 @@ def fmt(d: dict[str, float] | None) -> str:
 def report(path: Path) -> dict[str, Any]:
     study = json.loads(path.read_text())
     runs = study["runs"]
-    lead, target = study["leads"][0], study["targets"][0]
-    key = (lead, target)
+    baseline = study["baseline"]
+    score = study.get("score", "CRPS").split(" ")[0]
+    keys = [(lead, target) for lead in study["leads"] for target in study["targets"]]
     variants = list(study["variants"])
-    params = {v: parameter_count(study["variants"][v]) for v in variants}
-    out: dict[str, Any] = {"study": study["name"], "key": f"{target}@{lead}", "arms": {}, "pairs": {}, "routing": {}}
-    lines = [f"# {study['name']}: {target} at {lead}, {study['steps']} steps, seeds {study['seeds']}", "",
-             "CRPS (m² s⁻² for Z500, K for T850; latitude-weighted, test period), mean ± std over seeds; paired "
-             "differences are mean ± standard error (n), **bold** where |mean| > 2 SE; negative = the arm is better.",
-             "", "| arm | parameters | CRPS | − U-Net | − wide U-Net |", "|---|---:|---:|---:|---:|"]
-    for v in variants:
-        vals = [r["scores"][lead][target] for r in runs if r["variant"] == v]
-        if not vals:
-            continue
-        mean, std = float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
-        vs_unet = paired(runs, v, "unet", key) if v != "unet" else None
-        vs_wide = paired(runs, v, "unet_wide", key) if v != "unet_wide" and "unet_wide" in variants else None
-        out["arms"][v] = {"crps_mean": mean, "crps_std": std, "n": len(vals), "parameters": params[v],
-                          "minus_unet": vs_unet, "minus_unet_wide": vs_wide}
-        crps = f"{mean:.2f} ± {std:.2f} ({len(vals)})"
-        lines.append(f"| {v} | {params[v]:,} | {crps} | {fmt(vs_unet)} | {fmt(vs_wide)} |")
-    refs = runs[0].get("references", {}) if runs else {}
-    for name in ("raw", "emos_global", "emos_gridpoint"):
-        if name in refs:
-            lines.append(f"| {name} (reference) | – | {refs[name][lead][target]:.2f} | | |")
-    for a, b, label in PAIRS:
-        if a in variants and b in variants:
-            out["pairs"][label] = paired(runs, a, b, key)
-            lines += ["", f"{label} ({a} − {b}, same seed): {fmt(out['pairs'][label])}"]
+    unet = "unet" in baseline
+    params = {v: parameter_count(study["variants"][v]) if unet else None for v in variants}
+    wide = "unet_wide" if "unet_wide" in variants else None
+    out: dict[str, Any] = {"study": study["name"], "baseline": baseline, "score": score,
+                           "keys": [f"{t}@{lead}" for lead, t in keys], "arms": {}, "pairs": {}, "routing": {}}
+    lines = [f"# {study['name']}: {study['steps']} steps, seeds {study['seeds']}", "",
+             f"{score} (m² s⁻² for Z500, K for T850; latitude-weighted, test period), mean ± std over seeds; paired "
+             "differences are mean ± standard error (n), **bold** where |mean| > 2 SE; negative = the arm is better."]
+    for key in keys:
+        lead, target = key
+        name = f"{target}@{lead}"
+        lines += ["", f"## {name}", "", f"| arm | parameters | {score} | − {baseline} |"
+                  + (" − wide U-Net |" if wide else ""), "|---|---:|---:|---:|" + ("---:|" if wide else "")]
+        for v in variants:
+            vals = [r["scores"][lead][target] for r in runs if r["variant"] == v]
+            if not vals:
+                continue
+            mean, std = float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
+            vs_base = paired(runs, v, baseline, key) if v != baseline else None
+            vs_wide = paired(runs, v, wide, key) if wide and v != wide else None
+            out["arms"].setdefault(v, {})[name] = {"mean": mean, "std": std, "n": len(vals), "parameters": params[v],
+                                                  "minus_baseline": vs_base, "minus_unet_wide": vs_wide}
+            value = f"{mean:.4g} ± {std:.2g} ({len(vals)})"
+            count = f"{params[v]:,}" if params[v] is not None else "–"
+            lines.append(f"| {v} | {count} | {value} | {fmt(vs_base)} |" + (f" {fmt(vs_wide)} |" if wide else ""))
+        refs = runs[0].get("references", {}) if runs else {}
+        for ref in ("raw", "emos_global", "emos_gridpoint"):
+            if ref in refs:
+                lines.append(f"| {ref} (reference) | – | {refs[ref][lead][target]:.4g} | |" + (" |" if wide else ""))
+        for a, b, label in PAIRS:
+            if a in variants and b in variants:
+                pair = paired(runs, a, b, key)
+                out["pairs"].setdefault(label, {})[name] = pair
+                lines += ["", f"{label} ({a} − {b}, same seed): {fmt(pair)}"]
     metrics = ("set_moved", "order_moved", "slots_moved", "order_variety", "order_changed_per_epoch",
                "label_information")
     for v in variants:
