@@ -218,6 +218,8 @@ def evaluate(
             "acc": "anomaly correlation coefficient (WeatherBench 2)",
             "crps": "latitude-weighted CRPS (fair for ensembles, closed form for Gaussian forecasts, MAE for "
                     "deterministic ones: one-member ensembles)",
+            "crps_ecdf": "latitude-weighted CRPS of the members' empirical distribution (standard estimator; "
+                         "closed form for Gaussian forecasts, MAE for deterministic ones)",
             "quantile_loss": "latitude-weighted pinball loss, mean over the quantile levels",
             "spread_skill": "spread-skill ratio", "n_time": "initialisations with truth",
             "diversity_ratio": "mean pairwise member distance / mean member error (1: calibrated, 0: collapsed)",

@@ -196,3 +196,30 @@ def test_gaussian_forecast_crps_closed_form(linear_store: Path, tmp_path: Path) 
     # float32 rounding of ~5e4-sized fields
     ratio = s["spread_skill"].sel({"method": "emos", "field": "geopotential_500"}).item()
     assert ratio == pytest.approx(sigma / (2.5 * 24), rel=2 * 5.1e4 * EPS32 / 60)
+
+
+def test_ensemble_crps_fair_and_ecdf_on_outer_members(linear_store: Path, tmp_path: Path) -> None:
+    """Why both estimators are reported: two members on the truth and two at ±D around it. The fair CRPS
+    is exactly 0 for EVERY D (its pairwise term cancels the members' error: (2D/4) − 12D/(2·4·3)), so an
+    ensemble trained on it can spread two members arbitrarily far at no cost; the CRPS of the members'
+    empirical distribution is D/8 (properscoring's crps_ensemble), growing with D."""
+    import properscoring
+
+    truth = make_forecast(linear_store, method="persistence", init=("2000-01-03", "2000-01-06"), leads_h=(24,),
+                          fields=["geopotential_500"], progress=False)
+    # the truth at valid time = persistence + slope·24 h (the store's linear trend): members around it
+    exact = truth["geopotential"] + 2.5 * 24
+    for d in (100.0, 1000.0):
+        members = xr.concat([exact, exact, exact + d, exact - d], dim="member").transpose("time", ..., "member",
+                                                                                           "latitude", "longitude")
+        fc = truth.copy()
+        fc["geopotential"] = members.assign_coords(member=np.arange(4))
+        fc.attrs["forecast_kind"] = "ensemble"
+        fc.to_zarr(tmp_path / f"e{d:.0f}.zarr", zarr_format=2)
+        s = evaluate({"e3": tmp_path / f"e{d:.0f}.zarr"}, linear_store, references=False)
+        cell = {"method": "e3", "field": "geopotential_500"}
+        tol = 4 * 5.1e4 * EPS32  # the ~5e4-sized fields carry float32 rounding
+        assert s["crps"].sel(cell).item() == pytest.approx(0.0, abs=tol)
+        expected = properscoring.crps_ensemble(0.0, np.array([0.0, 0.0, d, -d]))
+        assert expected == pytest.approx(d / 8)
+        assert s["crps_ecdf"].sel(cell).item() == pytest.approx(expected, abs=tol)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-EXTRA_METRICS = ("rmse", "spread_skill", "diversity_ratio")
+EXTRA_METRICS = ("crps_ecdf", "rmse", "spread_skill", "diversity_ratio")
 """Metrics kept per run beside the CRPS (``extra`` of ``result.json``): {metric: {lead: {target: value}}}."""
 
 
@@ -130,6 +130,8 @@ def ensemble_markdown(summary: dict[str, Any], baseline: str, leads: list[str], 
     the baseline (mean ± SE, **bold** where |mean| > 2 SE), then the training cost."""
     cols = [f"{t}@{lead}" for lead in leads for t in targets]
     names = {"crps": "CRPS (fair; Gaussian closed form; MAE of a deterministic network)",
+             "crps_ecdf": "CRPS of the members' empirical distribution (standard estimator; Gaussian closed form; "
+                          "MAE of a deterministic network)",
              "rmse": "RMSE of the ensemble mean (μ)", "spread_skill": "spread/skill √((M+1)/M)·spread/RMSE",
              "diversity_ratio": "member diversity D/E (mean pairwise member distance / mean member error)"}
     lines: list[str] = []

@@ -2,8 +2,8 @@
 
 ``forecast_scores`` is what ``smoe evaluate`` (:mod:`smoeweather.evaluate`) computes for every (method, field):
 latitude-weighted RMSE and bias of the point forecast (ensemble mean, Gaussian μ, median of the quantiles),
-ACC with a climatology, and by kind the fair ensemble CRPS and spread–skill ratio, the closed-form Gaussian
-CRPS and spread–skill ratio, or the pinball loss averaged over the quantile levels.
+ACC with a climatology, and by kind the fair and the empirical (ECDF) ensemble CRPS and spread–skill ratio,
+the closed-form Gaussian CRPS and spread–skill ratio, or the pinball loss averaged over the quantile levels.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from smoeweather.metrics import deterministic as det
 from smoeweather.metrics import probabilistic
 from smoeweather.metrics.weights import weighted_mean
 
-METRICS = ("rmse", "bias", "acc", "crps", "spread_skill", "diversity_ratio", "quantile_loss")
+METRICS = ("rmse", "bias", "acc", "crps", "crps_ecdf", "spread_skill", "diversity_ratio", "quantile_loss")
 """Every score ``forecast_scores`` may return, in table order."""
 SPACE_TIME = ("time", "latitude", "longitude")
 
@@ -54,9 +54,15 @@ def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weig
     if climatology is not None:
         out["acc"] = det.acc(point, truth, climatology, weights, dims)
     if kind == "deterministic":  # a one-member ensemble: its CRPS is its mean absolute error
-        out["crps"] = weighted_mean(abs(point - truth), dims, weights)
+        out["crps"] = out["crps_ecdf"] = weighted_mean(abs(point - truth), dims, weights)
     elif kind == "ensemble":
         out["crps"] = weighted_mean(probabilistic.crps_ensemble(da, truth, estimator="fair"), dims, weights)
+        # the CRPS of the members' own empirical distribution: the proper score of the forecast as issued. The
+        # fair CRPS estimates the CRPS of the distribution the members are DRAWN from, which assumes
+        # exchangeable draws; members trained jointly on a (fair) CRPS loss are not, and can lower the fair
+        # score by spreading out without being a better forecast (docs/guide/ensembles.md)
+        out["crps_ecdf"] = weighted_mean(probabilistic.crps_ensemble(da, truth, estimator="standard"), dims,
+                                         weights)
         if da.sizes["member"] > 1:
             out["spread_skill"] = probabilistic.spread_skill_ratio(da, truth, weights, dims)
             # diversity_ratio and rank_histogram (dims prediction_timedelta × rank) of the members
@@ -65,7 +71,7 @@ def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weig
         if sigma is None:
             raise ValueError("a gaussian forecast needs sigma (its <name>_std variable)")
         sd = sigma.astype(np.float64)
-        out["crps"] = weighted_mean(probabilistic.crps_gaussian(da, sd, truth), dims, weights)
+        out["crps"] = out["crps_ecdf"] = weighted_mean(probabilistic.crps_gaussian(da, sd, truth), dims, weights)
         out["spread_skill"] = probabilistic.spread_skill_ratio_gaussian(da, sd, truth, weights, dims)
     elif kind == "quantiles":
         out["quantile_loss"] = weighted_mean(probabilistic.quantile_loss(da, truth).mean("quantile"), dims, weights)
