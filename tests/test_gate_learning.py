@@ -191,7 +191,8 @@ def test_planes_off_common_order_maps_the_learned_order() -> None:
     np.testing.assert_array_equal(planes_off_common_order(top, prior), expected)
 
 
-@pytest.mark.parametrize("name", ["gcm_ens_routing", "gcm_ens_routing_t850", "gcm_ens_routing_variants"])
+@pytest.mark.parametrize("name", ["gcm_ens_routing", "gcm_ens_routing_t850", "gcm_ens_routing_variants",
+                                  "gcm_ens_routing_variants_2"])
 def test_routing_study_configs_resolve_and_build(name: str, tmp_path) -> None:
     """Every arm of the committed routing studies is a valid training config whose network builds, with the
     option it exists for in effect (frozen gates, per-point head, gate learning rate, thresholds)."""
