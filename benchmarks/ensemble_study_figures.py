@@ -1,8 +1,10 @@
 """Figures of the ensemble study (issue 26) from its finished runs: rank histograms (mean over seeds) of every
-ensemble arm, and CRPS against training cost (each seed a point, paired to the deep ensemble).
+ensemble arm, and CRPS against training cost (each seed a point, paired to the deep ensemble). The CRPS is the
+ECDF CRPS of the members where the runs have it (``extra.crps_ecdf``; docs/guide/ensembles.md, "Which CRPS"),
+else the fair CRPS.
 
 Reads ``<study>/runs/<variant>/seed<k>/result.json`` (written by ``smoe study`` with ``scoring: ensemble``),
-writes ``<out>/gcm_ensembles_cpu_rank_histograms.png`` and ``<out>/gcm_ensembles_cpu_crps_cost.png``.
+writes ``<out>/<study dir name>_rank_histograms.png`` and ``<out>/<study dir name>_crps_cost.png``.
 
     python benchmarks/ensemble_study_figures.py [--study runs/studies/gcm_ensembles_cpu]
         [--out benchmarks/results/studies]
@@ -57,6 +59,11 @@ def rank_histograms(runs: list[dict]) -> xr.Dataset:
 
 def crps_cost(runs: list[dict], path: Path, baseline: str = "deep_ensemble") -> Path:
     """CRPS (Z500 and T850 at every lead) against training seconds, one point per run."""
+    ecdf = all("crps_ecdf" in r.get("extra", {}) for r in runs)
+
+    def crps(r: dict, lead: str, f: str) -> float:
+        return r["extra"]["crps_ecdf"][lead][f] if ecdf else r["scores"][lead][f]
+
     leads = list(runs[0]["scores"])
     fields = list(runs[0]["scores"][leads[0]])
     fig, axes = plt.subplots(len(fields), len(leads), figsize=(4.2 * len(leads), 3.2 * len(fields)), squeeze=False,
@@ -66,14 +73,14 @@ def crps_cost(runs: list[dict], path: Path, baseline: str = "deep_ensemble") -> 
         for b, lead in enumerate(leads):
             ax = axes[a][b]
             for c, v in enumerate(variants):
-                pts = [(r["train_seconds"], r["scores"][lead][f]) for r in runs
+                pts = [(r["train_seconds"], crps(r, lead, f)) for r in runs
                        if r["variant"] == v and r.get("train_seconds")]
                 if pts:
                     x, y = zip(*pts)
                     ax.scatter(x, y, color=f"C{c}", label=v, marker="s" if v == baseline else "o")
             ax.set_title(f"{f}, {lead}", fontsize=9)
             ax.set_xlabel("training wall time [s]")
-            ax.set_ylabel("CRPS")
+            ax.set_ylabel("CRPS (ECDF)" if ecdf else "CRPS (fair)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("CRPS against training cost (one point per seed)", fontsize=10)
     fig.savefig(path, dpi=110)
@@ -88,8 +95,9 @@ def main() -> None:
     args = p.parse_args()
     runs = load_runs(args.study)
     args.out.mkdir(parents=True, exist_ok=True)
-    print(plot_rank_histograms(rank_histograms(runs), args.out / "gcm_ensembles_cpu_rank_histograms.png"))
-    print(crps_cost(runs, args.out / "gcm_ensembles_cpu_crps_cost.png"))
+    name = args.study.resolve().name
+    print(plot_rank_histograms(rank_histograms(runs), args.out / f"{name}_rank_histograms.png"))
+    print(crps_cost(runs, args.out / f"{name}_crps_cost.png"))
 
 
 if __name__ == "__main__":
