@@ -80,7 +80,7 @@ def fmt(d: dict[str, float] | None) -> str:
     if d is None:
         return "–"
     bold = d["n"] > 1 and abs(d["mean"]) > 2 * d["se"]
-    s = f"{d['mean']:+.2f} ± {d['se']:.2f} ({d['n']})"
+    s = f"{d['mean']:+.3g} ± {d['se']:.2g} ({d['n']})"
     return f"**{s}**" if bold else s
 
 
