@@ -29,7 +29,11 @@ from smoeweather.config import apply_overrides, load_config
 from smoeweather.models.registry import build_weather_model
 
 PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),
-         ("smoe_all_prior_coherent", "smoe_all_prior_coherent_frozen", "learned − frozen gate"))
+         ("smoe_all_prior_coherent", "smoe_all_prior_coherent_frozen", "learned − frozen gate"),
+         ("smoe_gate_lr10", "smoe", "gate learning rate ×10 − ×1"),
+         ("smoe_slot_rc", "smoe", "per-slot − per-sample RC threshold"),
+         ("smoe_task_grad", "smoe", "task gradient, no RC − RC"),
+         ("smoe_unshared", "smoe", "per-layer − shared gates"))
 
 
 def parameter_count(variant: dict[str, Any], n_inputs: int = 8, grid: tuple[int, int] = (32, 64)) -> int:
