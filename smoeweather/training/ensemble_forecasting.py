@@ -3,7 +3,8 @@
 The network (inside a :class:`~smoeweather.models.resnet.NormalizedModel`) maps normalised inputs
 (B, C_in, H, W) to (B, M, C_out, H, W) members, or (B, 2, C_out, H, W) = (μ, σ) for ``gaussian``. The loss is
 ``training.loss`` (:mod:`smoeweather.training.ensemble_losses`): ``mse`` (per member, E³ and deep ensembles),
-``crps`` (almost-fair CRPS across members with ``training.crps_alpha``, default 0.95) or ``gaussian_crps``
+``crps`` (almost-fair CRPS across members with ``training.crps_alpha``, default 0: the standard CRPS, see
+docs/guide/ensembles.md "Which CRPS") or ``gaussian_crps``
 (the only loss of ``gaussian``). ``val_loss`` is the same loss on the validation split (checkpoint selection);
 also logged: ``val_crps`` (fair CRPS, or the Gaussian CRPS) and ``val_rmse_<target>`` of the ensemble mean
 (or μ) in physical units.
@@ -30,7 +31,9 @@ def loss_settings(cfg: dict[str, Any]) -> tuple[str, float]:
     name = str(cfg["model"].get("name"))
     t = cfg.get("training", {})
     loss = str(t.get("loss") or DEFAULT_LOSS.get(name, "mse"))
-    alpha = float(t.get("crps_alpha", 0.95))
+    # default α 0 (standard CRPS): the members of e3/deep_ensemble are distinct networks, not exchangeable draws,
+    # and a fair share lets them spread out at no cost (gcm_ensembles_cpu_600: α 0.95 spread/skill 2.4, α 0 1.1)
+    alpha = float(t.get("crps_alpha", 0.0))
     if loss not in ENSEMBLE_LOSSES:
         raise ValueError(f"training.loss must be one of {', '.join(ENSEMBLE_LOSSES)}, got {loss!r}")
     if (loss == "gaussian_crps") != (name == "gaussian"):
@@ -56,7 +59,7 @@ class EnsembleForecastingModule(ForecastingModule):
     """
 
     def __init__(self, model: NormalizedModel, latitude: np.ndarray | list[float], target_names: list[str],
-                 kind: str = "ensemble", loss: str = "mse", crps_alpha: float = 0.95, **kwargs: Any) -> None:
+                 kind: str = "ensemble", loss: str = "mse", crps_alpha: float = 0.0, **kwargs: Any) -> None:
         super().__init__(model, latitude, target_names, **kwargs)
         self.kind, self.loss_name, self.crps_alpha = kind, loss, float(crps_alpha)
 
