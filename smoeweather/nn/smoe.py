@@ -529,8 +529,7 @@ class SpatialMoE2d(nn.Module):
             if experts.numel() == self.num_experts:
                 experts = local_idx = None
             else:
-                flat = (flat_expert_index_channels_last(local_idx[0], experts.numel(), self.out_per_expert)
-                        if channels_last else flat_expert_index(local_idx[0], self.out_per_expert))
+                flat = None  # the gate's flat index is for all |E| experts; _RouteExperts derives it from local_idx
         expert_out = self.apply_experts(x, channels_last, experts)
         y = _RouteExperts.apply(expert_out, scores, idx, self, flat, channels_last, local_idx)  # (B, E, F, H, W)
         if self.weighted:
