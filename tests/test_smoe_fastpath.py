@@ -376,3 +376,64 @@ def test_expert_compute_auto_and_validation() -> None:
         torch.zeros(1, 2, 3, 4), shared_routing=True)
     with pytest.raises(ValueError, match="expert_compute"):
         SpatialMoE2d(2, 4, 1, grid=(3, 4), expert_compute="some")
+
+
+def _fresh_top(gate: TensorRoutingGate, k: int) -> torch.Tensor:
+    return gate.weight.detach().topk(k, dim=0, sorted=True).indices
+
+
+@pytest.mark.parametrize("update", ["adam_foreach", "adam_fused", "data_copy", "load_state_dict"])
+def test_gate_selection_cache_follows_every_weight_update(update: str) -> None:
+    """Issue 22, speed: the layers sharing a gate select once per step (the cached selection is the same
+    object until the weight changes), and the cache is keyed on the weight's VALUES, so every update is seen
+    on the next call, including those that do not bump the version counter (``.data.copy_``; foreach Adam
+    did not in earlier torch releases)."""
+    torch.manual_seed(0)
+    gate = TensorRoutingGate(8, 4, 6, num_selected=3, init="uniform")
+    first = gate.selection(3)
+    assert gate.selection(3) is first  # the second layer of the step: no new top-k
+    assert torch.equal(first.idx[0], _fresh_top(gate, 3))
+    assert gate.selection(3, channels_last=True) is not first  # another layout: its own flat index
+    version = gate.weight._version
+    if update.startswith("adam"):
+        opt = torch.optim.Adam([gate.weight], lr=1.0, **{update.split("_")[1]: True})
+        gate.weight.grad = torch.randn_like(gate.weight)
+        opt.step()
+    elif update == "data_copy":
+        gate.weight.data.copy_(torch.randn_like(gate.weight))
+    else:
+        gate.load_state_dict({"weight": torch.randn_like(gate.weight)})
+    if update == "data_copy":
+        assert gate.weight._version == version  # the counter did not move: a version-keyed cache would be stale
+    second = gate.selection(3)
+    assert second is not first
+    assert torch.equal(second.idx[0], _fresh_top(gate, 3))
+    assert not torch.equal(second.idx, first.idx)
+
+
+def test_shared_gate_memo_is_bitwise_the_per_layer_computation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two SMoE layers sharing one gate reuse its selection, used experts, flat index and the RC loss's
+    sigmoid/softplus; every output, gradient and RC loss is bitwise what each layer computing its own gives."""
+    h, w = 6, 8
+    prior = (torch.arange(h * w).view(h, w) % 3 == 0).long()
+    results = []
+    uncached = TensorRoutingGate.selection
+
+    def fresh(self: TensorRoutingGate, *args, **kwargs):
+        self._snapshot = None  # drop the cache: every call selects (and memoises) anew
+        return uncached(self, *args, **kwargs)
+
+    for cached in (True, False):
+        if not cached:
+            monkeypatch.setattr(TensorRoutingGate, "selection", fresh)
+        torch.manual_seed(3)
+        gate = TensorRoutingGate(8, h, w, num_selected=2, prior=prior, init="coherent")
+        net = nn.Sequential(SpatialMoE2d(3, 8, 2, gate=gate, damping=None), nn.ReLU(),
+                            SpatialMoE2d(2, 8, 2, gate=gate, damping=None))
+        x = torch.randn(4, 3, h, w)
+        y = net(x)
+        y.backward(torch.randn(4, 2, h, w, generator=torch.Generator().manual_seed(5)))
+        results.append([y.detach(), net[0].last_rc_loss, net[2].last_rc_loss,
+                        *[p.grad.clone() for p in net.parameters()]])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)

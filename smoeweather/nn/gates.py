@@ -8,7 +8,9 @@ G = B for input-dependent gates (the ablation gates).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -21,6 +23,27 @@ def tensor_gate_bound(num_experts: int, num_selected: int, out_per_expert: int =
 
 
 GateInit = Literal["uniform", "coherent"]
+
+
+@dataclass
+class Selection:
+    """One top-k selection of a routing tensor and what the layers derive from it.
+
+    ``idx``: (1, k, H, W) selected experts in descending score order; ``flat``: their positions in the expert
+    block (see :meth:`TensorRoutingGate.top_indices`). ``derived`` memoises tensors that depend only on the
+    gate's values (the experts used anywhere, a renumbered flat index, the RC loss's sigmoid and softplus of
+    the scores), so the layers that share a gate compute them once per step instead of once per layer.
+    """
+
+    idx: torch.Tensor
+    flat: torch.Tensor
+    derived: dict[Any, Any] = field(default_factory=dict)
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``derived[key]``, computed by ``make()`` on first use."""
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
 
 
 class TensorRoutingGate(nn.Module):
@@ -60,6 +83,9 @@ class TensorRoutingGate(nn.Module):
         # the categorical prior map (H, W) the gate was initialised with, for diagnostics; not saved
         self.prior_map: torch.Tensor | None
         self.register_buffer("prior_map", None, persistent=False)
+        # CPU selection cache: {(k, F, channels_last): Selection} valid while the weight equals the snapshot
+        self._selections: dict[tuple[int, int, bool], Selection] = {}
+        self._snapshot: torch.Tensor | None = None
         self.reset_parameters()
         if prior is not None:
             self.init_from_prior(prior, prior_strength)
@@ -106,17 +132,38 @@ class TensorRoutingGate(nn.Module):
         in a (|E|, F, H, W) expert block (k·F·H·W,), or with ``channels_last`` in an (H, W, |E|, F) block
         (ordered H, W, k, F; see :func:`flat_expert_index_channels_last`). The selection itself is the same
         ``topk`` call either way, so both layouts route identically, ties included.
-
-        Recomputed on every call: a cache keyed on ``weight._version`` went stale under fused/foreach Adam
-        and ``weight.data.copy_()`` (neither bumps the parameter's version counter), freezing the routing.
-        The top-k over |E|×H×W costs ~0.7–1.9 ms on one CPU thread for 8–16 experts on a 32×64 grid, a
-        third of the expert gather it feeds, so correctness wins over selecting once per shared gate.
-        No host synchronisation: shapes only depend on (k, F, |E|, H, W).
         """
-        idx = self.weight.detach().topk(k, dim=0, sorted=True).indices
+        selection = self.selection(k, out_per_expert, channels_last)
+        return selection.idx, selection.flat
+
+    def selection(self, k: int, out_per_expert: int = 1, channels_last: bool = False) -> Selection:
+        """The :class:`Selection` of the current weights (indices as :meth:`top_indices`).
+
+        On CPU it is cached while the weight is bitwise equal to a snapshot taken when it was computed, so the
+        layers sharing this gate select once per step (and a frozen gate once per run); ``torch.equal`` on the
+        |E|·H·W values costs ~2 % of the ``topk`` it saves. The check is on VALUES, not on
+        ``weight._version``: a version-keyed cache went stale under foreach Adam (earlier torch releases) and
+        ``weight.data.copy_()``, which do not bump the version counter, and froze the routing. Accelerators
+        and ``torch.compile`` recompute every call (a value check would be a host synchronisation).
+        """
+        weight = self.weight.detach()
+        cacheable = weight.device.type == "cpu" and not torch.compiler.is_compiling()
+        key = (int(k), int(out_per_expert), bool(channels_last))
+        if cacheable:
+            snapshot = self._snapshot
+            if snapshot is None or snapshot.shape != weight.shape or not torch.equal(snapshot, weight):
+                self._selections, self._snapshot = {}, weight.clone()
+            elif key in self._selections:
+                return self._selections[key]
+        idx = weight.topk(k, dim=0, sorted=True).indices
         if channels_last:
-            return idx.unsqueeze(0), flat_expert_index_channels_last(idx, self.num_experts, out_per_expert)
-        return idx.unsqueeze(0), flat_expert_index(idx, out_per_expert)
+            flat = flat_expert_index_channels_last(idx, self.num_experts, out_per_expert)
+        else:
+            flat = flat_expert_index(idx, out_per_expert)
+        selection = Selection(idx.unsqueeze(0), flat)
+        if cacheable:
+            self._selections[key] = selection
+        return selection
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return the routing tensor as scores of shape (1, |E|, H, W); ``x`` only checks the grid."""

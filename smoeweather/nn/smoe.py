@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.nn.gates import TensorRoutingGate, flat_expert_index, flat_expert_index_channels_last
+from smoeweather.nn.gates import Selection, TensorRoutingGate, flat_expert_index, flat_expert_index_channels_last
 
 GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
@@ -134,14 +134,20 @@ def damping_factor(wrong: torch.Tensor, damping: float, dtype: torch.dtype, out:
     return out.copy_(wrong).mul_(damping - 1.0).add_(1.0)
 
 
-def _sum_batch(t: torch.Tensor) -> torch.Tensor:
-    """float32 sum over dim 0 (keepdim), run over the memory-order view: a channels-last input reduced into
-    a planar result is ~4× slower on CPU. The result has ``t``'s layout."""
-    dims = sorted(range(1, t.dim()), key=t.stride, reverse=True)
-    inverse = [0] * t.dim()
+def _count_batch(flags: torch.Tensor) -> torch.Tensor:
+    """Count of True over dim 0 (keepdim) of a bool tensor, as float32 in ``flags``' memory layout.
+
+    Summed as integers (uint8 up to 255 samples, else int32) over the memory-order view, then converted: the
+    counts are exact either way, so this gives the bits of a float32 sum, ~4× faster on CPU (a float32 sum
+    of a bool tensor converts every element first, and a channels-last input reduced into a planar result
+    is ~4× slower again)."""
+    dims = sorted(range(1, flags.dim()), key=flags.stride, reverse=True)
+    inverse = [0] * flags.dim()
     for position, dim in enumerate((0, *dims)):
         inverse[dim] = position
-    return t.permute(0, *dims).sum(0, keepdim=True, dtype=torch.float32).permute(inverse)
+    count_dtype = torch.uint8 if flags.shape[0] <= torch.iinfo(torch.uint8).max else torch.int32
+    counts = flags.permute(0, *dims).view(torch.uint8).sum(0, keepdim=True, dtype=count_dtype)
+    return counts.to(torch.float32).permute(inverse)
 
 
 def _pad_lon_circular(x: torch.Tensor, pad: int) -> torch.Tensor:
@@ -192,14 +198,19 @@ class _RouteExperts(torch.autograd.Function):
     ``local_idx`` (G = 1): ``expert_out`` holds only the n experts selected somewhere, (B, n, F, H, W), and
     ``local_idx`` is ``idx`` renumbered into them; ``flat`` then indexes that block. ``idx`` keeps the global
     expert numbers for the RC labels.
+
+    ``selection``: the gate's :class:`~smoeweather.nn.gates.Selection` when the routing is the gate's cached
+    one; the RC loss's sigmoid and softplus of the scores are memoised in it, so layers sharing a gate compute
+    them once per step (same values, same bits).
     """
 
     @staticmethod
     def forward(ctx, expert_out: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor,
                 layer: SpatialMoE2d, flat: torch.Tensor | None = None, channels_last: bool = False,
-                local_idx: torch.Tensor | None = None) -> torch.Tensor:
+                local_idx: torch.Tensor | None = None, selection: Selection | None = None) -> torch.Tensor:
         # expert_out (B, |E| or n, F, H, W); scores (G, |E|, H, W); idx (G, E, H, W) -> y (B, E, F, H, W)
         ctx.save_for_backward(scores, idx)
+        ctx.selection = selection
         if local_idx is not None:
             idx = local_idx
         b, num_experts, f, h, w = expert_out.shape
@@ -255,7 +266,7 @@ class _RouteExperts(torch.autograd.Function):
                 if layer.damping_quantile != layer.quantile:
                     threshold = quantile_threshold(error, layer.damping_quantile)
                 wrong_damp = error > threshold + layer.damping_tolerance * to_signal
-            layer.last_misrouted_fraction = wrong.sum(dtype=torch.float32) / wrong.numel()
+            layer.last_misrouted_fraction = torch.count_nonzero(wrong).to(torch.float32) / wrong.numel()
 
         grad_expert = None
         if ctx.needs_input_grad[0]:
@@ -290,7 +301,7 @@ class _RouteExperts(torch.autograd.Function):
                 if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
                     # fractions k/B, summed over the slots in routing_labels: contiguous, so that sum runs in
                     # one order in every layout (a no-op for planar, a 1/B-sized copy for channels-last)
-                    wrong_g = _sum_batch(wrong).div_(b).contiguous()
+                    wrong_g = _count_batch(wrong).div_(b).contiguous()
                 else:  # 0/1 values: their sums are exact in any order
                     wrong_g = wrong.to(torch.float32)
                 labels = routing_labels(wrong_g, idx, num_experts)
@@ -299,8 +310,11 @@ class _RouteExperts(torch.autograd.Function):
                 layer.last_label_information = ((p_flagged - (1.0 - layer.quantile)).abs() > 0.1).float().mean()
                 z = scores.detach().float()
                 n = labels.numel()
-                grad_scores = (torch.sigmoid(z) - labels).mul_(layer.rc_weight * layer.loss_scale / n)
-                layer.last_rc_loss = (F.softplus(z) - labels * z).mean().detach()
+                memo = ctx.selection.memo if ctx.selection is not None else (lambda key, make: make())
+                sigmoid = memo(("rc_sigmoid", layer.gate_norm), lambda: torch.sigmoid(z))
+                softplus = memo(("rc_softplus", layer.gate_norm), lambda: F.softplus(z))
+                grad_scores = (sigmoid - labels).mul_(layer.rc_weight * layer.loss_scale / n)
+                layer.last_rc_loss = (softplus - labels * z).mean().detach()
             if grad_scores is None:
                 grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
             if layer.gate_gets_task_grad and not layer.weighted:
@@ -309,7 +323,7 @@ class _RouteExperts(torch.autograd.Function):
                     straight = straight.sum(0, keepdim=True)
                 grad_scores.scatter_add_(1, idx, straight)
             grad_scores = grad_scores.to(scores.dtype)
-        return grad_expert, grad_scores, None, None, None, None, None
+        return grad_expert, grad_scores, None, None, None, None, None, None
 
 
 class SpatialMoE2d(nn.Module):
@@ -510,28 +524,41 @@ class SpatialMoE2d(nn.Module):
         position = torch.cumsum(used, 0) - 1  # position of each used expert in ``experts``
         return experts, position[idx]
 
+    def _flat_index(self, idx: torch.Tensor, num_computed: int, channels_last: bool) -> torch.Tensor:
+        """Flat gather positions of the slots ``idx`` (1, E, H, W) in a block of ``num_computed`` experts."""
+        if channels_last:
+            return flat_expert_index_channels_last(idx[0], num_computed, self.out_per_expert)
+        return flat_expert_index(idx[0], self.out_per_expert)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         channels_last = self.resolved_route_impl(x) == "channels_last"
         scores = self.normalised_scores(x)
         routing_scores = scores
         if self.training and self.noise > 0:
             routing_scores = scores + torch.randn_like(scores) * (self.noise / math.sqrt(self.num_experts))
-        flat = None
+        flat = selection = None
         if isinstance(self.gate, TensorRoutingGate) and self.gate_norm in ("none", "softmax") and \
                 routing_scores is scores:  # order-preserving: the gate's cached selection is valid
-            idx, flat = self.gate.top_indices(self.num_selected, self.out_per_expert, channels_last=channels_last)
+            selection = self.gate.selection(self.num_selected, self.out_per_expert, channels_last=channels_last)
+            idx, flat = selection.idx, selection.flat
         else:
             idx = routing_scores.detach().topk(self.num_selected, dim=1, sorted=True).indices
         self.last_routing = idx[:1, 0].detach()  # (1, H, W) top-1 expert, for maps and monitoring
         experts = local_idx = None
         if self.uses_selected_experts(x, shared_routing=idx.shape[0] == 1):
-            experts, local_idx = self._used_experts(idx)
+            if selection is None:
+                experts, local_idx = self._used_experts(idx)
+            else:  # once per gate and step: the layers sharing the gate share it
+                experts, local_idx = selection.memo(("used", self.num_experts), lambda: self._used_experts(idx))
             if experts.numel() == self.num_experts:
                 experts = local_idx = None
-            else:
-                flat = None  # the gate's flat index is for all |E| experts; _RouteExperts derives it from local_idx
+            else:  # the gate's flat index is for all |E| experts: index the block of the n used ones
+                flat = None if selection is None else selection.memo(
+                    ("used_flat", self.num_experts, self.out_per_expert, channels_last),
+                    lambda: self._flat_index(local_idx, experts.numel(), channels_last))
         expert_out = self.apply_experts(x, channels_last, experts)
-        y = _RouteExperts.apply(expert_out, scores, idx, self, flat, channels_last, local_idx)  # (B, E, F, H, W)
+        y = _RouteExperts.apply(expert_out, scores, idx, self, flat, channels_last, local_idx,
+                                selection)  # (B, E, F, H, W)
         if self.weighted:
             weight_source = scores if self.gate_gets_task_grad else scores.detach()
             weights = weight_source.gather(1, idx).unsqueeze(2)  # (G, E, 1, H, W)
