@@ -2,8 +2,10 @@
 
 One step = forward + loss + backward (RC labels inside it) + Adam step, one CPU thread, batch 8 on the
 32×64 gcm_ens grid, inputs random (the data loader is not part of it; ``benchmarks/train_throughput.py``
-measures whole loops). Pairs, each timed warm (``--warmup`` steps first) and interleaved ABAB over
-``--rounds`` rounds so a drifting machine load cancels in the per-round ratio; the median ratio is reported:
+measures whole loops; ``benchmarks/postprocess_train_loop.py`` the post-processing networks' ``smoe train``).
+Pairs, each timed warm (``--warmup`` steps first), alternating blocks of ``--block`` steps (dense, SMoE, SMoE
+all-experts, …) so a drifting machine load hits every variant alike; per round the median block of each, and
+the median over ``--rounds`` rounds of the per-round ratios is reported:
 
 * the post-processing U-Net at widths 8/16/32 and 16/32/64 vs the SMoE-U-Net (land-sea prior, coherent
   gate, RC q 0.3, no damping; |E| = 4 × filters);
@@ -18,7 +20,7 @@ SMoE-U-Net step (top operators) is stored too. The load average at start is reco
 are the numbers to compare across machines.
 
 Writes ``benchmarks/results/smoe_step_cpu.json`` and ``.md``.
-    python benchmarks/smoe_step.py [--steps 20] [--rounds 3]
+    python benchmarks/smoe_step.py [--steps 20] [--block 5] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -141,8 +143,9 @@ def profile_top(make: Callable[[], torch.nn.Module], steps: int = 5, rows: int =
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="timed steps per network per round")
+    parser.add_argument("--block", type=int, default=5, help="steps per timed block")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=list(NETWORKS))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -159,8 +162,12 @@ def main() -> None:
         times: dict[str, list[float]] = {k: [] for k in variants}
         for r in range(args.rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
-            for key in order:
-                times[key].append(steppers[key].timed(args.steps))
+            steps: dict[str, list[float]] = {k: [] for k in variants}
+            for _ in range(max(args.steps // args.block, 1)):  # alternate short blocks: a load change hits
+                for key in order:  # every variant alike, and each block runs with its own network's caches warm
+                    steps[key].append(steppers[key].timed(args.block))
+            for key in variants:
+                times[key].append(statistics.median(steps[key]))
             print(f"{name} round {r}: " + ", ".join(f"{k} {times[k][-1] * 1e3:.1f} ms" for k in variants), flush=True)
 
         def ratio(key: str, times: dict[str, list[float]] = times) -> float:
@@ -170,6 +177,7 @@ def main() -> None:
         entry: dict[str, Any] = {"network": name,
                                  "seconds_per_step": {k: statistics.median(v) for k, v in times.items()},
                                  "time_ratio": ratio("smoe"), "time_ratio_all_experts": ratio("smoe_all_experts"),
+                                 "round_ratios": [s / d for s, d in zip(times["smoe"], times["dense"], strict=True)],
                                  "experts_computed_per_layer": experts_computed(make_smoe),
                                  "loss_trajectory": used, "loss_trajectory_all_experts": every,
                                  "max_relative_loss_difference": max(abs(a - b) / abs(b) for a, b in zip(used, every)),
@@ -183,15 +191,17 @@ def main() -> None:
     (RESULTS / "smoe_step_cpu.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = ["# SMoE training step vs its dense twin (CPU, 1 thread, batch 8, 32×64)", "",
              f"Load average at start: {setup['loadavg_at_start'][0]:.2f} on {setup['cpu_count']} cores. "
-             "Median of per-round ratios (interleaved rounds).", "",
-             "| network | dense ms | SMoE ms | ratio | all experts ms | ratio before (all experts) | experts computed "
-             "| bitwise-equal losses | max rel. loss difference, 10 steps |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+             f"Blocks of {args.block} steps alternate between the variants; median block per round, median of the "
+             f"{args.rounds} per-round ratios.", "",
+             "| network | dense ms | SMoE ms | ratio | per-round ratios | all experts ms | ratio before (all experts) "
+             "| experts computed | bitwise-equal losses | max rel. loss difference, 10 steps |",
+             "|---|---:|---:|---:|---|---:|---:|---|---:|---:|"]
     for e in entries:
         s = e["seconds_per_step"]
         computed = sum(c for c, _ in e["experts_computed_per_layer"])
         total = sum(n for _, n in e["experts_computed_per_layer"])
         lines.append(f"| {e['network']} | {s['dense'] * 1e3:.1f} | {s['smoe'] * 1e3:.1f} | {e['time_ratio']:.2f} | "
+                     f"{', '.join(f'{r:.2f}' for r in e['round_ratios'])} | "
                      f"{s['smoe_all_experts'] * 1e3:.1f} | {e['time_ratio_all_experts']:.2f} | {computed} of {total} | "
                      f"{e['bitwise_identical_steps']} of 10 | {e['max_relative_loss_difference']:.1e} |")
     if top:
