@@ -437,3 +437,23 @@ def test_shared_gate_memo_is_bitwise_the_per_layer_computation(monkeypatch: pyte
                         *[p.grad.clone() for p in net.parameters()]])
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
+
+
+def test_gate_selection_cache_survives_inference_mode_between_steps() -> None:
+    """Lightning validates under ``torch.inference_mode``; a selection cached there would hand the next
+    training step inference tensors, which autograd cannot save for backward. Validation, then a training
+    step with the same weights, must work and give the gradients of a layer that never ran in inference."""
+    grads = []
+    for validate_first in (True, False):
+        torch.manual_seed(4)
+        gate = TensorRoutingGate(8, 4, 6, num_selected=2, init="coherent",
+                                 prior=(torch.arange(24).view(4, 6) % 2).long())
+        layer = SpatialMoE2d(3, 8, 2, gate=gate, damping=None)
+        x = torch.randn(2, 3, 4, 6)
+        if validate_first:
+            with torch.inference_mode():
+                layer(x)
+        layer(x).square().sum().backward()
+        grads.append([p.grad.clone() for p in layer.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)

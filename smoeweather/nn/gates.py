@@ -40,8 +40,11 @@ class Selection:
     derived: dict[Any, Any] = field(default_factory=dict)
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
-        """``derived[key]``, computed by ``make()`` on first use."""
+        """``derived[key]``, computed by ``make()`` on first use (never stored under ``torch.inference_mode``:
+        an inference tensor cannot be saved for a later training step's backward)."""
         if key not in self.derived:
+            if torch.is_inference_mode_enabled():
+                return make()
             self.derived[key] = make()
         return self.derived[key]
 
@@ -147,7 +150,10 @@ class TensorRoutingGate(nn.Module):
         and ``torch.compile`` recompute every call (a value check would be a host synchronisation).
         """
         weight = self.weight.detach()
-        cacheable = weight.device.type == "cpu" and not torch.compiler.is_compiling()
+        # not under inference_mode (Lightning's validation): its tensors cannot be saved for backward, so a
+        # selection cached there would break the next training step (tested)
+        cacheable = weight.device.type == "cpu" and not torch.compiler.is_compiling() \
+            and not torch.is_inference_mode_enabled()
         key = (int(k), int(out_per_expert), bool(channels_last))
         if cacheable:
             snapshot = self._snapshot
