@@ -13,17 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-# benchmarks/scores.py would shadow the `scores` library that the rank histogram imports
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from smoeweather.evaluate import evaluate  # noqa: E402
-from smoeweather.io import write_json  # noqa: E402
+from smoeweather.evaluate import evaluate
+from smoeweather.io import write_json
 
 
 def rescore(run: Path) -> bool:

@@ -11,7 +11,7 @@ Targets (issue #8): equal within 1e-6 relative; our CRPS ≥ 5× faster than pro
 (peak extra memory of our CRPS call, measured with tracemalloc in a separate call, vs the input size).
 Writes benchmarks/results/scores.json and prints one JSON line of the ratios.
 
-    python benchmarks/scores.py [--times 1460] [--members 50] [--repeats 1]
+    python benchmarks/score_agreement.py [--times 1460] [--members 50] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -29,8 +28,6 @@ import numpy as np
 import xarray as xr
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scores.json"
-# run as a script, this file's folder is sys.path[0] and this module would shadow the ``scores`` package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != RESULTS.parent.parent]
 
 
 def make_data(n_times: int, members: int, seed: int = 0) -> tuple[xr.DataArray, xr.DataArray]:
