@@ -157,16 +157,12 @@ class TensorRoutingGate(nn.Module):
         key = (int(k), int(out_per_expert), bool(channels_last))
         if cacheable:
             snapshot = self._snapshot
-            if snapshot is None or snapshot.shape != weight.shape or not torch.equal(snapshot, weight):
+            if snapshot is None or not torch.equal(snapshot, weight):  # False for another shape too
                 self._selections, self._snapshot = {}, weight.clone()
             elif key in self._selections:
                 return self._selections[key]
         idx = weight.topk(k, dim=0, sorted=True).indices
-        if channels_last:
-            flat = flat_expert_index_channels_last(idx, self.num_experts, out_per_expert)
-        else:
-            flat = flat_expert_index(idx, out_per_expert)
-        selection = Selection(idx.unsqueeze(0), flat)
+        selection = Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert, channels_last))
         if cacheable:
             self._selections[key] = selection
         return selection
@@ -198,6 +194,15 @@ def flat_expert_index_channels_last(idx: torch.Tensor, num_experts: int, out_per
     pixel = torch.arange(h * w, device=idx.device).view(h * w, 1, 1) * (num_experts * f)
     channel = torch.arange(f, device=idx.device)
     return (idx.reshape(e, h * w).t().unsqueeze(2) * f + pixel + channel).reshape(-1)
+
+
+def flat_slot_index(idx: torch.Tensor, num_experts: int, out_per_expert: int = 1,
+                    channels_last: bool = False) -> torch.Tensor:
+    """Flat gather positions of the slots selected by ``idx`` (E, H, W) in a block of ``num_experts`` experts:
+    :func:`flat_expert_index_channels_last` for a channels-last block, else :func:`flat_expert_index`."""
+    if channels_last:
+        return flat_expert_index_channels_last(idx, num_experts, out_per_expert)
+    return flat_expert_index(idx, out_per_expert)
 
 
 def coord_channels(x: torch.Tensor) -> torch.Tensor:

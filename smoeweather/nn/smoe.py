@@ -39,7 +39,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.nn.gates import Selection, TensorRoutingGate, flat_expert_index, flat_expert_index_channels_last
+from smoeweather.nn.gates import (
+    Selection,
+    TensorRoutingGate,
+    flat_expert_index,
+    flat_expert_index_channels_last,
+    flat_slot_index,
+)
 
 GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
@@ -524,12 +530,6 @@ class SpatialMoE2d(nn.Module):
         position = torch.cumsum(used, 0) - 1  # position of each used expert in ``experts``
         return experts, position[idx]
 
-    def _flat_index(self, idx: torch.Tensor, num_computed: int, channels_last: bool) -> torch.Tensor:
-        """Flat gather positions of the slots ``idx`` (1, E, H, W) in a block of ``num_computed`` experts."""
-        if channels_last:
-            return flat_expert_index_channels_last(idx[0], num_computed, self.out_per_expert)
-        return flat_expert_index(idx[0], self.out_per_expert)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         channels_last = self.resolved_route_impl(x) == "channels_last"
         scores = self.normalised_scores(x)
@@ -555,7 +555,7 @@ class SpatialMoE2d(nn.Module):
             else:  # the gate's flat index is for all |E| experts: index the block of the n used ones
                 flat = None if selection is None else selection.memo(
                     ("used_flat", self.num_experts, self.out_per_expert, channels_last),
-                    lambda: self._flat_index(local_idx, experts.numel(), channels_last))
+                    lambda: flat_slot_index(local_idx[0], experts.numel(), self.out_per_expert, channels_last))
         expert_out = self.apply_experts(x, channels_last, experts)
         y = _RouteExperts.apply(expert_out, scores, idx, self, flat, channels_last, local_idx,
                                 selection)  # (B, E, F, H, W)
