@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import properscoring
 import pytest
 import xarray as xr
@@ -146,3 +147,23 @@ def test_pooled_fit_reduces_over_blocks_and_ecc_streams(tmp_path: Path) -> None:
     # a store chunked ALONG the members (e.g. zarr's default chunks of a member store) gives the same members
     split = ecc_members(lazy_mu, lazy_sigma, fc.chunk({"time": 3, "member": 2}), 6)
     xr.testing.assert_identical(split.compute(), eager)
+
+
+def test_stores_written_after_a_period_selection_of_a_chunked_store(tmp_path: Path) -> None:
+    """A period cut of a time-chunked store (``select_period``: ``isel`` with an index array) can leave dask chunks
+    such as (7, 8) or (7, …, 7, 9) (the demo's), which zarr refuses; ``write_stores`` makes them regular, and the
+    values are kept."""
+    from smoeweather.postprocess.pipeline import write_stores
+
+    times = pd.date_range("2001-01-01", periods=137, freq="3D")  # 2002 is cut out as chunks (7, 8)
+    rng = np.random.default_rng(0)
+    ds = xr.Dataset({"t": (("time", "prediction_timedelta", "latitude", "longitude"),
+                           rng.standard_normal((137, 1, 3, 4)).astype(np.float32))},
+                    coords={"time": times, "prediction_timedelta": [np.timedelta64(24, "h")],
+                            "latitude": [-10.0, 0.0, 10.0], "longitude": [0.0, 90.0, 180.0, 270.0]})
+    cut = ensembles.select_period(ds.chunk({"time": 8}), ["2002", "2002"])
+    assert len(set(cut["t"].chunks[0][:-1])) > 1 or cut["t"].chunks[0][-1] > cut["t"].chunks[0][0]  # irregular
+    out = tmp_path / "cut.zarr"
+    write_stores([(cut, out, "deterministic", {})], None, False, False)
+    np.testing.assert_array_equal(xr.open_zarr(out)["t"].values, cut["t"].values)
+    assert chunked.zarr_chunks(ds.chunk({"time": 8}))["t"].chunks == ds.chunk({"time": 8})["t"].chunks

@@ -76,6 +76,20 @@ def as_dask(ds: xr.Dataset, target_bytes: float = 64e6) -> xr.Dataset:
     return ds.chunk({"time": max(1, int(target_bytes // per_step))} if "time" in ds.dims else {})
 
 
+def zarr_chunks(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with dask chunks a zarr store can take: along every dim, all chunks equal and the last no larger.
+    A dim whose chunks are not (e.g. (7, …, 7, 9) after ``isel`` with an index array, as a period selection
+    does) is rechunked to its largest chunk; regular dims are left alone (no copy)."""
+    irregular: dict[str, int] = {}
+    for v in ds.variables.values():
+        if v.chunks is None:
+            continue
+        for dim, sizes in zip(v.dims, v.chunks, strict=True):
+            if len(sizes) > 1 and (len(set(sizes[:-1])) > 1 or sizes[-1] > sizes[0]):
+                irregular[dim] = max(irregular.get(dim, 0), max(sizes))
+    return ds.chunk(irregular) if irregular else ds
+
+
 def _group_dims(da: xr.DataArray) -> list[str]:
     return [d for d in da.dims if d not in ("time", MEMBER, *SPACE_DIMS)]
 

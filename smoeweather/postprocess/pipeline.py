@@ -129,7 +129,7 @@ def write_stores(products: Sequence[tuple[xr.Dataset, Path, str, dict[str, Any]]
         jobs = []
         for ds, path, kind, attrs in products:
             tmp = stack.enter_context(atomic_path(path, overwrite=overwrite))
-            jobs.append(_store(chunked.as_dask(ds), kind, attrs).to_zarr(
+            jobs.append(_store(chunked.zarr_chunks(chunked.as_dask(ds)), kind, attrs).to_zarr(
                 tmp, mode="w", compute=False, consolidated=True, zarr_format=2))
         chunked.compute(jobs, client, progress, f"writing {', '.join(p.name for _, p, _, _ in products)}")
     return [p for _, p, _, _ in products]
