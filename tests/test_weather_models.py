@@ -273,3 +273,37 @@ def test_periodic_lrlcn_matches_zero_padded_lrlcn_away_from_the_longitude_edges(
     # periodic: rolling in longitude commutes with the layer except for the location-dependent weights
     # → with uniform location logits (the init) it commutes exactly
     torch.testing.assert_close(layer(torch.roll(x, 4, -1)), torch.roll(y, 4, -1), **tol)
+
+
+def test_location_embedding_learns_what_the_inputs_do_not_carry() -> None:
+    """Issue 22, headroom arm: ``location_embedding=k`` adds k learned channels (k, H, W), zero at init, to the
+    stem's input. On a target that is a fixed map of location only (inputs are noise), 150 Adam steps bring
+    the embedded ResNet far below the plain one, whose translation-equivariant convolutions cannot tell the
+    points apart; the parameter count grows by exactly k·H·W + the stem's extra weights."""
+    grid = (8, 16)
+    plain = WeatherBenchResNet(2, 1, width=8, blocks=1, dropout=0.0, grid=grid)
+    torch.manual_seed(0)
+    embedded = WeatherBenchResNet(2, 1, width=8, blocks=1, dropout=0.0, grid=grid, location_embedding=3)
+    assert embedded.location_embedding.shape == (3, *grid) and not embedded.location_embedding.any()
+    assert _n_params(embedded) - _n_params(plain) == 3 * grid[0] * grid[1] + 3 * 8 * 7 * 7
+    g = torch.Generator().manual_seed(1)
+    target = torch.randn(1, 1, *grid, generator=g).expand(16, 1, *grid)
+    losses = {}
+    for name, net in (("plain", plain), ("embedded", embedded)):
+        torch.manual_seed(2)
+        opt = torch.optim.Adam(net.parameters(), lr=0.02)
+        for _ in range(150):
+            x = torch.randn(16, 2, *grid, generator=g)
+            loss = nn.functional.mse_loss(net(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        net.eval()
+        with torch.no_grad():
+            losses[name] = float(nn.functional.mse_loss(net(torch.randn(16, 2, *grid, generator=g)), target))
+    assert losses["embedded"] < 0.25 * losses["plain"], losses
+    assert embedded.location_embedding.abs().sum() > 0
+    with pytest.raises(ValueError, match="location_embedding"):
+        WeatherBenchResNet(2, 1, width=8, blocks=1, grid=grid, location_embedding=-1)
+    with pytest.raises(ValueError, match="location_embedding is for the grid"):
+        embedded(torch.randn(1, 2, 4, 16))

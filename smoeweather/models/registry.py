@@ -21,7 +21,7 @@ from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
 from smoeweather.models.unet import PostprocessingUNet
 
 _RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "smoe", "grid", "conv",
-                "lrlcn_rank"}
+                "lrlcn_rank", "location_embedding"}
 _UNET_KEYS = {"in_channels", "levels", "widths", "smoe", "experts_factor", "grid", "rc", "damping",
               "quantile", "out_channels", "head_kernel", "smoe_kwargs", "gate_init", "gate_prior", "prior_strength",
               "share_gate", "head_affine", "freeze_gate"}

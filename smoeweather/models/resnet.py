@@ -172,6 +172,10 @@ class WeatherBenchResNet(nn.Module):
         conv: ``conv`` or ``lrlcn`` (the 3×3 convs of the residual blocks become low-rank locally
             connected layers, Elsayed et al. 2020, periodic in longitude: :class:`PeriodicLonLRLCN`).
         lrlcn_rank: number of basis filters of the LRLCN layers.
+        location_embedding: k > 0 adds k learned input channels, one value per grid point and channel
+            (``self.location_embedding``, (k, H, W), zero at init, so the network starts as the plain one
+            apart from the stem's extra input weights): the dense net's own per-location information, the
+            headroom arm of the routing study (issue 22). 0 (default) = none.
 
     Gates: one :class:`TensorRoutingGate` per (|E|, H, W), shared by all SMoE layers with that size (paper),
     or one per layer with ``smoe.share_gate=false``; listed in ``self.gates`` (a ModuleDict keyed
@@ -190,6 +194,7 @@ class WeatherBenchResNet(nn.Module):
         land_sea_prior: torch.Tensor | None = None,
         conv: ConvKind = "conv",
         lrlcn_rank: int = 3,
+        location_embedding: int = 0,
     ) -> None:
         super().__init__()
         self.smoe_config = SMoEPlacement.from_config(smoe)
@@ -207,7 +212,11 @@ class WeatherBenchResNet(nn.Module):
         self.gates = nn.ModuleDict()
         self._conv_kind, self._lrlcn_rank = conv, lrlcn_rank
 
-        self.stem = ConvBlock(PeriodicLonConv2d(in_channels, width, 7), width, dropout)
+        if location_embedding < 0:
+            raise ValueError(f"location_embedding must be >= 0 channels, got {location_embedding}")
+        self.location_embedding = (nn.Parameter(torch.zeros(location_embedding, *self.grid))
+                                   if location_embedding else None)
+        self.stem = ConvBlock(PeriodicLonConv2d(in_channels + location_embedding, width, 7), width, dropout)
         self.first_smoe = ConvBlock(self._smoe(width), width, dropout) if cfg.placement == "first" else None
         res = []
         for _ in range(blocks):
@@ -267,6 +276,12 @@ class WeatherBenchResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C_in, H, W) normalised inputs → (B, C_out, H, W) normalised outputs."""
+        if self.location_embedding is not None:
+            if x.shape[-2:] != self.location_embedding.shape[-2:]:
+                raise ValueError(f"location_embedding is for the grid {tuple(self.location_embedding.shape[-2:])}, "
+                                 f"got input {tuple(x.shape)}")
+            embedding = self.location_embedding.to(x.dtype).unsqueeze(0).expand(x.shape[0], -1, -1, -1)
+            x = torch.cat([x, embedding], dim=1)
         x = self.stem(x)
         if self.first_smoe is not None:
             x = self.first_smoe(x)
