@@ -19,8 +19,10 @@ from torch._subclasses.fake_tensor import (  # private, but the reference way to
     DynamicOutputShapeException,
     FakeTensorMode,
 )
+from torch.nn import functional as F
 
 from smoeweather.nn import SpatialMoE2d, TensorRoutingGate
+from smoeweather.nn import gates as gates_module
 from smoeweather.nn import smoe as smoe_module
 from smoeweather.nn.gates import ConvGate
 from smoeweather.nn.smoe import _RouteExperts, quantile_threshold
@@ -457,3 +459,105 @@ def test_gate_selection_cache_survives_inference_mode_between_steps() -> None:
         grads.append([p.grad.clone() for p in layer.parameters()])
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["unchanged", "one_location", "many_locations", "ties", "nan", "other_k"])
+def test_top_k_experts_reuse_is_exactly_topk(case: str) -> None:
+    """Issue 22, speed: re-checking the previous selection (and re-ranking only the locations that changed)
+    returns exactly ``topk``'s indices, including where ties or NaN make ``topk``'s own order decide."""
+    g = torch.Generator().manual_seed(1)
+    before = torch.randn(16, 8, 12, generator=g)
+    k = 5
+    previous = before.topk(k, dim=0, sorted=True).indices
+    after = before + 1e-6 * torch.randn(before.shape, generator=g)
+    if case == "one_location":
+        after[:, 2, 3] = torch.randn(16, generator=g)
+    elif case == "many_locations":
+        after = torch.randn(before.shape, generator=g)
+    elif case == "ties":
+        after[:, 1, 1] = 0.5  # every expert tied
+        order = after[:, 4, 4].argsort(descending=True)
+        after[order[k - 1], 4, 4] = after[order[k], 4, 4]  # the last selected ties the best unselected
+    elif case == "nan":
+        after[0, 0, 0] = after[5, 3, 3] = float("nan")
+    elif case == "other_k":
+        previous = before.topk(k + 1, dim=0).indices  # a selection of another size is not reused
+    chosen = gates_module.top_k_experts(after, k, previous)
+    assert torch.equal(chosen, after.topk(k, dim=0, sorted=True).indices)
+    if case == "unchanged":
+        assert chosen is previous
+
+
+def test_selection_memo_survives_an_update_that_keeps_the_selection() -> None:
+    """After a small weight update that leaves every location's sorted top-k as it was, the gate hands out a
+    new Selection with the same indices and selection memo, and an empty value memo (sigmoid/softplus of the
+    old scores must not be reused)."""
+    torch.manual_seed(2)
+    gate = TensorRoutingGate(8, 4, 6, num_selected=3, init="coherent",
+                             prior=(torch.arange(24).view(4, 6) % 2).long())
+    first = gate.selection(3)
+    used = first.memo("used", lambda: object())
+    first.memo("sigmoid", lambda: torch.sigmoid(gate.weight), values=True)
+    with torch.no_grad():
+        gate.weight.add_(1e-4)
+    second = gate.selection(3)
+    assert second is not first and second.idx is first.idx and second.flat is first.flat
+    assert second.memo("used", lambda: None) is used
+    assert "sigmoid" not in second.value_derived
+
+
+def test_training_with_selection_reuse_is_bitwise_training_without() -> None:
+    """The SMoE-U-Net (shared gates, RC, land-sea prior) trains 15 Adam steps with a high gate learning rate, so
+    routing changes on the way; every loss and final weight is bitwise what recomputing ``topk`` gives."""
+    from smoeweather.models.unet import PostprocessingUNet
+
+    prior = torch.zeros(16, 32)
+    prior[3:10, 4:14] = 1.0
+    runs = []
+    for reuse in (True, False):
+        torch.manual_seed(0)
+        net = PostprocessingUNet(3, levels=2, widths=(4, 8), smoe=True, grid=(16, 32), land_sea_prior=prior,
+                                 damping=None)
+        opt = torch.optim.Adam(net.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(4, 3, 16, 32, generator=g), torch.randn(4, 2, 16, 32, generator=g)
+        losses, changed = [], 0
+        for _ in range(15):
+            if not reuse:
+                for gate in net.gates.values():
+                    gate._previous, gate._selections, gate._snapshot = {}, {}, None
+            before = {k: gate.weight.detach().topk(gate_k, dim=0).indices
+                      for k, gate in net.gates.items() for gate_k in [int(k.split("_E")[1].split("_")[0]) // 4]}
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            changed += sum(not torch.equal(before[k], gate.weight.detach().topk(idx.shape[0], dim=0).indices)
+                           for k, gate in net.gates.items() for idx in [before[k]])
+        runs.append((losses, [p.detach().clone() for p in net.parameters()], changed))
+    assert runs[0][2] > 0  # the routing did change during the run
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1], strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("g", [1, 3])
+def test_rc_gradient_and_loss_without_a_label_tensor(g: int) -> None:
+    """Issue 22, speed: the gate gradient built without the (G, |E|, H, W) label tensor is bitwise
+    sigmoid − routing_labels, and the RC loss value from per-gate sums is the BCE-with-logits of those
+    labels (torch's own) to float32 summation tolerance."""
+    from smoeweather.nn.smoe import rc_gate_gradient, rc_loss_mean, routing_labels
+
+    torch.manual_seed(9)
+    num_experts, e, h, w = 12, 4, 9, 14
+    z = torch.randn(g, num_experts, h, w) * 3
+    idx = z.topk(e, dim=1).indices
+    wrong = torch.randint(0, 9, (g, e, h, w)).float() / 8  # batch-averaged flags, k/8
+    labels = routing_labels(wrong, idx, num_experts)
+    assert torch.equal(rc_gate_gradient(torch.sigmoid(z), wrong, idx, num_experts), torch.sigmoid(z) - labels)
+    value = rc_loss_mean(F.softplus(z).sum(), z.sum(1, keepdim=True), z.gather(1, idx), wrong, idx, num_experts,
+                         z.numel())
+    reference = F.binary_cross_entropy_with_logits(z, labels)
+    # sums of n = G·|E|·H·W terms of magnitude ≤ |z| + log 2 each (the two sides sum in different orders)
+    scale = float((F.softplus(z) + (labels * z).abs()).mean())
+    torch.testing.assert_close(value, reference, **float_tol(torch.float32, z.numel(), scale=scale))

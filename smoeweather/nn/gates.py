@@ -30,23 +30,76 @@ class Selection:
     """One top-k selection of a routing tensor and what the layers derive from it.
 
     ``idx``: (1, k, H, W) selected experts in descending score order; ``flat``: their positions in the expert
-    block (see :meth:`TensorRoutingGate.top_indices`). ``derived`` memoises tensors that depend only on the
-    gate's values (the experts used anywhere, a renumbered flat index, the RC loss's sigmoid and softplus of
-    the scores), so the layers that share a gate compute them once per step instead of once per layer.
+    block (see :meth:`TensorRoutingGate.top_indices`). Two memos let the layers that share a gate compute
+    derived tensors once instead of once per layer:
+
+    * ``derived`` (:meth:`memo`): tensors that depend on the selection only (the experts used anywhere, a
+      renumbered flat index). They survive a weight update that leaves the selection as it was.
+    * ``value_derived`` (:meth:`memo` with ``values=True``): tensors of the gate's values (the RC loss's
+      sigmoid and softplus of the scores), valid for one set of weights.
     """
 
     idx: torch.Tensor
     flat: torch.Tensor
     derived: dict[Any, Any] = field(default_factory=dict)
+    value_derived: dict[Any, Any] = field(default_factory=dict)
 
-    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
-        """``derived[key]``, computed by ``make()`` on first use (never stored under ``torch.inference_mode``:
-        an inference tensor cannot be saved for a later training step's backward)."""
-        if key not in self.derived:
+    def memo(self, key: Any, make: Callable[[], Any], values: bool = False) -> Any:
+        """``derived[key]`` (``values``: ``value_derived[key]``), computed by ``make()`` on first use (never
+        stored under ``torch.inference_mode``: an inference tensor cannot be saved for a later training step's
+        backward)."""
+        store = self.value_derived if values else self.derived
+        if key not in store:
             if torch.is_inference_mode_enabled():
                 return make()
-            self.derived[key] = make()
-        return self.derived[key]
+            store[key] = make()
+        return store[key]
+
+    def for_new_values(self) -> Selection:
+        """The same selection for updated gate values: the selection memo is kept, the value memo starts empty."""
+        return Selection(self.idx, self.flat, self.derived)
+
+
+def _top_k_is(weight: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Where ``idx`` (k, N) is the one answer of ``weight.topk(k, dim=0, sorted=True)`` for ``weight`` (|E|, N):
+    (N,) bool, True where the selected scores strictly decrease and exactly |E| − k scores lie strictly below
+    the lowest of them (no ties, no NaN: a NaN makes these comparisons False, hence the location False)."""
+    num_experts, k = weight.shape[0], idx.shape[0]
+    selected = weight.gather(0, idx)
+    ok = (weight < selected[-1:]).sum(0, dtype=torch.int32) == num_experts - k
+    if k > 1:
+        ok &= (selected[:-1] > selected[1:]).all(0)
+    return ok
+
+
+def top_k_experts(weight: torch.Tensor, k: int, previous: torch.Tensor | None = None) -> torch.Tensor:
+    """``weight.topk(k, dim=0, sorted=True).indices`` for a routing tensor (|E|, H, W), the same tensor values
+    whatever path computes them; ``previous`` (k, H, W) is a selection of earlier weights to reuse.
+
+    A training step moves the gate's scores a little, so almost every location keeps its sorted top-k. Checking
+    that (:func:`_top_k_is`, ~10× cheaper than the ``topk``) and re-ranking only the locations that changed gives
+    the same indices: where the check holds the sorted top-k is unique, so ``topk`` could return nothing else.
+    Ties or NaN (where ``topk``'s own tie order decides) fall back to one ``topk`` over the whole tensor, as does
+    a change at more than a quarter of the locations. Returns ``previous`` itself when nothing changed.
+    """
+    full = lambda: weight.topk(k, dim=0, sorted=True).indices  # noqa: E731
+    if previous is None or previous.shape != (k, *weight.shape[1:]) or previous.device != weight.device:
+        return full()
+    num_experts = weight.shape[0]
+    columns = weight.reshape(num_experts, -1)
+    stale = ~_top_k_is(columns, previous.reshape(k, -1))
+    if not bool(stale.any()):
+        return previous
+    changed = stale.nonzero().view(-1)
+    if 4 * changed.numel() > stale.numel():
+        return full()
+    block = columns.index_select(1, changed)
+    fresh = block.topk(k, dim=0, sorted=True).indices
+    if not bool(_top_k_is(block, fresh).all()):
+        return full()
+    idx = previous.reshape(k, -1).clone()
+    idx[:, changed] = fresh
+    return idx.view_as(previous)
 
 
 class TensorRoutingGate(nn.Module):
@@ -88,6 +141,7 @@ class TensorRoutingGate(nn.Module):
         self.register_buffer("prior_map", None, persistent=False)
         # CPU selection cache: {(k, F, channels_last): Selection} valid while the weight equals the snapshot
         self._selections: dict[tuple[int, int, bool], Selection] = {}
+        self._previous: dict[tuple[int, int, bool], Selection] = {}  # of earlier weights, for top_k_experts
         self._snapshot: torch.Tensor | None = None
         self.reset_parameters()
         if prior is not None:
@@ -148,6 +202,8 @@ class TensorRoutingGate(nn.Module):
         ``weight._version``: a version-keyed cache went stale under foreach Adam (earlier torch releases) and
         ``weight.data.copy_()``, which do not bump the version counter, and froze the routing. Accelerators
         and ``torch.compile`` recompute every call (a value check would be a host synchronisation).
+        After a weight update the previous selection is re-checked rather than re-ranked (:func:`top_k_experts`,
+        the same indices); where it still holds, the selection memo (used experts, their index) is kept too.
         """
         weight = self.weight.detach()
         # not under inference_mode (Lightning's validation): its tensors cannot be saved for backward, so a
@@ -155,16 +211,25 @@ class TensorRoutingGate(nn.Module):
         cacheable = weight.device.type == "cpu" and not torch.compiler.is_compiling() \
             and not torch.is_inference_mode_enabled()
         key = (int(k), int(out_per_expert), bool(channels_last))
-        if cacheable:
-            snapshot = self._snapshot
-            if snapshot is None or not torch.equal(snapshot, weight):  # False for another shape too
-                self._selections, self._snapshot = {}, weight.clone()
-            elif key in self._selections:
-                return self._selections[key]
-        idx = weight.topk(k, dim=0, sorted=True).indices
-        selection = Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert, channels_last))
-        if cacheable:
-            self._selections[key] = selection
+        if not cacheable:
+            idx = weight.topk(k, dim=0, sorted=True).indices
+            return Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert, channels_last))
+        snapshot = self._snapshot
+        if snapshot is None or not torch.equal(snapshot, weight):  # False for another shape too
+            # the selections of the previous weights: reused where the new weights still select the same
+            self._previous = {**self._previous, **self._selections}
+            self._selections, self._snapshot = {}, weight.clone()
+        elif key in self._selections:
+            return self._selections[key]
+        previous = self._previous.get(key)
+        previous_idx = None if previous is None else previous.idx[0]
+        idx = top_k_experts(weight, k, previous_idx)
+        if previous is not None and idx is previous_idx:
+            selection = previous.for_new_values()
+        else:
+            selection = Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert,
+                                                                    channels_last))
+        self._selections[key] = selection
         return selection
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,8 @@ measurements behind them are in docs/smoe-weather-findings.md, "Design notes of 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -187,10 +189,46 @@ def routing_labels(wrong: torch.Tensor, idx: torch.Tensor, num_experts: int) -> 
     Returns (G, |E|, H, W).
     """
     g, e, h, w = wrong.shape
-    unselected = num_experts - e
-    base = wrong.sum(1, keepdim=True) / unselected if unselected > 0 else torch.zeros_like(wrong[:, :1])
-    labels = base.expand(g, num_experts, h, w).clone()
+    labels = _unselected_label(wrong, num_experts).expand(g, num_experts, h, w).clone()
     return labels.scatter_(1, idx, 1.0 - wrong)
+
+
+def _unselected_label(wrong: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The RC label of every unselected expert, num_wrong/(|E|−E): (G, 1, H, W) from ``wrong`` (G, E, H, W)."""
+    unselected = num_experts - wrong.shape[1]
+    return wrong.sum(1, keepdim=True) / unselected if unselected > 0 else torch.zeros_like(wrong[:, :1])
+
+
+def rc_gate_gradient(sigmoid: torch.Tensor, wrong: torch.Tensor, idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """sigmoid(z) − :func:`routing_labels`, bitwise, without building the (G, |E|, H, W) label tensor: the
+    unselected experts' label is one value per location, subtracted by broadcasting, and the E selected
+    slots are overwritten with sigmoid − (1 − wrong). ``sigmoid``: (G, |E|, H, W). Returns a new tensor."""
+    grad = sigmoid - _unselected_label(wrong, num_experts)
+    return grad.scatter_(1, idx, sigmoid.gather(1, idx) - (1.0 - wrong))
+
+
+def flagged_fraction(wrong: torch.Tensor) -> torch.Tensor:
+    """Fraction of True in the misrouting flags ``wrong`` (any shape), float32 scalar."""
+    return torch.count_nonzero(wrong).to(torch.float32) / wrong.numel()
+
+
+def label_information(wrong: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Share of locations whose flagged fraction (mean of ``wrong`` (G, E, H, W) over G and the slots) differs
+    from 1 − q by more than 0.1: where the RC labels say more than "1 − q of the slots are wrong"."""
+    p_flagged = wrong.mean(dim=(0, 1))
+    return ((p_flagged - (1.0 - quantile)).abs() > 0.1).float().mean()
+
+
+def rc_loss_mean(softplus_sum: torch.Tensor, z_expert_sum: torch.Tensor, z_selected: torch.Tensor,
+                 wrong: torch.Tensor, idx: torch.Tensor, num_experts: int, n: int) -> torch.Tensor:
+    """Mean BCE-with-logits of the RC labels, mean(softplus(z) − labels·z) over n = G·|E|·H·W, from per-gate
+    sums: ``softplus_sum`` Σ softplus(z) (scalar), ``z_expert_sum`` Σ_e z (G, 1, H, W), ``z_selected`` z at
+    ``idx`` (G, E, H, W). Σ labels·z = Σ base·Σ_e z + Σ_selected ((1 − wrong) − base)·z, with base the
+    unselected label, so only (G, E, H, W)-sized tensors are touched per layer (the value is logged, not
+    differentiated; it equals the direct mean up to float32 summation order)."""
+    base = _unselected_label(wrong, num_experts)
+    labelled = (base * z_expert_sum).sum() + (((1.0 - wrong) - base) * z_selected).sum()
+    return (softplus_sum - labelled) / n
 
 
 class _RouteExperts(torch.autograd.Function):
@@ -272,7 +310,8 @@ class _RouteExperts(torch.autograd.Function):
                 if layer.damping_quantile != layer.quantile:
                     threshold = quantile_threshold(error, layer.damping_quantile)
                 wrong_damp = error > threshold + layer.damping_tolerance * to_signal
-            layer.last_misrouted_fraction = torch.count_nonzero(wrong).to(torch.float32) / wrong.numel()
+            if not (layer.rc and ctx.needs_input_grad[1]):  # else from the batch-counted flags below
+                layer.record_diagnostics(last_misrouted_fraction=flagged_fraction(wrong))
 
         grad_expert = None
         if ctx.needs_input_grad[0]:
@@ -308,19 +347,24 @@ class _RouteExperts(torch.autograd.Function):
                     # fractions k/B, summed over the slots in routing_labels: contiguous, so that sum runs in
                     # one order in every layout (a no-op for planar, a 1/B-sized copy for channels-last)
                     wrong_g = _count_batch(wrong).div_(b).contiguous()
-                else:  # 0/1 values: their sums are exact in any order
-                    wrong_g = wrong.to(torch.float32)
-                labels = routing_labels(wrong_g, idx, num_experts)
-                # label information: share of locations whose flagged fraction is off 1 − q by > 0.1
-                p_flagged = wrong_g.mean(dim=(0, 1))
-                layer.last_label_information = ((p_flagged - (1.0 - layer.quantile)).abs() > 0.1).float().mean()
+                else:  # 0/1 values: their sums are exact in any order; contiguous for the RC loss value's sums
+                    wrong_g = wrong.to(torch.float32).contiguous()
                 z = scores.detach().float()
-                n = labels.numel()
-                memo = ctx.selection.memo if ctx.selection is not None else (lambda key, make: make())
-                sigmoid = memo(("rc_sigmoid", layer.gate_norm), lambda: torch.sigmoid(z))
-                softplus = memo(("rc_softplus", layer.gate_norm), lambda: F.softplus(z))
-                grad_scores = (sigmoid - labels).mul_(layer.rc_weight * layer.loss_scale / n)
-                layer.last_rc_loss = (softplus - labels * z).mean().detach()
+                n = z.numel()  # that of the labels, (G, |E|, H, W)
+                memo = ctx.selection.memo if ctx.selection is not None else (lambda key, make, values=False: make())
+                key = ("rc", layer.gate_norm)
+                sigmoid = memo((*key, "sigmoid"), lambda: torch.sigmoid(z), values=True)
+                grad_scores = rc_gate_gradient(sigmoid, wrong_g, idx, num_experts)
+                grad_scores.mul_(layer.rc_weight * layer.loss_scale / n)
+                # logged values, computed when read (the per-gate sums now: the gate is updated in place later)
+                layer.record_diagnostics(
+                    last_rc_loss=partial(rc_loss_mean,
+                                         memo((*key, "softplus_sum"), lambda: F.softplus(z).sum(), values=True),
+                                         memo((*key, "z_expert_sum"), lambda: z.sum(1, keepdim=True), values=True),
+                                         memo((*key, "z_selected"), lambda: z.gather(1, idx), values=True),
+                                         wrong_g, idx, num_experts, n),
+                    last_label_information=partial(label_information, wrong_g, layer.quantile),
+                    last_misrouted_fraction=partial(torch.mean, wrong_g))
             if grad_scores is None:
                 grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
             if layer.gate_gets_task_grad and not layer.weighted:
@@ -462,11 +506,37 @@ class SpatialMoE2d(nn.Module):
         self.gate_task_grad, self.noise, self.aux_losses = gate_task_grad, noise, tuple(aux_losses)
         self.route_impl, self.rc_threshold, self.expert_compute = route_impl, rc_threshold, expert_compute
         self.loss_scale = 1.0
-        self.last_label_information: torch.Tensor | None = None
-        self.last_rc_loss: torch.Tensor | None = None
-        self.last_misrouted_fraction: torch.Tensor | None = None
+        # logged values of the last backward: tensors, or partials that compute them on first read
+        self._diagnostics: dict[str, torch.Tensor | Callable[[], torch.Tensor]] = {}
         self.aux_loss: torch.Tensor | None = None
         self.last_routing: torch.Tensor | None = None
+
+    def record_diagnostics(self, **values: torch.Tensor | Callable[[], torch.Tensor]) -> None:
+        """Set logged values of this backward (``last_rc_loss``, ``last_label_information``,
+        ``last_misrouted_fraction``); a callable (a picklable ``functools.partial`` of tensors that are not
+        modified later) is evaluated on first read, so a step whose values nobody reads does not compute them."""
+        self._diagnostics.update(values)
+
+    def _diagnostic(self, name: str) -> torch.Tensor | None:
+        value = self._diagnostics.get(name)
+        if value is not None and not isinstance(value, torch.Tensor):
+            value = self._diagnostics[name] = value()
+        return value
+
+    @property
+    def last_rc_loss(self) -> torch.Tensor | None:
+        """Mean BCE of the RC labels in the last backward (float32 scalar), or None."""
+        return self._diagnostic("last_rc_loss")
+
+    @property
+    def last_label_information(self) -> torch.Tensor | None:
+        """Share of locations whose flagged fraction is off 1 − q by > 0.1 in the last backward, or None."""
+        return self._diagnostic("last_label_information")
+
+    @property
+    def last_misrouted_fraction(self) -> torch.Tensor | None:
+        """Fraction of the selections flagged misrouted in the last backward, or None."""
+        return self._diagnostic("last_misrouted_fraction")
 
     @property
     def gate_gets_task_grad(self) -> bool:
