@@ -33,15 +33,21 @@ PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),
          ("smoe_gate_lr10", "smoe", "gate learning rate ×10 − ×1"),
          ("smoe_slot_rc", "smoe", "per-slot − per-sample RC threshold"),
          ("smoe_task_grad", "smoe", "task gradient, no RC − RC"),
-         ("smoe_unshared", "smoe", "per-layer − shared gates"))
+         ("smoe_unshared", "smoe", "per-layer − shared gates"),
+         ("smoe", "unet_affine", "SMoE − U-Net with a per-point affine head (headroom arm)"),
+         ("dense_location_embedding", "dense", "dense + location embedding − dense (headroom arm)"),
+         ("smoe_all_prior_coherent", "dense_location_embedding", "SMoE − dense + location embedding"))
 
 
-def parameter_count(variant: dict[str, Any], n_inputs: int = 8, grid: tuple[int, int] = (32, 64)) -> int:
-    """Trainable + frozen parameters of a variant's network (built from its config, a dummy prior)."""
+def parameter_count(variant: dict[str, Any], n_inputs: int = 8, n_outputs: int = 2,
+                    grid: tuple[int, int] = (32, 64)) -> int:
+    """Trainable + frozen parameters of a variant's network (built from its config, a dummy prior).
+    gcm_ens post-processing: 8 inputs per lead (ensemble mean and std of Z/T at 500/850 hPa), 2 outputs (μ, σ)
+    per target and lead."""
     import torch
 
     cfg = apply_overrides(load_config(variant["config"]), variant["overrides"])
-    mcfg = dict(cfg["model"], in_channels=n_inputs, out_channels=2, grid=list(grid))
+    mcfg = dict(cfg["model"], in_channels=n_inputs, out_channels=n_outputs, grid=list(grid))
     prior = torch.zeros(grid) if mcfg.get("gate_prior") == "land_sea" and mcfg.get("smoe") else None
     net = build_weather_model(mcfg, land_sea_prior=prior)
     return sum(p.numel() for p in net.parameters())
@@ -96,7 +102,9 @@ def report(path: Path) -> dict[str, Any]:
     keys = [(lead, target) for lead in study["leads"] for target in study["targets"]]
     variants = list(study["variants"])
     unet = "unet" in baseline
-    params = {v: parameter_count(study["variants"][v]) if unet else None for v in variants}
+    n_leads, n_targets = len(study["leads"]), len(study["targets"])
+    params = {v: parameter_count(study["variants"][v], 8 * n_leads, 2 * n_targets * n_leads) if unet else None
+              for v in variants}
     wide = "unet_wide" if "unet_wide" in variants else None
     out: dict[str, Any] = {"study": study["name"], "baseline": baseline, "score": score,
                            "keys": [f"{t}@{lead}" for lead, t in keys], "arms": {}, "pairs": {}, "routing": {}}
