@@ -37,12 +37,16 @@ class Selection:
       renumbered flat index). They survive a weight update that leaves the selection as it was.
     * ``value_derived`` (:meth:`memo` with ``values=True``): tensors of the gate's values (the RC loss's
       sigmoid and softplus of the scores), valid for one set of weights.
+
+    ``scores``: the gate's weight (|E|, H, W) the selection was made for, a snapshot that is never modified (a
+    logged value can be computed from it after the optimizer has moved the weight), or None.
     """
 
     idx: torch.Tensor
     flat: torch.Tensor
     derived: dict[Any, Any] = field(default_factory=dict)
     value_derived: dict[Any, Any] = field(default_factory=dict)
+    scores: torch.Tensor | None = None
 
     def memo(self, key: Any, make: Callable[[], Any], values: bool = False) -> Any:
         """``derived[key]`` (``values``: ``value_derived[key]``), computed by ``make()`` on first use (never
@@ -55,51 +59,10 @@ class Selection:
             store[key] = make()
         return store[key]
 
-    def for_new_values(self) -> Selection:
-        """The same selection for updated gate values: the selection memo is kept, the value memo starts empty."""
-        return Selection(self.idx, self.flat, self.derived)
-
-
-def _top_k_is(weight: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Where ``idx`` (k, N) is the one answer of ``weight.topk(k, dim=0, sorted=True)`` for ``weight`` (|E|, N):
-    (N,) bool, True where the selected scores strictly decrease and exactly |E| − k scores lie strictly below
-    the lowest of them (no ties, no NaN: a NaN makes these comparisons False, hence the location False)."""
-    num_experts, k = weight.shape[0], idx.shape[0]
-    selected = weight.gather(0, idx)
-    ok = (weight < selected[-1:]).sum(0, dtype=torch.int32) == num_experts - k
-    if k > 1:
-        ok &= (selected[:-1] > selected[1:]).all(0)
-    return ok
-
-
-def top_k_experts(weight: torch.Tensor, k: int, previous: torch.Tensor | None = None) -> torch.Tensor:
-    """``weight.topk(k, dim=0, sorted=True).indices`` for a routing tensor (|E|, H, W), the same tensor values
-    whatever path computes them; ``previous`` (k, H, W) is a selection of earlier weights to reuse.
-
-    A training step moves the gate's scores a little, so almost every location keeps its sorted top-k. Checking
-    that (:func:`_top_k_is`, ~10× cheaper than the ``topk``) and re-ranking only the locations that changed gives
-    the same indices: where the check holds the sorted top-k is unique, so ``topk`` could return nothing else.
-    Ties or NaN (where ``topk``'s own tie order decides) fall back to one ``topk`` over the whole tensor, as does
-    a change at more than a quarter of the locations. Returns ``previous`` itself when nothing changed.
-    """
-    full = lambda: weight.topk(k, dim=0, sorted=True).indices  # noqa: E731
-    if previous is None or previous.shape != (k, *weight.shape[1:]) or previous.device != weight.device:
-        return full()
-    num_experts = weight.shape[0]
-    columns = weight.reshape(num_experts, -1)
-    stale = ~_top_k_is(columns, previous.reshape(k, -1))
-    if not bool(stale.any()):
-        return previous
-    changed = stale.nonzero().view(-1)
-    if 4 * changed.numel() > stale.numel():
-        return full()
-    block = columns.index_select(1, changed)
-    fresh = block.topk(k, dim=0, sorted=True).indices
-    if not bool(_top_k_is(block, fresh).all()):
-        return full()
-    idx = previous.reshape(k, -1).clone()
-    idx[:, changed] = fresh
-    return idx.view_as(previous)
+    def for_new_values(self, scores: torch.Tensor | None) -> Selection:
+        """The same selection for updated gate values ``scores``: the selection memo is kept, the value memo
+        starts empty."""
+        return Selection(self.idx, self.flat, self.derived, scores=scores)
 
 
 class TensorRoutingGate(nn.Module):
@@ -141,7 +104,7 @@ class TensorRoutingGate(nn.Module):
         self.register_buffer("prior_map", None, persistent=False)
         # CPU selection cache: {(k, F, channels_last): Selection} valid while the weight equals the snapshot
         self._selections: dict[tuple[int, int, bool], Selection] = {}
-        self._previous: dict[tuple[int, int, bool], Selection] = {}  # of earlier weights, for top_k_experts
+        self._previous: dict[tuple[int, int, bool], Selection] = {}  # of the previous weights
         self._snapshot: torch.Tensor | None = None
         self.reset_parameters()
         if prior is not None:
@@ -202,8 +165,8 @@ class TensorRoutingGate(nn.Module):
         ``weight._version``: a version-keyed cache went stale under foreach Adam (earlier torch releases) and
         ``weight.data.copy_()``, which do not bump the version counter, and froze the routing. Accelerators
         and ``torch.compile`` recompute every call (a value check would be a host synchronisation).
-        After a weight update the previous selection is re-checked rather than re-ranked (:func:`top_k_experts`,
-        the same indices); where it still holds, the selection memo (used experts, their index) is kept too.
+        When a weight update leaves the selection as it was (most steps: the scores move a little), the selection
+        memo (used experts, their index) is kept too.
         """
         weight = self.weight.detach()
         # not under inference_mode (Lightning's validation): its tensors cannot be saved for backward, so a
@@ -221,14 +184,13 @@ class TensorRoutingGate(nn.Module):
             self._selections, self._snapshot = {}, weight.clone()
         elif key in self._selections:
             return self._selections[key]
+        idx = weight.topk(k, dim=0, sorted=True).indices
         previous = self._previous.get(key)
-        previous_idx = None if previous is None else previous.idx[0]
-        idx = top_k_experts(weight, k, previous_idx)
-        if previous is not None and idx is previous_idx:
-            selection = previous.for_new_values()
+        if previous is not None and torch.equal(idx, previous.idx[0]):  # the update kept the selection
+            selection = previous.for_new_values(self._snapshot)
         else:
             selection = Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert,
-                                                                    channels_last))
+                                                                    channels_last), scores=self._snapshot)
         self._selections[key] = selection
         return selection
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -207,6 +207,21 @@ def rc_gate_gradient(sigmoid: torch.Tensor, wrong: torch.Tensor, idx: torch.Tens
     return grad.scatter_(1, idx, sigmoid.gather(1, idx) - (1.0 - wrong))
 
 
+def _rc_loss_sums(z: torch.Tensor, idx: torch.Tensor, memo: Callable[..., Any],
+                  key: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-gate terms of :func:`rc_loss_mean` for scores ``z`` (G, |E|, H, W), memoised under ``key``."""
+    return (memo((*key, "softplus_sum"), lambda: F.softplus(z).sum(), values=True),
+            memo((*key, "z_expert_sum"), lambda: z.sum(1, keepdim=True), values=True),
+            memo((*key, "z_selected"), lambda: z.gather(1, idx), values=True))
+
+
+def _selection_rc_loss(selection: Selection, wrong: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """:func:`rc_loss_mean` of a shared selection, from its snapshot of the gate's weight (read after the step)."""
+    z = selection.scores.unsqueeze(0).float()
+    sums = _rc_loss_sums(z, selection.idx, selection.memo, ("rc_loss_snapshot",))
+    return rc_loss_mean(*sums, wrong, selection.idx, num_experts, z.numel())
+
+
 def flagged_fraction(wrong: torch.Tensor) -> torch.Tensor:
     """Fraction of True in the misrouting flags ``wrong`` (any shape), float32 scalar."""
     return torch.count_nonzero(wrong).to(torch.float32) / wrong.numel()
@@ -356,13 +371,14 @@ class _RouteExperts(torch.autograd.Function):
                 sigmoid = memo((*key, "sigmoid"), lambda: torch.sigmoid(z), values=True)
                 grad_scores = rc_gate_gradient(sigmoid, wrong_g, idx, num_experts)
                 grad_scores.mul_(layer.rc_weight * layer.loss_scale / n)
-                # logged values, computed when read (the per-gate sums now: the gate is updated in place later)
+                # logged values, computed when read: from the selection's snapshot of the gate's weight, or (no
+                # snapshot, or normalised scores) from per-gate sums taken now, as the gate is updated in place
+                if ctx.selection is not None and ctx.selection.scores is not None and layer.gate_norm == "none":
+                    rc_loss = partial(_selection_rc_loss, ctx.selection, wrong_g, num_experts)
+                else:
+                    rc_loss = partial(rc_loss_mean, *_rc_loss_sums(z, idx, memo, key), wrong_g, idx, num_experts, n)
                 layer.record_diagnostics(
-                    last_rc_loss=partial(rc_loss_mean,
-                                         memo((*key, "softplus_sum"), lambda: F.softplus(z).sum(), values=True),
-                                         memo((*key, "z_expert_sum"), lambda: z.sum(1, keepdim=True), values=True),
-                                         memo((*key, "z_selected"), lambda: z.gather(1, idx), values=True),
-                                         wrong_g, idx, num_experts, n),
+                    last_rc_loss=rc_loss,
                     last_label_information=partial(label_information, wrong_g, layer.quantile),
                     last_misrouted_fraction=partial(torch.mean, wrong_g))
             if grad_scores is None:
