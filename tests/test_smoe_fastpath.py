@@ -10,6 +10,8 @@ dtype-derived tolerances (conftest.float_tol).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import float_tol
@@ -261,9 +263,9 @@ def test_host_sync_check_catches_injected_sync(monkeypatch: pytest.MonkeyPatch, 
     """The check can fail: a sync slipped into the backward's quantile is caught."""
     original = smoe_module.quantile_threshold
 
-    def with_sync(values: torch.Tensor, quantile: float) -> torch.Tensor:
+    def with_sync(values: torch.Tensor, quantile: float, **kwargs) -> torch.Tensor:
         inject(values)
-        return original(values, quantile)
+        return original(values, quantile, **kwargs)
 
     monkeypatch.setattr(smoe_module, "quantile_threshold", with_sync)
     with pytest.raises(error), FakeTensorMode():
@@ -561,3 +563,20 @@ def test_logged_rc_values_read_after_the_optimizer_step_are_those_of_the_step() 
         torch.testing.assert_close(values[-1][0], reference, **float_tol(torch.float32, scores_before.numel(), 4.0))
     for a, b in zip(*values, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_quantile_of_nonnegative_errors_as_integers_is_kthvalue(dtype: torch.dtype) -> None:
+    """``nonnegative=True`` selects on the bit patterns as integers: the same value as ``torch.kthvalue`` (and
+    the float path) for magnitudes, including exact zeros, ties, subnormals, inf and NaN."""
+    g = torch.Generator().manual_seed(3)
+    error = (torch.randn(4, 3, 20, 30, generator=g, dtype=dtype).abs() * 1e-6)
+    error[0, 0, :5] = 0.0
+    error[1, :, 3] = error[1, 0, 3, 0]  # ties
+    error[2, 0, 0, :4] = torch.tensor([1e-40, 5e-45, float("inf"), float("nan")], dtype=dtype)
+    for q in (0.001, 0.3, 0.7, 1.0):
+        k = min(max(math.ceil(q * error[0].numel()), 1), error[0].numel())
+        expected = error.reshape(4, -1).kthvalue(k, dim=1).values.view(4, 1, 1, 1)
+        fast = quantile_threshold(error, q, nonnegative=True)
+        torch.testing.assert_close(fast, quantile_threshold(error, q), rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(fast, expected, rtol=0, atol=0, equal_nan=True)

@@ -226,7 +226,7 @@ class RoutingDiagnostics(L.Callback):
             g = grad.detach().abs().float()
             b, _, h, w = g.shape
             error = g.view(b, layer.num_selected, layer.out_per_expert, h, w).sum(2)  # |dL/dy| per slot
-            threshold = quantile_threshold(error, layer.quantile)  # (B, 1, 1, 1), error-signal units
+            threshold = quantile_threshold(error, layer.quantile, nonnegative=True)  # (B, 1, 1, 1), error-signal units
             to_out = g.numel() / (2.0 * layer.loss_scale)  # error-signal units -> tolerance units
             sums = self._sums.setdefault(name, {})
             sums["threshold_out"] = sums.get("threshold_out", 0.0) + threshold.mean() * to_out
