@@ -307,3 +307,7 @@ def test_location_embedding_learns_what_the_inputs_do_not_carry() -> None:
         WeatherBenchResNet(2, 1, width=8, blocks=1, grid=grid, location_embedding=-1)
     with pytest.raises(ValueError, match="location_embedding is for the grid"):
         embedded(torch.randn(1, 2, 4, 16))
+    # the config key a study arm sets (model.location_embedding=8)
+    built = build_weather_model({"name": "resnet", "in_channels": 2, "out_channels": 1, "width": 8, "blocks": 1,
+                                 "grid": [8, 16], "location_embedding": 4})
+    assert built.location_embedding.shape == (4, 8, 16)
