@@ -15,6 +15,7 @@ import torch
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.config import load_config
+from smoeweather.nn.gates import TensorRoutingGate
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.training.diagnostics import (
     RoutingDiagnostics,
@@ -157,3 +158,29 @@ def test_vision_training_logs_routing_diagnostics(tmp_path: Path) -> None:
         assert len(values) == 2 and np.isfinite(values).all()
     q = cfg["model"]["smoe"]["quantile"]
     assert np.allclose(metrics["routing/layers.1.0/flagged"].dropna(), 1 - q, atol=0.01)  # 1 − q, Finding 2
+
+
+def test_layers_sharing_a_gate_share_its_epoch_metrics() -> None:
+    """``epoch_metrics`` computes a shared gate's routing metrics once; every layer still gets exactly what the
+    per-layer computation gives (change against its own previous and initial routing, layout), and a layer with
+    its own gate gets its own."""
+    torch.manual_seed(0)
+    shared, own = TensorRoutingGate(6, 4, 5, num_selected=2), TensorRoutingGate(6, 4, 5, num_selected=2)
+    layers = {"a": SpatialMoE2d(1, 6, 2, gate=shared), "b": SpatialMoE2d(2, 6, 2, gate=shared),
+              "c": SpatialMoE2d(2, 6, 2, gate=own)}
+    callback = RoutingDiagnostics()
+    callback._layers = layers
+    initial = {name: ranked_selection(layer.gate.weight, 2) for name, layer in layers.items()}
+    callback._previous, callback._initial = dict(initial), dict(initial)
+    for _ in range(2):
+        with torch.no_grad():
+            shared.weight.add_(torch.randn_like(shared.weight))
+            own.weight.add_(torch.randn_like(own.weight))
+        previous = dict(callback._previous)
+        got = callback.epoch_metrics()
+        for name, layer in layers.items():
+            now = ranked_selection(layer.gate.weight, 2)
+            expected = {**selection_change(now, previous[name], initial[name]),
+                        **routing_layout(layer.gate.weight, 2, None)}
+            assert got[name] == expected, name
+    assert got["a"] == got["b"] and got["a"] != got["c"]

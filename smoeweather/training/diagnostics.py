@@ -246,17 +246,23 @@ class RoutingDiagnostics(L.Callback):
     def epoch_metrics(self) -> dict[str, dict[str, Any]]:
         """{layer: {metric: value}} for the current state (changes relative to the last call)."""
         out: dict[str, dict[str, Any]] = {}
+        per_gate: dict[tuple[int, int], dict[str, Any]] = {}  # layers sharing a gate (and E) share its metrics
         for name, layer in self._layers.items():
             metrics: dict[str, Any] = {}
             if isinstance(layer.gate, TensorRoutingGate):
-                now = ranked_selection(layer.gate.weight, layer.num_selected)
-                metrics.update(selection_change(now, self._previous.get(name), self._initial.get(name)))
+                gate = layer.gate
+                key = (id(gate), layer.num_selected)
+                if key not in per_gate:  # the same routing, and (tracked from the same start) the same history
+                    now = ranked_selection(gate.weight, layer.num_selected)
+                    shared = selection_change(now, self._previous.get(name), self._initial.get(name))
+                    prior = self.prior if self.prior is not None and tuple(self.prior.shape) == (
+                        gate.height, gate.width) else gate.prior_map  # a U-Net level's own pooled prior
+                    shared.update(routing_layout(gate.weight, layer.num_selected, prior))
+                    per_gate[key] = {"now": now, "metrics": shared}
+                now = per_gate[key]["now"]
+                metrics.update(per_gate[key]["metrics"])
                 self._initial.setdefault(name, now)
                 self._previous[name] = now
-                gate = layer.gate
-                prior = self.prior if self.prior is not None and tuple(self.prior.shape) == (
-                    gate.height, gate.width) else gate.prior_map  # a U-Net level's own pooled prior
-                metrics.update(routing_layout(gate.weight, layer.num_selected, prior))
             for key, total in self._sums.get(name, {}).items():
                 metrics[key] = float(total) / max(self._batches, 1)
             out[name] = metrics
