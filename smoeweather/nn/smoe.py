@@ -6,9 +6,10 @@ measurements behind them are in docs/smoe-weather-findings.md, "Design notes of 
 
 * RC loss and damping happen in the backward of one autograd Function, from the error signal dL/dy arriving
   at the layer, so any number of SMoE layers at any depth train with ONE ordinary ``loss.backward()``.
-* The RC loss gradient (sigmoid(g) − labels)/N is injected directly as the gate's gradient; its value is kept
-  in ``layer.last_rc_loss``. With RC on the gate gets no task gradient (paper App. B) unless
-  ``gate_task_grad=True``; with RC off it gets the straight-through (or, weighted, the exact) gradient.
+* The RC loss gradient (sigmoid(g) − labels)/N is injected directly as the gate's gradient; its value is
+  ``layer.last_rc_loss`` (computed when first read, from the step's own gate values). With RC on the gate
+  gets no task gradient (paper App. B) unless ``gate_task_grad=True``; with RC off it gets the
+  straight-through (or, weighted, the exact) gradient.
 * The tensor-routing gate is input-independent: the top-E is taken once over (|E|, H, W), and batch-averaged
   RC labels give the exact mean BCE gradient without a B×|E|×H×W label tensor.
 * The per-sample q-quantile uses ``kthvalue`` (lower quantile). Default q = 0.3 (the reference code's heat
