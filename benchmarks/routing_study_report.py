@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from smoeweather.config import apply_overrides, load_config
+from smoeweather.data.ensemble_dataset import EnsembleSpec
 from smoeweather.models.registry import build_weather_model
 
 PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),
@@ -39,15 +40,19 @@ PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),
          ("smoe_all_prior_coherent", "dense_location_embedding", "SMoE − dense + location embedding"))
 
 
-def parameter_count(variant: dict[str, Any], n_inputs: int = 8, n_outputs: int = 2,
-                    grid: tuple[int, int] = (32, 64)) -> int:
-    """Trainable + frozen parameters of a variant's network (built from its config, a dummy prior).
-    gcm_ens post-processing: 8 inputs per lead (ensemble mean and std of Z/T at 500/850 hPa), 2 outputs (μ, σ)
-    per target and lead."""
+def parameter_count(variant: dict[str, Any], grid: tuple[int, int] = (32, 64)) -> int:
+    """Trainable + frozen parameters of a variant's network (built from its config, a dummy prior). A
+    post-processing network's channels come from its ``data`` block as in training (:class:`EnsembleSpec`:
+    ensemble mean and std of every predictor per lead, plus static channels; μ and σ per target and lead);
+    the weather ResNet's from its model block."""
     import torch
 
     cfg = apply_overrides(load_config(variant["config"]), variant["overrides"])
-    mcfg = dict(cfg["model"], in_channels=n_inputs, out_channels=n_outputs, grid=list(grid))
+    mcfg = dict(cfg["model"], grid=list(grid))
+    if cfg.get("task") == "postprocess":
+        spec = EnsembleSpec.from_config(cfg["data"])
+        mcfg.update(in_channels=len(spec.channel_names) + len(cfg["data"].get("static") or []),
+                    out_channels=2 * len(spec.target_names))
     prior = torch.zeros(grid) if mcfg.get("gate_prior") == "land_sea" and mcfg.get("smoe") else None
     net = build_weather_model(mcfg, land_sea_prior=prior)
     return sum(p.numel() for p in net.parameters())
@@ -102,9 +107,7 @@ def report(path: Path) -> dict[str, Any]:
     keys = [(lead, target) for lead in study["leads"] for target in study["targets"]]
     variants = list(study["variants"])
     unet = "unet" in baseline
-    n_leads, n_targets = len(study["leads"]), len(study["targets"])
-    params = {v: parameter_count(study["variants"][v], 8 * n_leads, 2 * n_targets * n_leads) if unet else None
-              for v in variants}
+    params = {v: parameter_count(study["variants"][v]) if unet else None for v in variants}
     wide = "unet_wide" if "unet_wide" in variants else None
     out: dict[str, Any] = {"study": study["name"], "baseline": baseline, "score": score,
                            "keys": [f"{t}@{lead}" for lead, t in keys], "arms": {}, "pairs": {}, "routing": {}}

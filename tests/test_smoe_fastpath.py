@@ -501,15 +501,15 @@ def test_training_with_selection_reuse_is_bitwise_training_without() -> None:
             if not reuse:
                 for gate in net.gates.values():
                     gate._previous, gate._selections, gate._snapshot = {}, {}, None
-            before = {k: gate.weight.detach().topk(gate_k, dim=0).indices
-                      for k, gate in net.gates.items() for gate_k in [int(k.split("_E")[1].split("_")[0]) // 4]}
+            layers = smoe_module.smoe_layers(net)
+            before = [layer.gate.weight.detach().topk(layer.num_selected, dim=0).indices for layer in layers]
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(net(x), y)
             loss.backward()
             opt.step()
             losses.append(loss.detach())
-            changed += sum(not torch.equal(before[k], gate.weight.detach().topk(idx.shape[0], dim=0).indices)
-                           for k, gate in net.gates.items() for idx in [before[k]])
+            changed += sum(not torch.equal(idx, layer.gate.weight.detach().topk(layer.num_selected, dim=0).indices)
+                           for idx, layer in zip(before, layers, strict=True))
         runs.append((losses, [p.detach().clone() for p in net.parameters()], changed))
     assert runs[0][2] > 0  # the routing did change during the run
     for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1], strict=True):

@@ -175,8 +175,7 @@ class TensorRoutingGate(nn.Module):
             and not torch.is_inference_mode_enabled()
         key = (int(k), int(out_per_expert), bool(channels_last))
         if not cacheable:
-            idx = weight.topk(k, dim=0, sorted=True).indices
-            return Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert, channels_last))
+            return self._selection_of(weight.topk(k, dim=0, sorted=True).indices, out_per_expert, channels_last)
         snapshot = self._snapshot
         if snapshot is None or not torch.equal(snapshot, weight):  # False for another shape too
             # the selections of the previous weights: reused where the new weights still select the same
@@ -189,10 +188,15 @@ class TensorRoutingGate(nn.Module):
         if previous is not None and torch.equal(idx, previous.idx[0]):  # the update kept the selection
             selection = previous.for_new_values(self._snapshot)
         else:
-            selection = Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert,
-                                                                    channels_last), scores=self._snapshot)
+            selection = self._selection_of(idx, out_per_expert, channels_last, scores=self._snapshot)
         self._selections[key] = selection
         return selection
+
+    def _selection_of(self, idx: torch.Tensor, out_per_expert: int, channels_last: bool,
+                      scores: torch.Tensor | None = None) -> Selection:
+        """A new :class:`Selection` of the sorted top-k ``idx`` (k, H, W), with its flat gather index."""
+        return Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert, channels_last),
+                         scores=scores)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return the routing tensor as scores of shape (1, |E|, H, W); ``x`` only checks the grid."""
