@@ -123,6 +123,51 @@ def test_callback_in_training_logs_every_layer(world_store: str, tmp_path: Path)
     assert np.isfinite(metrics["routing/blocks.0.block1.layer/flagged"].dropna()).all()
 
 
+class _RecordRC(L.Callback):
+    """Every batch's RC loss per SMoE layer, read after the batch (the value the diagnostics would log)."""
+
+    def __init__(self) -> None:
+        self.values: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        self.values.append({name.removeprefix("model.net."): float(m.last_rc_loss)
+                            for name, m in pl_module.named_modules() if isinstance(m, SpatialMoE2d)})
+
+
+def test_routing_log_every_samples_the_logged_means_and_not_the_training(world_store: str, tmp_path: Path) -> None:
+    """``training.routing_log_every=2`` reads the per-batch routing values after batches 0 and 2 of each 3-batch
+    epoch: the logged epoch means are the means over exactly those batches, and training is bitwise the same
+    as with every batch read."""
+    runs = {}
+    for every in (1, 2):
+        out = tmp_path / f"every{every}"
+        cfg = load_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml", [
+            f"data.store={world_store}", "data.world=null", "data.num_workers=0", "data.batch_size=4",
+            "data.train_years=null", "data.valid_years=null", "data.test_years=null",
+            "data.train_period=[2000-01-01, 2000-02-29T18:00]", "data.valid_period=[2000-03-01, 2000-03-20]",
+            "data.test_period=[2000-03-21, 2000-04-09]", "data.variables=[geopotential_500, temperature_850]",
+            "data.lead_choices_h=[24]", "model.width=8", "model.blocks=1", "trainer.max_epochs=2",
+            "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.max_time=null",
+            "trainer.enable_progress_bar=false", f"training.routing_log_every={every}", f"output_dir={out}"])
+        recorder = _RecordRC()
+        result = train(cfg, extra_callbacks=[recorder])
+        cb = next(c for c in result.trainer.callbacks if isinstance(c, RoutingDiagnostics))
+        runs[every] = (result, cb, recorder)
+        assert len(recorder.values) == 6
+        for h in cb.history:
+            sampled = [recorder.values[3 * h["epoch"] + i][h["layer"]] for i in range(0, 3, every)]
+            assert h["rc_loss"] == pytest.approx(sum(sampled) / len(sampled), rel=1e-6)
+        metrics = pd.read_csv(next((out / "logs").rglob("metrics.csv")))
+        train_rc = metrics["train_rc"].dropna().to_numpy()
+        expected = [np.mean([sum(recorder.values[3 * epoch + i].values()) for i in range(0, 3, every)])
+                    for epoch in range(2)]
+        np.testing.assert_allclose(train_rc, expected, rtol=1e-6)
+    weights = [dict(runs[every][0].module.state_dict()) for every in (1, 2)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert runs[1][2].values == runs[2][2].values  # the same RC losses batch by batch
+
+
 def test_selection_change_gap_and_swap_closed_form() -> None:
     # |E| = 4, k = 2 on a 1×2 grid; ranked selections (slot 0 = highest score)
     scores = torch.tensor([[3.0, 0.0], [2.0, 1.0], [1.0, 5.0], [0.0, 4.0]]).view(4, 1, 2)

@@ -24,6 +24,11 @@ def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
     return torch.stack([t.reshape(()) for t in terms]).sum() if terms else None
 
 
+ROUTING_LOG_EVERY = 10
+"""Default ``training.routing_log_every``: the logged per-batch routing values (RC loss, flagged share, label
+information) are read on every 10th training batch. Reading them costs a pass over every gate, 5–6 % of an
+SMoE-U-Net 16/32/64 ``smoe train`` step on one CPU thread (benchmarks/postprocess_train_loop.py)."""
+
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 """``training.optimizer`` choices."""
 
@@ -60,8 +65,9 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
 
     Adds the auxiliary routing losses (× ``aux_weight``) to the task loss (the RC loss and damping act
     inside the SMoE layers' backward), keeps the SMoE loss scale in sync with an fp16 GradScaler, logs the
-    RC loss, uses Adam (or plain SGD, ``optimizer="sgd"``: updates linear in the gradient, which tests of
-    gradient reduction need) with ReduceLROnPlateau on ``val_loss``. ``freeze_batchnorm`` keeps every BatchNorm
+    RC loss (epoch mean over every ``routing_log_every``-th batch), uses Adam (or plain SGD,
+    ``optimizer="sgd"``: updates linear in the gradient, which tests of gradient reduction need) with
+    ReduceLROnPlateau on ``val_loss``. ``freeze_batchnorm`` keeps every BatchNorm
     in eval mode (running statistics, affine parameters still trained): per-rank batch statistics then no
     longer differ between DDP and one process.
     """
@@ -77,6 +83,7 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         metadata: dict[str, Any] | None = None,
         optimizer: str = "adam",
         gate_lr_factor: float = 1.0,
+        routing_log_every: int = ROUTING_LOG_EVERY,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -92,6 +99,9 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         if not gate_lr_factor > 0:
             raise ValueError(f"training.gate_lr_factor must be > 0, got {gate_lr_factor}")
         self.gate_lr_factor = float(gate_lr_factor)
+        if int(routing_log_every) < 1:
+            raise ValueError(f"training.routing_log_every must be an integer >= 1, got {routing_log_every}")
+        self.routing_log_every = int(routing_log_every)
         self.metadata = dict(metadata or {})
 
     def train(self, mode: bool = True) -> SMoETrainingModule:
@@ -121,7 +131,16 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         set_loss_scale(self.model, scaler.get_scale() if scaler is not None else 1.0)
 
+    def logs_routing(self, batch_idx: int) -> bool:
+        """Whether the per-batch routing values (``train_rc``, :class:`RoutingDiagnostics` sums) are read after
+        training batch ``batch_idx``: every ``routing_log_every``-th batch of an epoch, from its first. They are
+        computed only when read (the RC loss is a pass over every gate), so their epoch means are over these
+        batches; training itself does not depend on them."""
+        return batch_idx % self.routing_log_every == 0
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self.logs_routing(batch_idx):
+            return
         rc = rc_loss_value(self.model)
         if rc is not None:
             self.log("train_rc", rc, on_step=False, on_epoch=True, sync_dist=True)

@@ -177,8 +177,8 @@ class RoutingDiagnostics(L.Callback):
         self._layers: dict[str, SpatialMoE2d] = {}
         self._previous: dict[str, torch.Tensor] = {}
         self._initial: dict[str, torch.Tensor] = {}
-        self._sums: dict[str, dict[str, torch.Tensor]] = {}
-        self._batches = 0
+        # {layer: {metric: [sum, batches]}} of the per-batch values this epoch (device tensors, no host sync)
+        self._sums: dict[str, dict[str, list[Any]]] = {}
 
     def _find_layers(self, pl_module: L.LightningModule) -> None:
         self._layers = {}
@@ -205,19 +205,24 @@ class RoutingDiagnostics(L.Callback):
                 self._initial.setdefault(name, self._previous[name])
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._sums, self._batches = {}, 0
+        self._sums = {}
+
+    def _add(self, name: str, key: str, value: torch.Tensor) -> None:
+        entry = self._sums.setdefault(name, {}).setdefault(key, [0.0, 0])
+        entry[0], entry[1] = entry[0] + value.detach().float(), entry[1] + 1
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if not self._layers:
             return
-        self._batches += 1
+        logs_routing = getattr(pl_module, "logs_routing", None)
+        if logs_routing is not None and not logs_routing(batch_idx):  # SMoETrainingModule.routing_log_every
+            return
         for name, layer in self._layers.items():
-            sums = self._sums.setdefault(name, {})
             for key, value in (("rc_loss", layer.last_rc_loss), ("flagged", layer.last_misrouted_fraction),
                                ("label_information", layer.last_label_information)):
-                if value is not None:  # device tensors: summed without a host sync per batch
-                    sums[key] = sums.get(key, 0.0) + value.detach().float()
+                if value is not None:
+                    self._add(name, key, value)
 
     def _watch_error(self, name: str) -> Any:
         """Forward hook that puts a gradient hook on the layer output y (B, E·F, H, W)."""
@@ -228,9 +233,8 @@ class RoutingDiagnostics(L.Callback):
             error = g.view(b, layer.num_selected, layer.out_per_expert, h, w).sum(2)  # |dL/dy| per slot
             threshold = quantile_threshold(error, layer.quantile, nonnegative=True)  # (B, 1, 1, 1), error-signal units
             to_out = g.numel() / (2.0 * layer.loss_scale)  # error-signal units -> tolerance units
-            sums = self._sums.setdefault(name, {})
-            sums["threshold_out"] = sums.get("threshold_out", 0.0) + threshold.mean() * to_out
-            sums["flagged_no_tol"] = sums.get("flagged_no_tol", 0.0) + (error > threshold).float().mean()
+            self._add(name, "threshold_out", threshold.mean() * to_out)
+            self._add(name, "flagged_no_tol", (error > threshold).float().mean())
 
         def hook(layer: SpatialMoE2d, inputs: Any, output: torch.Tensor) -> None:
             if layer.training and output.requires_grad:
@@ -263,8 +267,8 @@ class RoutingDiagnostics(L.Callback):
                 metrics.update(per_gate[key]["metrics"])
                 self._initial.setdefault(name, now)
                 self._previous[name] = now
-            for key, total in self._sums.get(name, {}).items():
-                metrics[key] = float(total) / max(self._batches, 1)
+            for key, (total, batches) in self._sums.get(name, {}).items():
+                metrics[key] = float(total) / batches
             out[name] = metrics
         return out
 
@@ -315,17 +319,18 @@ def probe_routing(cfg: dict[str, Any], steps: int = 20, n_batches: int = 4, seed
     hooks = [layer.register_forward_hook(cb._watch_error(name)) for name, layer in cb._layers.items()]
     initial = cb.epoch_metrics()  # also stores the initial top-E sets
     model = module.model.train()
+    module.routing_log_every = 1  # every step's values
     opt = module.configure_optimizers()["optimizer"]
     per_step = []
     for step in range(steps):
         x, y = batches[step % len(batches)]
-        cb._sums, cb._batches = {}, 0
+        cb._sums = {}
         opt.zero_grad(set_to_none=True)
         loss = lat_weighted_mse(model.net(x), y, module.lat_weights)  # as ForecastingModule.training_step
         loss.backward()
         opt.step()
         cb.on_train_batch_end(None, module, None, None, step)  # type: ignore[arg-type]
-        record: dict[str, Any] = {name: {k: float(v) / max(cb._batches, 1) for k, v in sums.items()}
+        record: dict[str, Any] = {name: {k: float(total) / batches for k, (total, batches) in sums.items()}
                                   for name, sums in cb._sums.items()}
         record["loss"] = float(loss.detach())
         gates = {id(m.gate): m for m in cb._layers.values() if isinstance(m.gate, TensorRoutingGate)}

@@ -46,6 +46,7 @@ TRAINING = Block({
     "optimizer": STR,
     "diagnose_error_scale": BOOL,  # smoeweather.training.diagnostics: measure dL/dy at SMoE layers
     "gate_lr_factor": NUM,  # learning rate of the SMoE gates = lr × this (base.parameter_groups)
+    "routing_log_every": INT,  # per-batch routing values (train_rc, routing/*/rc_loss, ...) read every N batches
     "loss": STR,  # ensemble models (smoeweather.training.ensemble_forecasting): mse, crps, gaussian_crps
     "crps_alpha": NUM,  # almost-fair CRPS weight on the fair score (training.loss: crps)
 })

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from smoeweather.models.loader import canonical_task, complete_model_config, uses_land_sea_prior
-from smoeweather.training.base import SMoETrainingModule
+from smoeweather.training.base import ROUTING_LOG_EVERY, SMoETrainingModule
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.init import NORMALISATION_BUFFERS
 from smoeweather.training.regression import FieldRegressionModule
@@ -38,6 +38,7 @@ def module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         "freeze_batchnorm": bool(t.get("freeze_batchnorm", False)),
         "optimizer": str(t.get("optimizer", "adam")),
         "gate_lr_factor": float(t.get("gate_lr_factor", 1.0)),
+        "routing_log_every": int(t.get("routing_log_every", ROUTING_LOG_EVERY)),
     }
 
 
@@ -191,6 +192,7 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
         plateau_patience=t["plateau_patience"],
         aux_weight=t["aux_weight"],
         optimizer=t["optimizer"],
+        routing_log_every=t["routing_log_every"],
         metadata={"task": "heat", "config": cfg},
     )
     return data, module

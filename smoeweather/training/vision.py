@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from smoeweather.config import Block
-from smoeweather.training.base import SMoETrainingModule
+from smoeweather.training.base import ROUTING_LOG_EVERY, SMoETrainingModule
 from smoeweather.training.schema import common, register_task_schema
 
 VISION_DATA = Block({
@@ -117,5 +117,6 @@ def build_vision(cfg: dict[str, Any]) -> tuple[Any, ClassificationModule]:
         model, resize=resize, recluster_emoe=bool(mcfg.get("emoe")), lr=float(t.get("lr", 1e-3)),
         plateau_factor=float(t.get("plateau_factor", 0.2)), plateau_patience=int(t.get("plateau_patience", 2)),
         aux_weight=float(t.get("aux_weight", 0.01)), metadata=metadata,
+        routing_log_every=int(t.get("routing_log_every", ROUTING_LOG_EVERY)),
     )
     return data, module
