@@ -521,6 +521,7 @@ def test_rc_gradient_and_loss_without_a_label_tensor(g: int) -> None:
     """Issue 22, speed: the gate gradient built without the (G, |E|, H, W) label tensor is bitwise
     sigmoid − routing_labels, and the RC loss value from per-gate sums is the BCE-with-logits of those
     labels (torch's own) to float32 summation tolerance."""
+    from smoeweather.nn.gates import flat_expert_index
     from smoeweather.nn.smoe import rc_gate_gradient, rc_loss_mean, routing_labels
 
     torch.manual_seed(9)
@@ -530,6 +531,9 @@ def test_rc_gradient_and_loss_without_a_label_tensor(g: int) -> None:
     wrong = torch.randint(0, 9, (g, e, h, w)).float() / 8  # batch-averaged flags, k/8
     labels = routing_labels(wrong, idx, num_experts)
     assert torch.equal(rc_gate_gradient(torch.sigmoid(z), wrong, idx, num_experts), torch.sigmoid(z) - labels)
+    if g == 1:  # the flat-index path moves the same values
+        flat = flat_expert_index(idx[0], 1)
+        assert torch.equal(rc_gate_gradient(torch.sigmoid(z), wrong, idx, num_experts, flat), torch.sigmoid(z) - labels)
     value = rc_loss_mean(F.softplus(z).sum(), z.sum(1, keepdim=True), z.gather(1, idx), wrong, idx, num_experts,
                          z.numel())
     reference = F.binary_cross_entropy_with_logits(z, labels)
