@@ -66,8 +66,8 @@ def test_error_scale_matches_the_layers_own_labels(tolerance: float) -> None:
     k = math.ceil(layer.quantile * err.shape[1])
     expected = err.kthvalue(k, dim=1).values.mean()
     # float32: a handful of ops on values O(1)
-    assert float(cb._sums["smoe"]["threshold_out"]) == pytest.approx(float(expected), rel=1e-5)
-    no_tol = float(cb._sums["smoe"]["flagged_no_tol"])
+    assert float(cb._sums["smoe"]["threshold_out"][0]) == pytest.approx(float(expected), rel=1e-5)
+    no_tol = float(cb._sums["smoe"]["flagged_no_tol"][0])  # [sum, batches] of one batch
     assert no_tol == pytest.approx(1 - k / err.shape[1], abs=1.0 / err.shape[1])  # ties are measure-zero
     flagged = float(layer.last_misrouted_fraction)
     if tolerance == 0.0:

@@ -76,9 +76,10 @@ def routing_layout(scores: torch.Tensor, k: int, prior: torch.Tensor | None = No
     n_exp = scores.shape[0]
     logp = torch.log_softmax(scores, dim=0)
     entropy = -(logp.exp() * logp).sum(0).mean() / math.log(n_exp)
-    ordered = scores.topk(min(k + 1, n_exp), dim=0).values
+    # one sorted top-(k+1): the margin's two values and the ranked top-k (topk is the costly part at epoch end)
+    ordered, ranked = scores.topk(min(k + 1, n_exp), dim=0, sorted=True)
     margin = (ordered[k - 1] - ordered[k]).mean() if k < n_exp else torch.tensor(float("inf"))
-    idx = scores.topk(k, dim=0).indices  # (k, H, W)
+    idx = ranked[:k]  # (k, H, W), descending
     usage = torch.zeros(n_exp).index_add_(0, idx.flatten().cpu(), torch.ones(idx.numel())) / idx[0].numel()
     out: dict[str, Any] = {
         "entropy": float(entropy),
@@ -96,7 +97,7 @@ def routing_layout(scores: torch.Tensor, k: int, prior: torch.Tensor | None = No
         prior = prior.to(idx.device).long()
         groups = int(prior.max()) + 1
         out["prior_agreement"] = float(((idx * groups // n_exp) == prior[None]).float().mean())
-    out["order_variety"] = order_variety(scores.topk(k, dim=0, sorted=True).indices, prior)
+    out["order_variety"] = order_variety(idx, prior)
     return out
 
 
