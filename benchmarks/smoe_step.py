@@ -15,7 +15,9 @@ the median over ``--rounds`` rounds of the per-round ratios is reported:
 The SMoE networks run with the CPU default ``expert_compute="used"`` (only the experts selected somewhere on
 the grid are convolved) and, as "before", with ``expert_compute="all"`` (every expert everywhere, the code
 before); both loss trajectories for a fixed seed are compared (max relative difference; float32 summation
-order is the only allowed difference). The number of experts computed per layer is recorded. A profile of one
+order is the only allowed difference). The number of experts computed per layer is recorded. A third SMoE
+variant, "fixed routing" (RC off, gates frozen), splits the SMoE's cost into its experts plus gather and what
+learning the routing adds. A profile of one
 SMoE-U-Net step (top operators) is stored too. The load average at start is recorded: ratios, not seconds,
 are the numbers to compare across machines.
 
@@ -79,6 +81,17 @@ def all_experts(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Mo
         net = make()
         for layer in smoe_layers(net):
             layer.expert_compute = "all"
+        return net
+    return build
+
+
+def fixed_routing(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    """The same network with RC off and every gate frozen: the experts and the gather, no routing to learn."""
+    def build() -> torch.nn.Module:
+        net = make()
+        for layer in smoe_layers(net):
+            layer.rc = False
+            layer.gate.requires_grad_(False)
         return net
     return build
 
@@ -155,7 +168,8 @@ def main() -> None:
     entries = []
     for name in args.networks:
         make_dense, make_smoe = NETWORKS[name]
-        variants = {"dense": make_dense, "smoe": make_smoe, "smoe_all_experts": all_experts(make_smoe)}
+        variants = {"dense": make_dense, "smoe": make_smoe, "smoe_fixed_routing": fixed_routing(make_smoe),
+                    "smoe_all_experts": all_experts(make_smoe)}
         steppers = {key: Stepper(make) for key, make in variants.items()}
         for stepper in steppers.values():
             stepper.timed(args.warmup)
@@ -179,6 +193,7 @@ def main() -> None:
                                  "time_ratio": ratio("smoe"), "time_ratio_all_experts": ratio("smoe_all_experts"),
                                  "round_ratios": [s / d for s, d in zip(times["smoe"], times["dense"], strict=True)],
                                  "experts_computed_per_layer": experts_computed(make_smoe),
+                                 "time_ratio_fixed_routing": ratio("smoe_fixed_routing"),
                                  "loss_trajectory": used, "loss_trajectory_all_experts": every,
                                  "max_relative_loss_difference": max(abs(a - b) / abs(b) for a, b in zip(used, every)),
                                  "bitwise_identical_steps": next((i for i, (a, b) in enumerate(zip(used, every))
@@ -204,6 +219,14 @@ def main() -> None:
                      f"{', '.join(f'{r:.2f}' for r in e['round_ratios'])} | "
                      f"{s['smoe_all_experts'] * 1e3:.1f} | {e['time_ratio_all_experts']:.2f} | {computed} of {total} | "
                      f"{e['bitwise_identical_steps']} of 10 | {e['max_relative_loss_difference']:.1e} |")
+    lines += ["", "Fixed routing: the same SMoE network with RC off and every gate frozen, timed in the same blocks. "
+              "It convolves the same experts and gathers the same slots, but computes no RC labels, no gate "
+              "gradient, no new top-k and no Adam step of the gates: what the experts cost, against what learning "
+              "the routing adds.", "", "| network | SMoE | SMoE, fixed routing | learning the routing adds |",
+              "|---|---:|---:|---:|"]
+    for e in entries:
+        lines.append(f"| {e['network']} | {e['time_ratio']:.2f} | {e['time_ratio_fixed_routing']:.2f} | "
+                     f"{e['time_ratio'] - e['time_ratio_fixed_routing']:+.2f} |")
     if top:
         lines += ["", "Where an SMoE-U-Net 16/32/64 step goes (self CPU time):", "", "| operator | share | ms/step |",
                   "|---|---:|---:|"]

@@ -106,6 +106,7 @@ class TensorRoutingGate(nn.Module):
         self._selections: dict[tuple[int, int, bool], Selection] = {}
         self._previous: dict[tuple[int, int, bool], Selection] = {}  # of the previous weights
         self._snapshot: torch.Tensor | None = None
+        self._snapshot_version = -1  # weight._version when the snapshot was taken
         self.reset_parameters()
         if prior is not None:
             self.init_from_prior(prior, prior_strength)
@@ -161,12 +162,14 @@ class TensorRoutingGate(nn.Module):
 
         On CPU it is cached while the weight is bitwise equal to a snapshot taken when it was computed, so the
         layers sharing this gate select once per step (and a frozen gate once per run); ``torch.equal`` on the
-        |E|·H·W values costs ~2 % of the ``topk`` it saves. The check is on VALUES, not on
-        ``weight._version``: a version-keyed cache went stale under foreach Adam (earlier torch releases) and
-        ``weight.data.copy_()``, which do not bump the version counter, and froze the routing. Accelerators
+        |E|·H·W values costs ~2 % of the ``topk`` it saves. The check is on VALUES: a cache keyed on
+        ``weight._version`` alone went stale under foreach Adam (earlier torch releases) and
+        ``weight.data.copy_()``, which do not bump the version counter, and froze the routing. Only a bumped
+        counter skips the comparison (the weight was written in place: the selection is made anew). Accelerators
         and ``torch.compile`` recompute every call (a value check would be a host synchronisation).
-        When a weight update leaves the selection as it was (most steps: the scores move a little), the selection
-        memo (used experts, their index) is kept too.
+        A new selection starts from the previous one (:func:`refreshed_topk`: ``topk`` only where an update
+        changed it). When a weight update leaves the selection as it was (most steps: the scores move a little),
+        the selection memo (used experts, their index) is kept too.
         """
         weight = self.weight.detach()
         # not under inference_mode (Lightning's validation): its tensors cannot be saved for backward, so a
@@ -177,18 +180,23 @@ class TensorRoutingGate(nn.Module):
         if not cacheable:
             return self._selection_of(weight.topk(k, dim=0, sorted=True).indices, out_per_expert, channels_last)
         snapshot = self._snapshot
-        if snapshot is None or not torch.equal(snapshot, weight):  # False for another shape too
+        # a bumped version counter means an in-place update (an optimizer step): no need to compare the values
+        moved = snapshot is None or self.weight._version != self._snapshot_version
+        if moved or not torch.equal(snapshot, weight):  # False for another shape too
             # the selections of the previous weights: reused where the new weights still select the same
             self._previous = {**self._previous, **self._selections}
             self._selections, self._snapshot = {}, weight.clone()
+            self._snapshot_version = self.weight._version
         elif key in self._selections:
             return self._selections[key]
-        idx = weight.topk(k, dim=0, sorted=True).indices
         previous = self._previous.get(key)
-        if previous is not None and torch.equal(idx, previous.idx[0]):  # the update kept the selection
-            selection = previous.for_new_values(self._snapshot)
+        if previous is None:
+            selection = self._selection_of(weight.topk(k, dim=0, sorted=True).indices, out_per_expert,
+                                           channels_last, scores=self._snapshot)
         else:
-            selection = self._selection_of(idx, out_per_expert, channels_last, scores=self._snapshot)
+            idx, kept = refreshed_topk(weight, previous.idx[0])
+            selection = previous.for_new_values(self._snapshot) if kept else \
+                self._selection_of(idx, out_per_expert, channels_last, scores=self._snapshot)
         self._selections[key] = selection
         return selection
 
@@ -205,6 +213,31 @@ class TensorRoutingGate(nn.Module):
                 f"TensorRoutingGate is for a {self.height}x{self.width} grid, got input {tuple(x.shape)}"
             )
         return self.weight.unsqueeze(0)
+
+
+def refreshed_topk(scores: torch.Tensor, previous: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``scores.topk(k, dim=0, sorted=True).indices`` of scores (|E|, H, W), given the top-k ``previous``
+    (k, H, W) of slightly different scores, and whether it equals ``previous``.
+
+    A location keeps its previous top-k when its selected scores still strictly decrease and the lowest of them
+    is strictly above every unselected score (counted as "|E| − k scores below it", so a NaN, which ``topk``
+    ranks highest, is never below). Then the top-k there is unique and ``topk`` returns exactly it; ``topk``
+    runs only on the other locations (ties and NaN included), each location's result depending on its own
+    scores alone. An optimizer step moves a gate's scores a little, so most locations keep their top-k.
+    """
+    num_experts, k = scores.shape[0], previous.shape[0]
+    kept_values = scores.gather(0, previous)  # (k, H, W)
+    below = (scores < kept_values[-1]).view(torch.uint8).sum(0, dtype=torch.int32)
+    keep = below == num_experts - k
+    if k > 1:
+        keep &= (kept_values[:-1] > kept_values[1:]).all(0)
+    if bool(keep.all()):  # a host sync: used by the CPU cache of TensorRoutingGate.selection only
+        return previous, True
+    redo = (~keep).view(-1).nonzero().view(-1)
+    fresh = scores.reshape(num_experts, -1).index_select(1, redo).topk(k, dim=0, sorted=True).indices
+    if torch.equal(fresh, previous.reshape(k, -1).index_select(1, redo)):  # e.g. a tie broken as before
+        return previous, True
+    return previous.reshape(k, -1).index_copy(1, redo, fresh).view(previous.shape), False
 
 
 def flat_expert_index(idx: torch.Tensor, out_per_expert: int = 1) -> torch.Tensor:
