@@ -385,31 +385,6 @@ def _fresh_top(gate: TensorRoutingGate, k: int) -> torch.Tensor:
     return gate.weight.detach().topk(k, dim=0, sorted=True).indices
 
 
-@pytest.mark.parametrize("step", [0.0, 1e-6, 1e-3, 0.1, 3.0])
-@pytest.mark.parametrize("k", [1, 3, 8])
-def test_refreshed_topk_is_topk(step: float, k: int) -> None:
-    """``refreshed_topk`` from the previous top-k returns exactly ``topk(k, dim=0, sorted=True)`` of the moved
-    scores, for moves from none (kept everywhere) to large (most locations re-ranked), with exact ties (integer
-    scores) and NaN (which topk ranks highest), and says whether the result is the previous top-k."""
-    from smoeweather.nn.gates import refreshed_topk
-
-    g = torch.Generator().manual_seed(int(step * 1e6) + k)
-    for scores in (torch.randn(8, 5, 7, generator=g), torch.randint(0, 4, (8, 5, 7), generator=g).float()):
-        previous = scores.topk(k, dim=0, sorted=True).indices
-        moved = scores + step * torch.randn(scores.shape, generator=g)
-        moved[:, 0, 0] = moved[:, 0, 1]  # a location whose scores equal its neighbour's
-        moved[2, 1, 1] = float("nan")
-        expected = moved.topk(k, dim=0, sorted=True).indices
-        result, kept = refreshed_topk(moved, previous)
-        assert torch.equal(result, expected)
-        assert kept == torch.equal(expected, previous)
-        if kept:
-            assert result is previous
-    scores = torch.randn(8, 5, 7, generator=g)
-    previous = scores.topk(k, dim=0, sorted=True).indices
-    assert refreshed_topk(scores, previous) == (previous, True)
-
-
 @pytest.mark.parametrize("update", ["adam_foreach", "adam_fused", "data_copy", "load_state_dict"])
 def test_gate_selection_cache_follows_every_weight_update(update: str) -> None:
     """Issue 22, speed: the layers sharing a gate select once per step (the cached selection is the same

@@ -167,9 +167,8 @@ class TensorRoutingGate(nn.Module):
         ``weight.data.copy_()``, which do not bump the version counter, and froze the routing. Only a bumped
         counter skips the comparison (the weight was written in place: the selection is made anew). Accelerators
         and ``torch.compile`` recompute every call (a value check would be a host synchronisation).
-        A new selection starts from the previous one (:func:`refreshed_topk`: ``topk`` only where an update
-        changed it). When a weight update leaves the selection as it was (most steps: the scores move a little),
-        the selection memo (used experts, their index) is kept too.
+        When a weight update leaves the selection as it was, the selection memo (used experts, their index) is kept
+        too.
         """
         weight = self.weight.detach()
         # not under inference_mode (Lightning's validation): its tensors cannot be saved for backward, so a
@@ -189,14 +188,12 @@ class TensorRoutingGate(nn.Module):
             self._snapshot_version = self.weight._version
         elif key in self._selections:
             return self._selections[key]
+        idx = weight.topk(k, dim=0, sorted=True).indices
         previous = self._previous.get(key)
-        if previous is None:
-            selection = self._selection_of(weight.topk(k, dim=0, sorted=True).indices, out_per_expert,
-                                           channels_last, scores=self._snapshot)
+        if previous is not None and torch.equal(idx, previous.idx[0]):  # the update kept the selection
+            selection = previous.for_new_values(self._snapshot)
         else:
-            idx, kept = refreshed_topk(weight, previous.idx[0])
-            selection = previous.for_new_values(self._snapshot) if kept else \
-                self._selection_of(idx, out_per_expert, channels_last, scores=self._snapshot)
+            selection = self._selection_of(idx, out_per_expert, channels_last, scores=self._snapshot)
         self._selections[key] = selection
         return selection
 
@@ -213,31 +210,6 @@ class TensorRoutingGate(nn.Module):
                 f"TensorRoutingGate is for a {self.height}x{self.width} grid, got input {tuple(x.shape)}"
             )
         return self.weight.unsqueeze(0)
-
-
-def refreshed_topk(scores: torch.Tensor, previous: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``scores.topk(k, dim=0, sorted=True).indices`` of scores (|E|, H, W), given the top-k ``previous``
-    (k, H, W) of slightly different scores, and whether it equals ``previous``.
-
-    A location keeps its previous top-k when its selected scores still strictly decrease and the lowest of them
-    is strictly above every unselected score (counted as "|E| − k scores below it", so a NaN, which ``topk``
-    ranks highest, is never below). Then the top-k there is unique and ``topk`` returns exactly it; ``topk``
-    runs only on the other locations (ties and NaN included), each location's result depending on its own
-    scores alone. An optimizer step moves a gate's scores a little, so most locations keep their top-k.
-    """
-    num_experts, k = scores.shape[0], previous.shape[0]
-    kept_values = scores.gather(0, previous)  # (k, H, W)
-    below = (scores < kept_values[-1]).view(torch.uint8).sum(0, dtype=torch.int32)
-    keep = below == num_experts - k
-    if k > 1:
-        keep &= (kept_values[:-1] > kept_values[1:]).all(0)
-    if bool(keep.all()):  # a host sync: used by the CPU cache of TensorRoutingGate.selection only
-        return previous, True
-    redo = (~keep).view(-1).nonzero().view(-1)
-    fresh = scores.reshape(num_experts, -1).index_select(1, redo).topk(k, dim=0, sorted=True).indices
-    if torch.equal(fresh, previous.reshape(k, -1).index_select(1, redo)):  # e.g. a tie broken as before
-        return previous, True
-    return previous.reshape(k, -1).index_copy(1, redo, fresh).view(previous.shape), False
 
 
 def flat_expert_index(idx: torch.Tensor, out_per_expert: int = 1) -> torch.Tensor:
