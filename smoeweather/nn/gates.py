@@ -29,9 +29,10 @@ GateInit = Literal["uniform", "coherent"]
 class Selection:
     """One top-k selection of a routing tensor and what the layers derive from it.
 
-    ``idx``: (1, k, H, W) selected experts in descending score order; ``flat``: their positions in the expert
-    block (see :meth:`TensorRoutingGate.top_indices`). Two memos let the layers that share a gate compute
-    derived tensors once instead of once per layer:
+    ``idx``: (1, k, H, W) selected experts in descending score order out of ``num_experts``; :attr:`flat`: their
+    positions in the expert block of ``out_per_expert`` channels each, laid out channels-last or not (see
+    :meth:`TensorRoutingGate.top_indices`), computed on first use. Two memos let the layers that share a gate
+    compute derived tensors once instead of once per layer:
 
     * ``derived`` (:meth:`memo`): tensors that depend on the selection only (the experts used anywhere, a
       renumbered flat index). They survive a weight update that leaves the selection as it was.
@@ -43,7 +44,9 @@ class Selection:
     """
 
     idx: torch.Tensor
-    flat: torch.Tensor
+    num_experts: int
+    out_per_expert: int = 1
+    channels_last: bool = False
     derived: dict[Any, Any] = field(default_factory=dict)
     value_derived: dict[Any, Any] = field(default_factory=dict)
     scores: torch.Tensor | None = None
@@ -59,10 +62,19 @@ class Selection:
             store[key] = make()
         return store[key]
 
+    @property
+    def flat(self) -> torch.Tensor:
+        """(k·F·H·W,) gather positions of the selected slots in the expert block (:func:`flat_slot_index`);
+        memoised, and not computed at all by a layer that convolves only the used experts (it gathers from
+        their block with its own index)."""
+        return self.memo(("flat",), lambda: flat_slot_index(self.idx[0], self.num_experts, self.out_per_expert,
+                                                            self.channels_last))
+
     def for_new_values(self, scores: torch.Tensor | None) -> Selection:
         """The same selection for updated gate values ``scores``: the selection memo is kept, the value memo
         starts empty."""
-        return Selection(self.idx, self.flat, self.derived, scores=scores)
+        return Selection(self.idx, self.num_experts, self.out_per_expert, self.channels_last, self.derived,
+                         scores=scores)
 
 
 class TensorRoutingGate(nn.Module):
@@ -200,7 +212,7 @@ class TensorRoutingGate(nn.Module):
     def _selection_of(self, idx: torch.Tensor, out_per_expert: int, channels_last: bool,
                       scores: torch.Tensor | None = None) -> Selection:
         """A new :class:`Selection` of the sorted top-k ``idx`` (k, H, W), with its flat gather index."""
-        return Selection(idx.unsqueeze(0), flat_slot_index(idx, self.num_experts, out_per_expert, channels_last),
+        return Selection(idx.unsqueeze(0), self.num_experts, out_per_expert, channels_last,
                          scores=scores)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -391,7 +391,9 @@ class _RouteExperts(torch.autograd.Function):
                 sigmoid = memo((*key, "sigmoid"), lambda: torch.sigmoid(z), values=True)
                 gate_flat = None
                 if ctx.selection is not None and g == 1 and z.is_contiguous():  # positions in (|E|, H, W)
-                    gate_flat = ctx.selection.memo(("gate_flat",), lambda: flat_expert_index(idx[0], 1))
+                    planar_f1 = ctx.selection.out_per_expert == 1 and not ctx.selection.channels_last
+                    gate_flat = ctx.selection.flat if planar_f1 else \
+                        ctx.selection.memo(("gate_flat",), lambda: flat_expert_index(idx[0], 1))
                 grad_scores = rc_gate_gradient(sigmoid, wrong_g, idx, num_experts, gate_flat)
                 grad_scores.mul_(layer.rc_weight * layer.loss_scale / n)
                 # logged values, computed when read: from the selection's snapshot of the gate's weight, or (no
@@ -655,7 +657,7 @@ class SpatialMoE2d(nn.Module):
         if isinstance(self.gate, TensorRoutingGate) and self.gate_norm in ("none", "softmax") and \
                 routing_scores is scores:  # order-preserving: the gate's cached selection is valid
             selection = self.gate.selection(self.num_selected, self.out_per_expert, channels_last=channels_last)
-            idx, flat = selection.idx, selection.flat
+            idx = selection.idx
         else:
             idx = routing_scores.detach().topk(self.num_selected, dim=1, sorted=True).indices
         self.__dict__["_last_idx"] = idx  # for last_routing; a plain attribute, set without Module.__setattr__
@@ -667,10 +669,13 @@ class SpatialMoE2d(nn.Module):
                 experts, local_idx = selection.memo(("used", self.num_experts), lambda: self._used_experts(idx))
             if experts.numel() == self.num_experts:
                 experts = local_idx = None
+                flat = None if selection is None else selection.flat
             else:  # the gate's flat index is for all |E| experts: index the block of the n used ones
                 flat = None if selection is None else selection.memo(
                     ("used_flat", self.num_experts, self.out_per_expert, channels_last),
                     lambda: flat_slot_index(local_idx[0], experts.numel(), self.out_per_expert, channels_last))
+        elif selection is not None:
+            flat = selection.flat
         expert_out = self.apply_experts(x, channels_last, experts)
         y = _RouteExperts.apply(expert_out, scores, idx, self, flat, channels_last, local_idx,
                                 selection)  # (B, E, F, H, W)
