@@ -584,3 +584,72 @@ def test_quantile_of_nonnegative_errors_as_integers_is_kthvalue(dtype: torch.dty
         fast = quantile_threshold(error, q, nonnegative=True)
         torch.testing.assert_close(fast, quantile_threshold(error, q), rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(fast, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def _general_batch_fraction(grad_y: torch.Tensor, quantile: float, tolerance: float) -> torch.Tensor:
+    """The general path of the layer's backward: |dL/dy| per slot, per-sample quantile, flags, batch count."""
+    error = smoe_module._sum_slot_channels(grad_y, absolute=True)
+    wrong = error > quantile_threshold(error, quantile, nonnegative=True) + tolerance
+    return smoe_module._count_batch(wrong).div_(grad_y.shape[0]).contiguous()
+
+
+def test_batch_flagged_fraction_cpu_is_bitwise_the_general_chain() -> None:
+    """Issue 22, speed: the numpy chain of the RC flags (sign bit cleared, integer partition, IEEE comparison,
+    uint8 batch count) gives bitwise the general torch chain, with exact zeros, −0.0, ties at the threshold,
+    subnormals, inf and NaN in dL/dy, for several quantiles and tolerances; it declines what it does not handle."""
+    from smoeweather.nn.smoe import batch_flagged_fraction_cpu
+
+    g = torch.Generator().manual_seed(5)
+    grad_y = torch.randn(6, 4, 1, 9, 13, generator=g) * 1e-6
+    grad_y[0, 0, 0, :3] = 0.0
+    grad_y[0, 1, 0, :3] = -0.0
+    grad_y[1, :, 0, 2] = -grad_y[1, 0, 0, 2, 0]  # ties of opposite sign
+    grad_y[2, 0, 0, 0, :4] = torch.tensor([1e-40, -5e-45, float("-inf"), float("nan")])
+    grad_y[3] = 2.0**-20  # a constant sample: every error at the threshold, none above it
+    for quantile in (0.001, 0.3, 0.7, 1.0):
+        for tolerance in (0.0, 1e-12, 3e-7):
+            fast = batch_flagged_fraction_cpu(grad_y, quantile, tolerance)
+            assert fast is not None and fast.shape == (1, 4, 9, 13) and fast.dtype == torch.float32
+            assert torch.equal(fast, _general_batch_fraction(grad_y, quantile, tolerance))
+    assert 0.0 < float(batch_flagged_fraction_cpu(grad_y, 0.3, 0.0).mean()) < 1.0  # the check can see a difference
+    declined = [grad_y.double(), grad_y[:1], grad_y.expand(6, 4, 2, 9, 13).contiguous(),
+                grad_y.transpose(3, 4), grad_y.clone().requires_grad_(True), torch.zeros(2, 3, 1, 150, 160),
+                torch.zeros(256, 4, 1, 2, 3)]
+    for value in declined:
+        assert batch_flagged_fraction_cpu(value, 0.3, 0.0) is None
+
+
+def test_training_with_the_numpy_flag_chain_is_bitwise_training_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SMoE-U-Net trains the same (every loss and final weight bitwise) with the numpy RC flag chain as with
+    the general torch chain, and the chain does run in it."""
+    from smoeweather.models.unet import PostprocessingUNet
+
+    prior = torch.zeros(16, 32)
+    prior[3:10, 4:14] = 1.0
+    original = smoe_module.batch_flagged_fraction_cpu
+    runs, used = [], []
+
+    def counted(*args: object) -> torch.Tensor | None:
+        result = original(*args)
+        used.append(result is not None)
+        return result
+
+    for fast in (True, False):
+        monkeypatch.setattr(smoe_module, "batch_flagged_fraction_cpu", counted if fast else lambda *args: None)
+        torch.manual_seed(0)
+        net = PostprocessingUNet(3, levels=2, widths=(4, 8), smoe=True, grid=(16, 32), land_sea_prior=prior,
+                                 damping=None)
+        opt = torch.optim.Adam(net.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(4, 3, 16, 32, generator=g), torch.randn(4, 2, 16, 32, generator=g)
+        losses = []
+        for _ in range(8):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        runs.append(losses + [p.detach().clone() for p in net.parameters()])
+    assert used and all(used)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
