@@ -17,8 +17,9 @@ the grid are convolved) and, as "before", with ``expert_compute="all"`` (every e
 before); both loss trajectories for a fixed seed are compared (max relative difference; float32 summation
 order is the only allowed difference). The number of experts computed per layer is recorded. A third SMoE
 variant, "fixed routing" (RC off, gates frozen), splits the SMoE's cost into its experts plus gather and what
-learning the routing adds. A profile of one
-SMoE-U-Net step (top operators) is stored too. The load average at start is recorded: ratios, not seconds,
+learning the routing adds. A profiler split of each network's step into the convolution kernels and
+everything else (dense, fixed routing, SMoE) gives the floor the expert convolutions alone set, and a profile of
+one SMoE-U-Net step (top operators) is stored too. The load average at start is recorded: ratios, not seconds,
 are the numbers to compare across machines.
 
 Writes ``benchmarks/results/smoe_step_cpu.json`` and ``.md``.
@@ -153,6 +154,33 @@ def profile_top(make: Callable[[], torch.nn.Module], steps: int = 5, rows: int =
             for e in events[:rows]]
 
 
+CONVOLUTION_OPS = ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_slow_conv2d_forward",
+                   "aten::_slow_conv2d_backward", "aten::thnn_conv2d", "aten::_nnpack_spatial_convolution")
+
+
+def cost_split(variants: dict[str, Callable[[], torch.nn.Module]], steps: int = 5,
+               repeats: int = 4) -> dict[str, dict[str, float]]:
+    """Self CPU time per step (ms) of each variant in the convolution kernels (forward and backward) and in
+    everything else, from the profiler, over ``repeats`` interleaved blocks of ``steps`` warm steps. The profiler
+    adds a few µs to every operator, so "other" is inflated a little, the more so the more operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steppers = {key: Stepper(make) for key, make in variants.items()}
+    totals = {key: {"convolutions_ms": 0.0, "other_ms": 0.0} for key in variants}
+    for stepper in steppers.values():
+        stepper.timed(2)
+    for _ in range(repeats):
+        for key, stepper in steppers.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                stepper.timed(steps)
+            for event in prof.key_averages():
+                part = "convolutions_ms" if event.key in CONVOLUTION_OPS else "other_ms"
+                totals[key][part] += event.self_cpu_time_total / 1e3 / (steps * repeats)
+    for parts in totals.values():
+        parts["total_ms"] = parts["convolutions_ms"] + parts["other_ms"]
+    return totals
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="timed steps per network per round")
@@ -198,6 +226,8 @@ def main() -> None:
                                  "max_relative_loss_difference": max(abs(a - b) / abs(b) for a, b in zip(used, every)),
                                  "bitwise_identical_steps": next((i for i, (a, b) in enumerate(zip(used, every))
                                                                   if a != b), len(used))}
+        entry["cost_split_ms"] = cost_split({"dense": make_dense, "smoe_fixed_routing": fixed_routing(make_smoe),
+                                             "smoe": make_smoe})
         entries.append(entry)
     top = profile_top(NETWORKS["unet_16_32_64"][1]) if "unet_16_32_64" in args.networks else []
     out = {"setup": setup, "target": "SMoE warm step <= 2x its dense twin (issue 22)", "entries": entries,
@@ -227,6 +257,22 @@ def main() -> None:
     for e in entries:
         lines.append(f"| {e['network']} | {e['time_ratio']:.2f} | {e['time_ratio_fixed_routing']:.2f} | "
                      f"{e['time_ratio'] - e['time_ratio_fixed_routing']:+.2f} |")
+    lines += ["", "Where the ratio comes from (profiler, self CPU ms per step, interleaved blocks): the convolution "
+              "kernels (forward and backward) against everything else. \"Convolutions alone\" is the ratio the "
+              "SMoE would have if everything but its convolutions cost what the dense network's does: the floor "
+              "that the expert convolutions set.", "",
+              "| network | dense: conv / other | fixed routing: conv / other | SMoE: conv / other | "
+              "convolutions, SMoE / dense | convolutions alone | fixed routing | SMoE |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in entries:
+        c = e["cost_split_ms"]
+        d, f, m = c["dense"], c["smoe_fixed_routing"], c["smoe"]
+        lines.append(f"| {e['network']} | {d['convolutions_ms']:.1f} / {d['other_ms']:.1f} | "
+                     f"{f['convolutions_ms']:.1f} / {f['other_ms']:.1f} | "
+                     f"{m['convolutions_ms']:.1f} / {m['other_ms']:.1f} | "
+                     f"{m['convolutions_ms'] / d['convolutions_ms']:.2f} | "
+                     f"{(m['convolutions_ms'] + d['other_ms']) / d['total_ms']:.2f} | "
+                     f"{f['total_ms'] / d['total_ms']:.2f} | {m['total_ms'] / d['total_ms']:.2f} |")
     if top:
         lines += ["", "Where an SMoE-U-Net 16/32/64 step goes (self CPU time):", "", "| operator | share | ms/step |",
                   "|---|---:|---:|"]
