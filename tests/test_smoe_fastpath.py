@@ -480,22 +480,28 @@ def test_selection_memo_survives_an_update_that_keeps_the_selection() -> None:
     assert "sigmoid" not in second.value_derived
 
 
-def test_training_with_selection_reuse_is_bitwise_training_without() -> None:
-    """The SMoE-U-Net (shared gates, RC, land-sea prior) trains 15 Adam steps with a high gate learning rate, so
-    routing changes on the way; reusing the selection memo across steps whose selection did not change gives
-    every loss and final weight bitwise as recomputing everything each step."""
+def _small_smoe_unet() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    """A seeded two-level SMoE-U-Net (shared gates, RC, land-sea prior, no damping), Adam with a high learning rate
+    (so that routing changes on the way) and one fixed batch (x, y) on a 16 × 32 grid."""
     from smoeweather.models.unet import PostprocessingUNet
 
     prior = torch.zeros(16, 32)
     prior[3:10, 4:14] = 1.0
+    torch.manual_seed(0)
+    net = PostprocessingUNet(3, levels=2, widths=(4, 8), smoe=True, grid=(16, 32), land_sea_prior=prior,
+                             damping=None)
+    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    return net, opt, torch.randn(4, 3, 16, 32, generator=g), torch.randn(4, 2, 16, 32, generator=g)
+
+
+def test_training_with_selection_reuse_is_bitwise_training_without() -> None:
+    """The SMoE-U-Net (shared gates, RC, land-sea prior) trains 15 Adam steps with a high gate learning rate, so
+    routing changes on the way; reusing the selection memo across steps whose selection did not change gives
+    every loss and final weight bitwise as recomputing everything each step."""
     runs = []
     for reuse in (True, False):
-        torch.manual_seed(0)
-        net = PostprocessingUNet(3, levels=2, widths=(4, 8), smoe=True, grid=(16, 32), land_sea_prior=prior,
-                                 damping=None)
-        opt = torch.optim.Adam(net.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(1)
-        x, y = torch.randn(4, 3, 16, 32, generator=g), torch.randn(4, 2, 16, 32, generator=g)
+        net, opt, x, y = _small_smoe_unet()
         losses, changed = [], 0
         for _ in range(15):
             if not reuse:
@@ -622,10 +628,6 @@ def test_batch_flagged_fraction_cpu_is_bitwise_the_general_chain() -> None:
 def test_training_with_the_numpy_flag_chain_is_bitwise_training_without(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SMoE-U-Net trains the same (every loss and final weight bitwise) with the numpy RC flag chain as with
     the general torch chain, and the chain does run in it."""
-    from smoeweather.models.unet import PostprocessingUNet
-
-    prior = torch.zeros(16, 32)
-    prior[3:10, 4:14] = 1.0
     original = smoe_module.batch_flagged_fraction_cpu
     runs, used = [], []
 
@@ -636,12 +638,7 @@ def test_training_with_the_numpy_flag_chain_is_bitwise_training_without(monkeypa
 
     for fast in (True, False):
         monkeypatch.setattr(smoe_module, "batch_flagged_fraction_cpu", counted if fast else lambda *args: None)
-        torch.manual_seed(0)
-        net = PostprocessingUNet(3, levels=2, widths=(4, 8), smoe=True, grid=(16, 32), land_sea_prior=prior,
-                                 damping=None)
-        opt = torch.optim.Adam(net.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(1)
-        x, y = torch.randn(4, 3, 16, 32, generator=g), torch.randn(4, 2, 16, 32, generator=g)
+        net, opt, x, y = _small_smoe_unet()
         losses = []
         for _ in range(8):
             opt.zero_grad()

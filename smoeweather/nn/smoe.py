@@ -68,6 +68,7 @@ NUMPY_QUANTILE = True
 
 
 _SAME_WIDTH_INT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+_UINT8_MAX = int(np.iinfo(np.uint8).max)  # the most samples a uint8 batch count holds
 
 
 def quantile_threshold(error: torch.Tensor, quantile: float, nonnegative: bool = False) -> torch.Tensor:
@@ -210,7 +211,7 @@ def batch_flagged_fraction_cpu(grad_y: torch.Tensor, quantile: float, tolerance:
     n = math.prod(grad_y.shape[1:])
     if not (NUMPY_QUANTILE and type(grad_y) is torch.Tensor and grad_y.device.type == "cpu"
             and grad_y.dtype == torch.float32 and grad_y.dim() == 5 and grad_y.shape[2] == 1
-            and 1 < b <= np.iinfo(np.uint8).max and n <= EXACT_QUANTILE_MAX and grad_y.is_contiguous()
+            and 1 < b <= _UINT8_MAX and n <= EXACT_QUANTILE_MAX and grad_y.is_contiguous()
             and not grad_y.requires_grad and not torch.compiler.is_compiling()):
         return None
     _, e, _, h, w = grad_y.shape
@@ -414,13 +415,13 @@ class _RouteExperts(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_scores = None
             if layer.rc:
-                if wrong_g is None and g == 1 and b > 1:  # shared routing: mean of labels gives the exact
-                    # mean-BCE gradient. Fractions k/B, summed over the slots in routing_labels: contiguous, so
-                    # that sum runs in one order in every layout (a no-op for planar, a 1/B-sized copy for
-                    # channels-last); batch_flagged_fraction_cpu above gave the same where it applied
-                    wrong_g = _count_batch(wrong).div_(b).contiguous()
-                elif wrong_g is None:  # 0/1 values: sums exact in any order; contiguous for the RC loss's sums
-                    wrong_g = wrong.to(torch.float32).contiguous()
+                if wrong_g is None:  # (else counted above by batch_flagged_fraction_cpu, the same bits)
+                    if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
+                        # fractions k/B, summed over the slots in routing_labels: contiguous, so that sum runs in
+                        # one order in every layout (a no-op for planar, a 1/B-sized copy for channels-last)
+                        wrong_g = _count_batch(wrong).div_(b).contiguous()
+                    else:  # 0/1 values: sums exact in any order; contiguous for the RC loss value's sums
+                        wrong_g = wrong.to(torch.float32).contiguous()
                 z = scores.detach().float()
                 n = z.numel()  # that of the labels, (G, |E|, H, W)
                 memo = ctx.selection.memo if ctx.selection is not None else (lambda key, make, values=False: make())
