@@ -29,17 +29,20 @@ case "${1:-}" in
     ;;
   run)
     SITE=${SITE:-/tmp/site}
+    export PYTHONPATH="$PWD:${PYTHONPATH:-}"
     if ! python -c "import cftime, zarr" 2>/dev/null; then
       if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         echo "ERROR: this image lacks cftime/zarr and $WHEELS has no wheels: run '$0 prepare' here and carry .gpu" >&2
         exit 2
       fi
       python -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
-      export PYTHONPATH="$PWD:$SITE:${PYTHONPATH:-}"
-    else
-      export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+      export PYTHONPATH="$PYTHONPATH:$SITE"
     fi
     DEVICE=${DEVICE:-cuda}  # DEVICE=cpu with tiny BATCHES only to check this script where there is no GPU
+    if [ "$DEVICE" = cuda ] && ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+      echo "ERROR: DEVICE=cuda but torch sees no CUDA device on this machine (run this on the GPU machine)" >&2
+      exit 2
+    fi
     BATCHES=${BATCHES:-64 16}  # the batch-64 targets first
     OUT=${OUT:-runs/gpu_issue27}
     mkdir -p "$OUT"
