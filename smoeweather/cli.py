@@ -7,10 +7,13 @@ the errors a user can cause (bad path, bad option, bad data) into one clear line
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import sys
 from types import ModuleType
 
+from smoeweather import __version__
 from smoeweather.commands import VERBS
 
 DESCRIPTION = (
@@ -19,23 +22,103 @@ DESCRIPTION = (
     "default world, study runs seeded comparisons. 'smoe VERB --help' lists a verb's options."
 )
 USER_ERRORS = (ValueError, FileExistsError, FileNotFoundError, KeyError, NotADirectoryError, IsADirectoryError)
+_RST_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_text(text: str | None) -> str | None:
+    """Help text as a terminal shows it: reST double backticks (``x``) become 'x'."""
+    return None if text is None else _RST_LITERAL.sub(r"'\1'", text)
+
+
+class _PlainHelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, with reST literals turned into plain quotes in every help string."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_text(super()._expand_help(action)) or ""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text) or "")
 
 
 def _verb_modules() -> dict[str, ModuleType]:
     return {name: importlib.import_module(f"smoeweather.commands.{name}") for name in VERBS}
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _finish(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)parser: the plain formatter, and its one-line help as description where it has none."""
+    parser.formatter_class = _PlainHelpFormatter
+    sub = _subcommands(parser)
+    if sub is None:
+        return
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    for name, child in sub.choices.items():
+        if child.description is None and helps.get(name):
+            child.description = helps[name][:1].upper() + helps[name][1:] + "."
+        _finish(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smoe", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"smoe (smoeweather) {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in _verb_modules().values():
         module.add_parser(sub)
+    _finish(parser)
     return parser
+
+
+def _selected_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The deepest (sub)parser that ``argv`` names: 'smoe postprocess fit …' → the 'fit' parser."""
+    for token in argv:
+        if token == "--":
+            break
+        sub = _subcommands(parser)
+        if sub is None:
+            break
+        if token in sub.choices:
+            parser = sub.choices[token]
+    return parser
+
+
+def _is_option(token: str) -> bool:
+    if not token.startswith("-") or token in ("-", "--"):
+        return False
+    try:
+        float(token)  # a negative number is a value, not an option
+        return False
+    except ValueError:
+        return True
+
+
+def check_unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Report an unknown option under the usage of the verb it was given to, with a "did you mean".
+
+    argparse itself reports it under the top-level usage, or first complains about a missing required
+    option; this check runs before parsing so the real mistake comes first."""
+    target = _selected_parser(parser, argv)
+    known = list(target._option_string_actions)
+    for token in argv:
+        if token == "--":
+            break
+        if not _is_option(token):
+            continue
+        name = token.split("=", 1)[0]
+        if name in known or any(option.startswith(name) for option in known if name.startswith("--")):
+            continue  # exact, or an unambiguous-prefix abbreviation argparse resolves itself
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; '{target.prog} --help' lists the options"
+        target.error(f"unrecognized option {name}{hint}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    check_unknown_options(parser, argv)
+    args = parser.parse_args(argv)
     module = _verb_modules()[args.command]
     try:
         return int(module.run(args) or 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -15,15 +16,45 @@ class ConfigError(ValueError):
     """A configuration file or override is malformed."""
 
 
+BUILTIN_CONFIGS = Path(__file__).resolve().parent / "configs"
+"""The configs that ship with the package (the repository's ``configs/`` folder, packed into the wheel)."""
+
+
+def builtin_config_names() -> list[str]:
+    """Names of the built-in configs, as ``smoe train --config`` accepts them (``weatherbench/world_dense``)."""
+    return sorted(str(p.relative_to(BUILTIN_CONFIGS).with_suffix("")) for p in BUILTIN_CONFIGS.rglob("*.yaml"))
+
+
+def resolve_config(name: str | Path) -> Path:
+    """A config file: ``name`` itself when it is a file, else the built-in config of that name.
+
+    ``weatherbench/world_dense``, ``weatherbench/world_dense.yaml`` and ``configs/weatherbench/world_dense.yaml``
+    all name the same built-in config. ConfigError with the closest built-in names when neither exists.
+    """
+    path = Path(name)
+    if path.is_file():
+        return path
+    relative = path.with_suffix(".yaml") if path.suffix != ".yaml" else path
+    if relative.parts and relative.parts[0] == "configs":
+        relative = Path(*relative.parts[1:])
+    builtin = BUILTIN_CONFIGS / relative
+    if not path.is_absolute() and builtin.is_file():
+        return builtin
+    key = str(relative.with_suffix(""))
+    close = difflib.get_close_matches(key, builtin_config_names(), n=3, cutoff=0.5)
+    example = "; give a YAML path or a built-in name such as weatherbench/world_dense"
+    hint = f"; did you mean {', '.join(close)}?" if close else example
+    raise ConfigError(f"config file {path} does not exist and is not a built-in config{hint}")
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """Load a YAML config and apply ``a.b=value`` overrides (values parsed as YAML).
+    """Load a YAML config (a path or a built-in name, see :func:`resolve_config`) and apply ``a.b=value``
+    overrides (values parsed as YAML).
 
     A config may name ``defaults: [other.yaml, ...]`` (paths relative to itself); those are loaded
     first and deep-merged underneath it.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+    path = resolve_config(path)
     try:
         cfg = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -110,7 +141,11 @@ def validate(cfg: Any, schema: Block, where: str = "") -> None:
         path = f"{where}.{key}" if where else str(key)
         if key not in schema.keys:
             level = f"under {where!r}" if where else "at the top level"
-            raise ConfigError(f"unknown config key {path!r}; valid keys {level}: {', '.join(sorted(schema.keys))}")
+            close = difflib.get_close_matches(str(key), list(schema.keys), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"unknown config key {path!r}{hint}; valid keys {level}: {', '.join(sorted(schema.keys))}"
+            )
         spec = schema.keys[key]
         if isinstance(spec, Block):
             validate(value, spec, path)

@@ -466,11 +466,11 @@ def test_resume_inside_an_epoch_equals_uninterrupted(stores: dict[str, str], tmp
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("training.lrr=1", "unknown config key 'training.lrr'; valid keys under 'training': aux_weight,"),
-        ("trainr.max_epochs=5", "unknown config key 'trainr'; valid keys at the top level: data, model,"),
-        ("data.batchsize=999", "unknown config key 'data.batchsize'; valid keys under 'data': batch_size,"),
+        ("training.lrr=1", "unknown config key 'training.lrr' (did you mean 'lr'?); valid keys under 'training': aux_"),
+        ("trainr.max_epochs=5", "unknown config key 'trainr' (did you mean 'trainer'?); valid keys at the top level:"),
+        ("data.batchsize=999", "unknown config key 'data.batchsize' (did you mean 'batch_size'?); valid keys under"),
         ("sed=7", "unknown config key 'sed'"),
-        ("trainer.max_epochz=5", "unknown config key 'trainer.max_epochz'; valid keys under 'trainer': accel"),
+        ("trainer.max_epochz=5", "unknown config key 'trainer.max_epochz' (did you mean 'max_epochs'?); valid keys"),
         ("training.lr=fast", "config key 'training.lr' must be float, got str 'fast'"),
         ("data.batch_size=true", "config key 'data.batch_size' must be int, got bool True"),
     ],

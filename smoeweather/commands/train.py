@@ -10,7 +10,8 @@ NAME = "train"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a model from a YAML config")
-    train.add_argument("--config", required=True, type=Path, help="configs/<family>/<name>.yaml")
+    train.add_argument("--config", required=True, type=Path,
+                       help="a YAML file, or a built-in config by name (weatherbench/world_dense)")
     train.add_argument("--init-from", type=Path, default=None, help="checkpoint to initialise weights from")
     train.add_argument("--resume", type=Path, default=None, help="checkpoint to resume training from")
     train.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
@@ -24,5 +25,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, list(args.overrides or []))
     result = train(cfg, init_from=args.init_from, resume=args.resume)
     if result.trainer.is_global_zero:
-        print(f"smoe train: best checkpoint {result.best_checkpoint}; last {result.last_checkpoint}")
+        best = result.best_checkpoint or "none (no validation ran: set trainer.max_epochs/val_check_interval)"
+        print(f"smoe train: best checkpoint {best}; last {result.last_checkpoint}")
     return 0

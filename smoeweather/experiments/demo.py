@@ -27,7 +27,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from smoeweather.config import BUILTIN_CONFIGS
+
+CONFIGS = BUILTIN_CONFIGS
 
 # The held-out year of the default world (configs/weatherbench/_world_base.yaml: test_years [2003, 2003]);
 # the last init leaves room for the 120 h lead inside the year.

@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProg
 from torch import nn
 
 from pipelines.heat_diffusion import generate, open_heat
-from smoeweather.config import apply_overrides, deep_merge, load_config
+from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, load_config
 from smoeweather.data.heat import batched_pairs, heat_splits
 from smoeweather.io import write_json, write_text
 from smoeweather.models.heat import HEAT_MODELS, build_heat_model, count_parameters
@@ -28,7 +28,7 @@ from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.regression import SELECTION_METRICS, FieldRegressionModule
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "heat" / "benchmark.yaml"
+DEFAULT_CONFIG = BUILTIN_CONFIGS / "heat" / "benchmark.yaml"
 
 
 PROTOCOLS = ("reference", "project")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from smoeweather.config import apply_overrides, deep_merge, load_config
+from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, load_config
 from smoeweather.data.images import load_images, shuffled_pixels, standardise
 from smoeweather.io import write_json, write_text
 from smoeweather.metrics.classification import (
@@ -37,7 +37,7 @@ from smoeweather.nn.vit import moe_layers, set_eval_capacity
 from smoeweather.training.vision import member_cross_entropy, weighted_aux_loss
 
 ROWS = ("vit", "vmoe_k1", "vmoe_k2", "e3", "resblock_moe_soft", "resblock_moe_hard", "emoe", "smoe_cnn", "cnn")
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "vision"
+CONFIG_DIR = BUILTIN_CONFIGS / "vision"
 
 
 def row_model_config(row: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
