@@ -119,10 +119,24 @@ def read_site_table(path: str | Path, variable: str = "2m_temperature", lead: st
     return fc, truth
 
 
+def site_coord_names(ds: xr.Dataset) -> list[str]:
+    """The site coordinates of a site Dataset: :data:`SITE_COORDS`, then any other coordinate on (site,) alone
+    (e.g. a station name)."""
+    return [*SITE_COORDS, *(c for c in ds.coords if ds[c].dims == ("site",) and c not in ("site", *SITE_COORDS))]
+
+
+def station_ids(ids: Sequence[object] | np.ndarray) -> np.ndarray:
+    """Station ids as a fixed-width unicode array (``<U{longest}``), never ``object``: an object array that dask
+    chunks has no known string width, and casting it to ``str`` lazily gives ``<U1``, ids cut to their first
+    character."""
+    values = [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(ids, dtype=object).ravel()]
+    return np.array(values, dtype=f"<U{max([1, *map(len, values)])}")
+
+
 def site_coords(ids: Sequence[str], lat: np.ndarray, lon: np.ndarray, alt: np.ndarray) -> dict[str, tuple]:
     """Coordinates on ``site`` with CF attributes (station_id, latitude, longitude, altitude)."""
     return {"site": ("site", np.arange(len(ids))),
-            "station_id": ("site", np.asarray(ids, dtype=object), {"cf_role": "timeseries_id",
+            "station_id": ("site", station_ids(ids), {"cf_role": "timeseries_id",
                                                                   "long_name": "station identifier"}),
             "latitude": ("site", np.asarray(lat, np.float64), {"units": "degrees_north",
                                                               "standard_name": "latitude"}),
@@ -137,16 +151,19 @@ def write_sites(forecast: xr.Dataset, truth: xr.Dataset, out: str | Path, overwr
     from smoeweather.io import atomic_path
 
     valid = forecast["time"] + forecast["prediction_timedelta"]
-    ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *SITE_COORDS)})
+    names = site_coord_names(forecast)
+    ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *names)})
+    for c in names:
+        if ds[c].dtype.kind in "OUS":
+            ds = ds.assign_coords({c: ("site", station_ids(ds[c].values), ds[c].attrs)})
     for n in forecast.data_vars:
         ds[n] = forecast[n].transpose("site", "time", "prediction_timedelta", "member")
-        ds[n].attrs = {**forecast[n].attrs, "coordinates": " ".join(SITE_COORDS)}
+        ds[n].attrs = {**forecast[n].attrs, "coordinates": " ".join(names)}
         obs = truth[n].reindex(time=np.unique(valid.values)).sel(time=valid).drop_vars("time")
         ds[n + OBS_SUFFIX] = obs.transpose("site", "time", "prediction_timedelta").assign_attrs(
             {**truth[n].attrs, "long_name": f"observed {n} at time + prediction_timedelta",
-             "coordinates": " ".join(SITE_COORDS)})
+             "coordinates": " ".join(names)})
     ds["member"] = ds["member"].astype(str)
-    ds["station_id"] = ds["station_id"].astype(str)
     ds.attrs = {"Conventions": "CF-1.8", "featureType": "timeSeries", "forecast_kind": "ensemble",
                 "title": "ensemble forecasts and observations at sites (smoeweather.data.sites)"}
     out = Path(out)
@@ -176,7 +193,18 @@ def open_sites(path: str | Path, **table_options: object) -> tuple[xr.Dataset, x
     fc.attrs = {"forecast_kind": "ensemble", "featureType": "timeSeries", "source_files": str(path)}
     valid = (ds["time"] + ds["prediction_timedelta"]).values  # (time, lead)
     vt = pd.DatetimeIndex(np.unique(valid))
-    coords = {c: ds[c] for c in ("site", *SITE_COORDS)}
+    # every variable on (site,) alone is a site coordinate (CF: station_id, latitude, ..., e.g. station_name)
+    cnames = [*SITE_COORDS, *(v for v in ds.variables if ds[v].dims == ("site",) and v not in ("site", *SITE_COORDS))]
+    lacking = [c for c in SITE_COORDS if c not in ds.variables]
+    if lacking:
+        raise ValueError(f"{path}: no site coordinate(s) {lacking} on the 'site' dimension (a site file carries "
+                         f"{list(SITE_COORDS)})")
+    ds = ds.set_coords(cnames)
+    for c in cnames:  # strings as fixed-width unicode (netCDF strings are read as objects)
+        if ds[c].dtype.kind in "OUS":
+            ds = ds.assign_coords({c: ("site", station_ids(ds[c].values), ds[c].attrs)})
+    fc = fc.assign_coords({c: ds[c] for c in cnames})
+    coords = {c: ds[c] for c in ("site", *cnames)}
     truth = xr.Dataset(coords={"time": vt, **coords})
     for n in names:
         key = n + OBS_SUFFIX

@@ -19,7 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from smoeweather.data.ensembles import check_grid
-from smoeweather.data.sites import SITE_COORDS
+from smoeweather.data.sites import site_coord_names, station_ids
 from smoeweather.io import atomic_path
 from smoeweather.postprocess.emos import COEFFICIENTS
 
@@ -40,8 +40,8 @@ def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs
                 overwrite: bool = False) -> Path:
     """Write ``params`` (of :func:`~.emos.fit_emos`) fitted on ``forecast`` (the training ensemble) to ``out``."""
     if "site" in forecast.dims:  # sites (issue 25): the training sites with their CF coordinates
-        ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *SITE_COORDS)})
-        ds["station_id"] = ds["station_id"].astype(str)
+        ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *site_coord_names(forecast))})
+        ds = ds.assign_coords(station_id=("site", station_ids(ds["station_id"].values), ds["station_id"].attrs))
     else:
         ds = xr.Dataset(coords={"latitude": forecast["latitude"].values, "longitude": forecast["longitude"].values})
         ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
@@ -112,7 +112,7 @@ def read_model(path: str | Path) -> tuple[xr.Dataset, dict[str, Any]]:
         ).assign_attrs(units=parts[0].attrs.get("units", ""))
     attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values)
     if "site" in ds.dims:
-        attrs["station_id"] = ds["station_id"].values.astype(str)
+        attrs["station_id"] = station_ids(ds["station_id"].values)
     return xr.Dataset(params, attrs={k: v for k, v in ds.attrs.items()}), attrs
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.data import ensembles
-from smoeweather.data.sites import is_site_source, open_sites
+from smoeweather.data.sites import is_site_source, open_sites, station_ids
 from smoeweather.io import atomic_path
 from smoeweather.postprocess import chunked
 from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
@@ -115,8 +115,9 @@ def _store(ds: xr.Dataset, kind: str, attrs: dict[str, Any]) -> xr.Dataset:
     """``ds`` ready for a forecast store (:func:`smoeweather.data.ensembles.store_dataset`, the one store format),
     station ids as strings."""
     ds = ensembles.store_dataset(ds, kind, attrs)
-    if "station_id" in ds.coords:
-        ds["station_id"] = ds["station_id"].astype(str)
+    if "station_id" in ds.coords:  # computed, never a lazy cast (dask's astype(str) of objects gives <U1)
+        ds = ds.assign_coords(station_id=(ds["station_id"].dims, station_ids(ds["station_id"].values),
+                                          ds["station_id"].attrs))
         ds["station_id"].encoding = {}
     return ds
 
