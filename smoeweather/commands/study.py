@@ -1,6 +1,7 @@
 """``smoe study --config configs/studies/<name>.yaml --out DIR [key=value ...]``: variants × seeds with equal
 optimizer steps, each best checkpoint scored on the test period; writes ``DIR/study.{json,md}``. Re-running
-the same command continues a half-finished grid (finished runs skipped, interrupted runs resumed)."""
+the same command continues a half-finished grid (finished runs skipped, interrupted runs resumed). Every run
+pins its thread count (study key ``threads``, default 1); ``--cost-only`` measures the arms' cost alone."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     study.add_argument("--shard", default="0/1", metavar="K/N",
                        help="run only every N-th run starting at K (start N processes K = 0..N-1 to run a grid in "
                             "parallel; each rewrites the summary from all finished runs); default 0/1")
-    study.add_argument("overrides", nargs="*", help="overrides of the study file, e.g. steps=100 seeds=[0]")
+    study.add_argument("--cost-only", action="store_true",
+                       help="only measure the arms' cost (parameters, training-step FLOPs, step and inference time "
+                            "as a ratio to the reference arm) into DIR/cost.json; run it on a quiet machine")
+    study.add_argument("overrides", nargs="*",
+                       help="overrides of the study file, e.g. steps=100 seeds=[0] threads=1 lr_schedule=cosine")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +33,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ValueError(f"--shard must be K/N (e.g. 0/2), got {args.shard!r}") from err
     study = load_study(args.config, args.overrides)
+    if args.cost_only:
+        from smoeweather.experiments.study import finished_records, measure_study_cost, write_study
+
+        measure_study_cost(study, args.out)
+        write_study(study, finished_records(study, args.out), args.out)
+        print(f"smoe study: wrote {args.out / 'cost.json'}")
+        return 0
     result = run_study(study, args.out, shard=(k, n))
     from smoeweather.experiments.study import markdown
 

@@ -12,6 +12,10 @@ A study config (``configs/studies/*.yaml``)::
     leads_h: [72, 120]
     targets: [geopotential_500, temperature_850]
     overrides: [data.num_workers=4]          # applied to every variant (``key.sub=value``)
+    threads: 1                   # torch intra-/inter-op threads (and OMP/MKL for workers) of every run
+    lr_schedule: cosine          # training.lr_schedule of every run (cosine | plateau | config: as configured)
+    warmup_steps: 0              # cosine: linear warm-up steps; min_lr_factor: final lr / lr (default 0)
+    cost: {reference: dense}     # cost of every arm measured once (``cost.json``); ``cost: false`` skips it
     variants:
       dense: {config: ../weatherbench/gcm_dense.yaml}
       smoe_all_prior: {config: ../weatherbench/gcm_smoe_all_prior.yaml, overrides: [model.smoe.rc=false]}
@@ -22,6 +26,11 @@ Variant config paths are relative to the study file. Layout of ``--out DIR``::
     DIR/runs/<variant>/seed<k>/result.json that run's scores, written last: its presence = run finished
     DIR/study.json, DIR/study.md           all finished runs + summary (rewritten after every run)
 
+Reproducibility: every run pins its thread count (``threads``, default 1: float sums then always add in one
+order, so one seed gives one number on one machine) and records it with the CPU model and code version
+(:func:`environment`). Verdicts: paired differences (same seed) get a 95 % Student-t interval with n − 1
+degrees of freedom (:func:`t_interval`); bold in ``study.md`` means the interval excludes zero.
+
 Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.ckpt`` continues from it
 (Lightning restores optimizer, step and epoch), any other run starts fresh.
 """
@@ -29,7 +38,10 @@ Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.c
 from __future__ import annotations
 
 import math
+import os
+import platform
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +56,13 @@ from smoeweather.io import write_json, write_text
 
 STUDY_TASKS = ("weatherbench", "postprocess", "ens10")
 POSTPROCESS_TASKS = ("postprocess", "ens10")
+
+LR_SCHEDULES = ("cosine", "plateau", "config")
+"""Study key ``lr_schedule``: ``cosine`` (the default: warm-up + cosine decay to the last step), ``plateau``
+(ReduceLROnPlateau) or ``config`` (whatever each training config says; the committed studies before
+schedules existed: plateau with a patience that never fires, i.e. a constant rate)."""
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 # Every run trains exactly ``steps`` optimizer steps: no wall-clock stop, no early stop (patience larger
 # than any possible number of validations), epochs unbounded.
@@ -61,6 +80,7 @@ class Variant:
     name: str
     config: Path
     overrides: list[str] = field(default_factory=list)
+    family: str | None = None  # dense | smoe | ensemble on a frontier plot (default: from the model config)
 
 
 @dataclass
@@ -79,10 +99,28 @@ class StudyConfig:
     scoring: str = "auto"
     val_every_steps: int | None = None
     reference_baseline: str | None = None  # post-processing: a reference method (e.g. emos_gridpoint) to pair with
+    threads: int = 1
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_factor: float = 0.0
+    cost: dict[str, Any] | None = field(default_factory=dict)  # None: not measured; {}: defaults
+    label: str | None = None  # one line shown at the top of study.md (e.g. "reduced preview: ...")
+
+    @property
+    def families(self) -> dict[str, str | None]:
+        return {v.name: v.family for v in self.variants}
+
+    def schedule_overrides(self) -> list[str]:
+        """``training.*`` overrides of the study's learning-rate schedule (none for ``config``)."""
+        if self.lr_schedule == "config":
+            return []
+        return [f"training.lr_schedule={self.lr_schedule}", f"training.warmup_steps={self.warmup_steps}",
+                f"training.min_lr_factor={self.min_lr_factor}"]
 
     def run_config(self, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
-        """The resolved training config of one (variant, seed) run writing to ``out``."""
-        cfg = load_config(variant.config, [*self.overrides, *variant.overrides])
+        """The resolved training config of one (variant, seed) run writing to ``out``. The study's schedule
+        comes first, so the study's and the variant's overrides can replace it."""
+        cfg = load_config(variant.config, [*self.schedule_overrides(), *self.overrides, *variant.overrides])
         if cfg.get("task") not in STUDY_TASKS:
             raise ConfigError(f"study {self.path}: variant {variant.name!r} ({variant.config}) is task "
                               f"{cfg.get('task')!r}; a study scores {' or '.join(STUDY_TASKS)} runs only")
@@ -114,7 +152,9 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         cfg_path = (path.parent / spec["config"]).resolve()
         if not cfg_path.is_file():
             raise FileNotFoundError(f"study config {path}: variant {name!r} config {cfg_path} does not exist")
-        variants.append(Variant(str(name), cfg_path, [str(o) for o in spec.get("overrides") or []]))
+        family = spec.get("family")
+        variants.append(Variant(str(name), cfg_path, [str(o) for o in spec.get("overrides") or []],
+                                None if family is None else str(family)))
     if raw["baseline"] not in variants_raw:
         raise ConfigError(f"study config {path}: baseline {raw['baseline']!r} is not a variant "
                           f"({sorted(variants_raw)})")
@@ -131,6 +171,19 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate), "
                           f"'postprocess' (Gaussian CRPS of post-processing networks) or 'ensemble' (CRPS, "
                           f"spread/skill, ensemble-mean RMSE of ensemble networks), got {scoring!r}")
+    threads = int(raw.get("threads", 1))
+    schedule = str(raw.get("lr_schedule", "cosine"))
+    if threads < 1 or schedule not in LR_SCHEDULES:
+        raise ConfigError(f"study config {path}: threads must be >= 1 and lr_schedule one of {LR_SCHEDULES}, got "
+                          f"{threads} and {schedule!r}")
+    cost = raw.get("cost", {})
+    if cost is False or cost is None:
+        cost = None
+    elif cost is True:
+        cost = {}
+    elif not isinstance(cost, dict) or set(cost) - {"reference", "steps", "rounds", "warmup"}:
+        raise ConfigError(f"study config {path}: cost must be false or a mapping of reference, steps, rounds, "
+                          f"warmup; got {cost!r}")
     return StudyConfig(
         name=str(raw.get("name", path.stem)),
         path=path,
@@ -144,7 +197,88 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         scoring=scoring,
         val_every_steps=None if every is None else int(every),
         reference_baseline=None if raw.get("reference_baseline") is None else str(raw["reference_baseline"]),
+        threads=threads,
+        lr_schedule=schedule,
+        warmup_steps=int(raw.get("warmup_steps", 0)),
+        min_lr_factor=float(raw.get("min_lr_factor", 0.0)),
+        cost=cost,
+        label=None if raw.get("label") is None else str(raw["label"]),
     )
+
+
+# ---- reproducibility -------------------------------------------------------------------------------
+def pin_threads(threads: int) -> dict[str, int]:
+    """Pin this process to ``threads`` intra-op and inter-op threads (and ``OMP/MKL/OPENBLAS_NUM_THREADS``
+    for worker processes started later); returns the counts in force. The inter-op count can be set only
+    before the first parallel work of a process: if that has passed, the count in force is returned (it does
+    not change any result; the intra-op count, which orders float sums, always is set)."""
+    import torch
+
+    for var in THREAD_ENV:
+        os.environ[var] = str(threads)
+    torch.set_num_threads(threads)
+    if torch.get_num_interop_threads() != threads:
+        try:
+            torch.set_num_interop_threads(threads)
+        except RuntimeError:
+            pass
+    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def code_version() -> str:
+    """``git describe --always --dirty`` of the package's checkout, else the installed package version."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
+                             capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"smoeweather {version('smoeweather')}"
+        except PackageNotFoundError:
+            return "unknown"
+
+
+def environment(threads: dict[str, int]) -> dict[str, Any]:
+    """What a run's numbers depend on besides config and seed: threads, CPU, code and library versions."""
+    import torch
+
+    return {**threads, "cpu": cpu_model(), "cpu_count": os.cpu_count(), "code_version": code_version(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+# ---- intervals -------------------------------------------------------------------------------------
+def t_interval(values: Any, level: float = 0.95) -> dict[str, Any]:
+    """Mean, standard error std/√n (ddof 1), and the ``level`` Student-t interval with n − 1 degrees of
+    freedom of ``values`` (e.g. paired differences); ``excludes_zero``: the interval lies on one side of 0.
+    With n < 2 the SE and the interval are NaN."""
+    from scipy import stats
+
+    d = np.asarray(values, np.float64)
+    n = len(d)
+    mean = float(d.mean()) if n else float("nan")
+    if n < 2:
+        return {"mean": mean, "se": float("nan"), "n": n, "lo": float("nan"), "hi": float("nan"),
+                "t": float("nan"), "level": level, "excludes_zero": False}
+    se = float(d.std(ddof=1) / math.sqrt(n))
+    t = float(stats.t.ppf(0.5 + level / 2, n - 1))
+    lo, hi = mean - t * se, mean + t * se
+    return {"mean": mean, "se": se, "n": n, "lo": lo, "hi": hi, "t": t, "level": level,
+            "excludes_zero": bool(lo > 0 or hi < 0)}
 
 
 # ---- scoring ---------------------------------------------------------------------------------------
@@ -216,9 +350,9 @@ def _stats(values: list[float]) -> dict[str, float]:
 def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targets: list[str],
               reference: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per variant, lead and target: mean ± std over seeds (ddof 1) and the paired difference to
-    ``baseline`` over the seeds both have: mean, standard error std(d)/√n and n (d < 0: better). With
-    ``reference`` (name, {lead: {target: value}}) of a seed-free method, also the difference to it
-    (``diff_to_reference``: mean, SE over seeds)."""
+    ``baseline`` over the seeds both have: mean, standard error std(d)/√n, n and the 95 % Student-t
+    interval ``lo``…``hi`` (n − 1 dof, :func:`t_interval`; d < 0: better). With ``reference`` (name, {lead:
+    {target: value}}) of a seed-free method, also the difference to it (``diff_to_reference``, same fields)."""
     by_variant: dict[str, dict[int, dict[str, Any]]] = {}
     for r in runs:
         by_variant.setdefault(r["variant"], {})[int(r["seed"])] = r["scores"]
@@ -232,15 +366,11 @@ def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targe
                 item: dict[str, Any] = _stats([s[lead][t] for s in seeds.values()])
                 paired = sorted(set(seeds) & set(base))
                 if variant != baseline and paired:
-                    d = np.array([seeds[k][lead][t] - base[k][lead][t] for k in paired])
-                    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-                    item["diff_to_baseline"] = {"mean": float(d.mean()), "se": se, "n": len(d),
-                                                "seeds": paired}
+                    d = [seeds[k][lead][t] - base[k][lead][t] for k in paired]
+                    item["diff_to_baseline"] = {**t_interval(d), "seeds": paired}
                 if reference is not None:
-                    d = np.array([s[lead][t] - reference[1][lead][t] for s in seeds.values()])
-                    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-                    item["diff_to_reference"] = {"reference": reference[0], "mean": float(d.mean()), "se": se,
-                                                 "n": len(d)}
+                    d = [s[lead][t] - reference[1][lead][t] for s in seeds.values()]
+                    item["diff_to_reference"] = {"reference": reference[0], **t_interval(d)}
                 entry[key] = item
         out[variant] = entry
     return out
@@ -250,13 +380,33 @@ def _fmt(x: float, digits: int = 4) -> str:
     return "nan" if x is None or not np.isfinite(x) else f"{x:.{digits}g}"
 
 
+def _interval_cell(d: dict[str, Any]) -> str:
+    """``+mean [lo, hi] (n)``, bold when the 95 % interval excludes zero; records written before the
+    intervals existed (mean, se, n only) get theirs from the SE and n."""
+    if "lo" not in d:
+        from scipy import stats
+
+        n, se = d["n"], d["se"]
+        t = float(stats.t.ppf(0.975, n - 1)) if n > 1 else float("nan")
+        d = {**d, "lo": d["mean"] - t * se, "hi": d["mean"] + t * se}
+        d["excludes_zero"] = bool(np.isfinite(d["lo"]) and (d["lo"] > 0 or d["hi"] < 0))
+    text = f"{d['mean']:+.4g} [{_fmt(d['lo'], 3)}, {_fmt(d['hi'], 3)}] ({d['n']})"
+    return f"**{text}**" if d.get("excludes_zero") else text
+
+
 def markdown(study: dict[str, Any]) -> str:
     """study.md: one row per variant (mean ± std over seeds, n), then one of paired differences."""
     summary, leads, targets = study["summary"], study["leads"], study["targets"]
     cols = [f"{t}@{lead}" for lead in leads for t in targets]
     score = study.get("score", "RMSE")
+    env = study.get("environment") or {}
+    run_env = (f"Runs: {env.get('threads', '?')} thread(s) each, learning-rate schedule "
+               f"{study.get('lr_schedule', 'config')}, CPU {env.get('cpu', '?')}, code {env.get('code_version', '?')}."
+               if env else "")
     lines = [f"# Study {study['name']} ({study['steps']} optimizer steps per run)", "",
-             f"{score} in physical units on the test period, mean ± std over seeds (n).", "",
+             *([study["label"], ""] if study.get("label") else []),
+             f"{score} in physical units on the test period, mean ± std over seeds (n); the std is the "
+             "seed-to-seed spread of one arm.", "", *([run_env, ""] if run_env else []),
              "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for variant, entry in summary.items():
         cells = [f"{_fmt(entry[c]['mean'])} ± {_fmt(entry[c]['std'], 2)} ({entry[c]['n']})" for c in cols]
@@ -264,8 +414,8 @@ def markdown(study: dict[str, Any]) -> str:
     for ref, scores in study.get("references", {}).items():
         lines.append(f"| {ref} | " + " | ".join(_fmt(scores[c.split('@')[1]][c.split('@')[0]]) for c in cols)
                      + " |")
-    lines += ["", f"Paired difference to `{study['baseline']}` (variant − baseline, same seed): mean ± standard "
-              "error (n); **bold** where |mean| > 2 SE.", "",
+    lines += ["", f"Paired difference to `{study['baseline']}` (variant − baseline, same seed): mean [95 % "
+              "Student-t interval, n − 1 dof] (n); **bold** where the interval excludes zero.", "",
               "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for variant, entry in summary.items():
         if variant == study["baseline"]:
@@ -276,22 +426,30 @@ def markdown(study: dict[str, Any]) -> str:
             if d is None:
                 cells.append("–")
                 continue
-            text = f"{d['mean']:+.4g} ± {_fmt(d['se'], 2)} ({d['n']})"
-            cells.append(f"**{text}**" if np.isfinite(d["se"]) and abs(d["mean"]) > 2 * d["se"] else text)
+            cells.append(_interval_cell(d))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     ref = study.get("reference_baseline")
     if ref:
-        lines += ["", f"Difference to the reference `{ref}` (variant − reference per seed): mean ± standard error "
-                  "(n); **bold** where |mean| > 2 SE.", "",
+        lines += ["", f"Difference to the reference `{ref}` (variant − reference per seed): mean [95 % Student-t "
+                  "interval] (n); **bold** where the interval excludes zero.", "",
                   "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for variant, entry in summary.items():
             cells = []
             for c in cols:
                 d = entry[c].get("diff_to_reference")
-                text = "–" if d is None else f"{d['mean']:+.4g} ± {_fmt(d['se'], 2)} ({d['n']})"
-                bold = d is not None and np.isfinite(d["se"]) and abs(d["mean"]) > 2 * d["se"]
-                cells.append(f"**{text}**" if bold else text)
+                cells.append("–" if d is None else _interval_cell(d))
             lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    cost = study.get("cost")
+    if cost:
+        lines += ["", f"Cost of one training step per arm, measured in one process on {cost['threads']} thread(s): "
+                  f"parameters, FLOPs ({cost['flops']}), and the time of a training step and of an inference as a "
+                  f"ratio to `{cost['reference']}` (interleaved, median of {cost['rounds']} rounds).", "",
+                  "| variant | family | parameters | train GFLOP | train step × | inference × |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for variant, c in cost["arms"].items():
+            family = study.get("variants", {}).get(variant, {}).get("family", "")
+            lines.append(f"| {variant} | {family} | {c['parameters']:,} | {c['train_flops'] / 1e9:.3g} | "
+                         f"{c['train_step_ratio']:.2f} | {c['infer_ratio']:.2f} |")
     for metric, means in study.get("extra_means", {}).items():
         lines += ["", f"{metric.replace('_', '–')} (mean over seeds; references from one fit).", "",
                   "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
@@ -319,8 +477,10 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     resume = last if last.is_file() else None
     if resume is None and run_dir.exists():  # a run killed before its first checkpoint: start clean
         shutil.rmtree(run_dir)
+    threads = pin_threads(study.threads)
     log(f"study {study.name}: {variant.name} seed {seed}: "
-        + (f"resuming from {resume}" if resume else f"training {study.steps} steps"))
+        + (f"resuming from {resume}" if resume else f"training {study.steps} steps")
+        + f" on {threads['threads']} thread(s)")
     t0 = time.perf_counter()
     result = train_fn(cfg, resume=resume)  # routing diagnostics are logged by every smoe train
     train_seconds = time.perf_counter() - t0  # wall time of this process's training (the cost of the run)
@@ -347,9 +507,12 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     routing = _routing_at(result.trainer, str(best))
     if routing:  # SMoE runs: how far the routing moved from its initialisation by the best checkpoint
         extra["routing"] = routing
-    record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": str(best),
+    monitor = getattr(getattr(result.trainer, "checkpoint_callback", None), "best_model_score", None)
+    record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": portable(best),
               "scoring": mode, "scores": scores, "extra": extra, "references": refs,
-              "train_seconds": train_seconds if resume is None else None}
+              "train_seconds": train_seconds if resume is None else None,
+              "val_loss": None if monitor is None else float(monitor),  # the selection score (validation only)
+              "environment": environment(threads)}
     write_json(done, record)
     return record
 
@@ -374,12 +537,16 @@ def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] 
     Runs go seed-major (all variants of seed 0 first), so a half-finished grid already holds paired runs.
     ``shard`` (k, n): this process runs only the runs whose position in that order is k modulo n, so n
     processes (one per core or GPU share) run the grid at once; the summary is rebuilt from every finished
-    run found on disk, whichever process ran it. ``train_fn`` replaces :func:`smoeweather.training.run.train`.
+    run found on disk, whichever process ran it. A single process (n = 1) first measures the arms' cost
+    (:func:`measure_study_cost`, unless ``cost: false`` or ``cost.json`` exists); sharded grids measure it
+    with ``smoe study --cost-only`` on a quiet machine. ``train_fn`` replaces :func:`smoeweather.training.run.train`.
     """
     out = Path(out)
     k, n = shard
     if not (n >= 1 and 0 <= k < n):
         raise ValueError(f"shard must be K/N with 0 <= K < N, got {k}/{n}")
+    if n == 1 and study.cost is not None and not (out / "cost.json").is_file():
+        measure_study_cost(study, out, log=log)  # one process: the machine is as quiet as it will be
     result: dict[str, Any] = {}
     order = [(seed, variant) for seed in study.seeds for variant in study.variants]
     for i, (seed, variant) in enumerate(order):
@@ -388,6 +555,63 @@ def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] 
         run_one(study, variant, seed, out, train_fn=train_fn, log=log)
         result = write_study(study, finished_records(study, out), out)
     return result or write_study(study, finished_records(study, out), out)
+
+
+def portable(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies below it or beside it (``../shared/...``),
+    else its file name: study files hold no absolute machine paths."""
+    if not path:
+        return ""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    try:
+        rel = os.path.relpath(p, Path.cwd())
+    except ValueError:
+        return p.name
+    return rel if not rel.startswith("../../") else p.name
+
+
+def variant_family(cfg: dict[str, Any]) -> str:
+    """``smoe`` (any SMoE layer), ``ensemble`` (an ensemble network) or ``dense``: the curve an arm belongs
+    to on a frontier plot (a variant's ``family`` key overrides it)."""
+    model = cfg.get("model") or {}
+    if model.get("ensemble") or model.get("members") or str(model.get("name", "")).startswith(("e3", "ensemble")):
+        return "ensemble"
+    if model.get("smoe") or model.get("e3") or model.get("moe"):
+        return "smoe"
+    return "dense"
+
+
+def measure_study_cost(study: StudyConfig, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure every arm's cost (:func:`smoeweather.experiments.cost.measure_costs`, on ``study.threads``
+    threads, the first seed's config) and write ``out/cost.json``."""
+    from smoeweather.experiments.cost import CostOptions, measure_costs
+
+    spec = dict(study.cost or {})
+    options = CostOptions(reference=str(spec.get("reference", study.baseline)), steps=int(spec.get("steps", 3)),
+                          rounds=int(spec.get("rounds", 5)), warmup=int(spec.get("warmup", 2)),
+                          threads=study.threads)
+    pin_threads(study.threads)
+    log(f"study {study.name}: measuring the cost of {len(study.variants)} arms (reference {options.reference}, "
+        f"{options.threads} thread(s), {options.rounds} interleaved rounds)")
+    cfgs = {}
+    for v in study.variants:
+        cfg = study.run_config(v, study.seeds[0], out / "cost_probe")
+        cfg.setdefault("data", {})["num_workers"] = 0
+        cfgs[v.name] = cfg
+    cost = measure_costs(cfgs, options, log=log)
+    cost["environment"] = environment({"threads": options.threads, "interop_threads": _interop()})
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "cost.json", cost)
+    shutil.rmtree(out / "cost_probe", ignore_errors=True)
+    return cost
+
+
+def _interop() -> int:
+    import torch
+
+    return torch.get_num_interop_threads()
 
 
 def finished_records(study: StudyConfig, out: Path) -> list[dict[str, Any]]:
@@ -408,7 +632,8 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
     leads = [f"{lead}h" for lead in study.leads_h]
     refs = next((r["references"] for r in records if r.get("references")), {})
     runs = [{k: r[k] for k in ("variant", "seed", "steps", "scores", "best_checkpoint", "scoring")}
-            | {"extra": r.get("extra", {}), "train_seconds": r.get("train_seconds")} for r in records]
+            | {"extra": r.get("extra", {}), "train_seconds": r.get("train_seconds"), "val_loss": r.get("val_loss"),
+               "environment": r.get("environment")} for r in records]
     postprocess = any(r["scoring"] == "postprocess" for r in runs)
     ref_name = study.reference_baseline
     reference = (ref_name, refs[ref_name]) if ref_name and ref_name in refs else None
@@ -424,16 +649,37 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
                 table[method.split(":")[0]] = {f"{t}@{lead}": float(scores[lead][t])
                                                for lead in leads for t in study.targets}
         extra_means[metric] = table
+    import json
+
+    envs = [r["environment"] for r in runs if r.get("environment")]
+    keys = ("threads", "interop_threads", "cpu", "code_version", "torch")
+    distinct = [dict(t) for t in dict.fromkeys(tuple((k, e.get(k)) for k in keys) for e in envs)]
+    cost_path = out / "cost.json"
+    families = {}
+    for v in study.variants:
+        try:
+            cfg = load_config(v.config, [*study.overrides, *v.overrides])
+        except (ConfigError, OSError):
+            cfg = {}
+        families[v.name] = study.families.get(v.name) or variant_family(cfg)
     study_json = {
         "name": study.name,
-        "config": str(study.path),
+        "label": study.label,
+        "config": portable(study.path),
+        "threads": study.threads,
+        "lr_schedule": study.lr_schedule if study.lr_schedule == "config" else
+        f"{study.lr_schedule} (warm-up {study.warmup_steps} steps, final lr × {study.min_lr_factor:g})",
+        # the environment every run recorded; more than one entry: the runs are not comparable bit for bit
+        "environment": distinct[0] if len(distinct) == 1 else None,
+        "environments": distinct,
+        "cost": json.loads(cost_path.read_text()) if cost_path.is_file() else None,
         "steps": study.steps,
         "seeds": study.seeds,
         "baseline": study.baseline,
         "leads": leads,
         "targets": study.targets,
-        "variants": {v.name: {"config": str(v.config), "overrides": [*study.overrides, *v.overrides]}
-                     for v in study.variants},
+        "variants": {v.name: {"config": portable(v.config), "overrides": [*study.overrides, *v.overrides],
+                              "family": families[v.name]} for v in study.variants},
         "score": "CRPS (latitude-weighted; Gaussian closed form, fair estimator for raw members)"
         if postprocess else "CRPS (latitude-weighted; fair for members, Gaussian closed form, MAE of a deterministic "
         "network)" if any(r["scoring"] == "ensemble" for r in runs) else "RMSE",

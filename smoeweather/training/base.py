@@ -3,6 +3,7 @@ and versioned checkpoint metadata (resolved config, normalisation statistics, ch
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -31,6 +32,24 @@ SMoE-U-Net 16/32/64 ``smoe train`` step on one CPU thread (benchmarks/postproces
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 """``training.optimizer`` choices."""
+
+LR_SCHEDULES = ("plateau", "cosine")
+"""``training.lr_schedule`` choices: ``plateau`` (ReduceLROnPlateau on ``val_loss``, ``plateau_factor`` and
+``plateau_patience``; the default of ``smoe train``) or ``cosine`` (linear warm-up over ``warmup_steps``, then
+cosine decay from ``lr`` to ``lr × min_lr_factor`` at the last optimizer step, ``trainer.max_steps``)."""
+
+
+def cosine_lr_factor(step: int, total: int, warmup: int = 0, min_factor: float = 0.0) -> float:
+    """Learning-rate multiplier of optimizer step ``step`` (0-based) of ``total``: ``(step + 1) / warmup``
+    during the warm-up, then ``min_factor + (1 − min_factor) · (1 + cos(π p)) / 2`` with ``p`` going from 0
+    (first step after the warm-up) to 1 (step ``total``); constant ``min_factor`` beyond ``total``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    span = total - warmup
+    if span <= 0:
+        return 1.0
+    progress = min(1.0, (step - warmup) / span)
+    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def parameter_groups(model: nn.Module, lr: float, gate_lr_factor: float = 1.0) -> list[dict[str, Any]]:
@@ -67,7 +86,8 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
     inside the SMoE layers' backward), keeps the SMoE loss scale in sync with an fp16 GradScaler, logs the
     RC loss (epoch mean over every ``routing_log_every``-th batch), uses Adam (or plain SGD,
     ``optimizer="sgd"``: updates linear in the gradient, which tests of gradient reduction need) with
-    ReduceLROnPlateau on ``val_loss``. ``freeze_batchnorm`` keeps every BatchNorm
+    ReduceLROnPlateau on ``val_loss`` or, ``lr_schedule="cosine"``, warm-up + cosine decay per optimizer step
+    (:data:`LR_SCHEDULES`). ``freeze_batchnorm`` keeps every BatchNorm
     in eval mode (running statistics, affine parameters still trained): per-rank batch statistics then no
     longer differ between DDP and one process.
     """
@@ -84,8 +104,18 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         optimizer: str = "adam",
         gate_lr_factor: float = 1.0,
         routing_log_every: int = ROUTING_LOG_EVERY,
+        lr_schedule: str = "plateau",
+        warmup_steps: int = 0,
+        min_lr_factor: float = 0.0,
     ) -> None:
         super().__init__()
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"training.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {lr_schedule!r}")
+        if int(warmup_steps) < 0 or not 0.0 <= float(min_lr_factor) <= 1.0:
+            raise ValueError(f"training.warmup_steps must be >= 0 and training.min_lr_factor in [0, 1], got "
+                             f"{warmup_steps} and {min_lr_factor}")
+        self.lr_schedule, self.warmup_steps, self.min_lr_factor = str(lr_schedule), int(warmup_steps), float(
+            min_lr_factor)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
         self.optimizer_name = optimizer
@@ -145,9 +175,25 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
         if rc is not None:
             self.log("train_rc", rc, on_step=False, on_epoch=True, sync_dist=True)
 
+    def schedule_steps(self) -> int:
+        """Optimizer steps the cosine schedule spans: ``trainer.max_steps``, else Lightning's estimate."""
+        trainer = self.trainer
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            return int(trainer.max_steps)
+        total = trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            raise ValueError("training.lr_schedule=cosine needs a finite run: set trainer.max_steps (or max_epochs)")
+        return int(total)
+
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = OPTIMIZERS[self.optimizer_name](parameter_groups(self.model, self.lr, self.gate_lr_factor),
                                                      lr=self.lr)
+        if self.lr_schedule == "cosine":
+            total, warmup, floor = self.schedule_steps(), self.warmup_steps, self.min_lr_factor
+            cosine = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: cosine_lr_factor(step, total, warmup, floor))
+            # stepped after every optimizer step; its state (the step count) is in last.ckpt, so a resume continues
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": cosine, "interval": "step"}}
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, factor=self.plateau_factor, patience=self.plateau_patience
         )

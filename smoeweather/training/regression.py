@@ -60,7 +60,7 @@ class FieldRegressionModule(SMoETrainingModule):
     def configure_optimizers(self) -> dict[str, Any]:
         config = super().configure_optimizers()
         mode = SELECTION_METRICS[self.monitor]
-        if mode != "min":  # the base schedule minimises val_loss; rebuild it on the chosen metric
+        if mode != "min" and self.lr_schedule == "plateau":  # rebuild the plateau schedule on the chosen metric
             config["lr_scheduler"] = {
                 "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(
                     config["optimizer"], mode=mode, factor=self.plateau_factor, patience=self.plateau_patience

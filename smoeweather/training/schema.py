@@ -40,6 +40,9 @@ TRAINING = Block({
     "lr": NUM,
     "plateau_factor": NUM,
     "plateau_patience": INT,
+    "lr_schedule": STR,  # base.LR_SCHEDULES: plateau (default) or cosine (warm-up + cosine decay to max_steps)
+    "warmup_steps": INT,  # cosine: linear warm-up over the first N optimizer steps
+    "min_lr_factor": NUM,  # cosine: the learning rate at the last step, as a fraction of lr
     "early_stopping_patience": INT,
     "aux_weight": NUM,
     "freeze_batchnorm": BOOL,

@@ -39,6 +39,9 @@ def module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         "optimizer": str(t.get("optimizer", "adam")),
         "gate_lr_factor": float(t.get("gate_lr_factor", 1.0)),
         "routing_log_every": int(t.get("routing_log_every", ROUTING_LOG_EVERY)),
+        "lr_schedule": str(t.get("lr_schedule", "plateau")),
+        "warmup_steps": int(t.get("warmup_steps", 0)),
+        "min_lr_factor": float(t.get("min_lr_factor", 0.0)),
     }
 
 
@@ -193,6 +196,9 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
         aux_weight=t["aux_weight"],
         optimizer=t["optimizer"],
         routing_log_every=t["routing_log_every"],
+        lr_schedule=t["lr_schedule"],
+        warmup_steps=t["warmup_steps"],
+        min_lr_factor=t["min_lr_factor"],
         metadata={"task": "heat", "config": cfg},
     )
     return data, module
