@@ -172,7 +172,8 @@ def _samples(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray, loca
 
 
 def _fit_local(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray,
-               win: tuple[np.ndarray, np.ndarray] | None, iterations: int, min_samples: int) -> np.ndarray:
+               win: tuple[np.ndarray, np.ndarray] | None, iterations: int, min_samples: int,
+               distribution: str = "normal") -> np.ndarray:
     """Coefficients (groups, K + 3) = (a, b…, c, d, converged) of one spatial block, one fit per point
     (per point and date with a window); groups with fewer than ``min_samples`` valid samples get NaN."""
     b = _samples(xm, v, y, wsp, True, win)
@@ -183,10 +184,10 @@ def _fit_local(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray,
     coef[:, -1] = 1.0  # groups without enough samples: no fit (NaN), nothing to converge
     if enough.any():
         sub = {n: a[enough] for n, a in b.items()}
-        if k == 2:  # the mean/spread form: the same solver as the in-memory fit_emos
+        if k == 2 and distribution == "normal":  # the mean/spread form: the same solver as the in-memory fit_emos
             c, ok = _fit_groups_newton(sub["X"][..., 1], sub["v"], sub["y"], sub["w"], iterations=iterations)
         else:
-            c, ok = fit_blocks(lambda fn: fn(sub), iterations=iterations)
+            c, ok = fit_blocks(lambda fn: fn(sub), iterations=iterations, distribution=distribution)
         coef[enough] = np.concatenate([c, ok[:, None].astype(np.float64)], 1)
     return coef
 
@@ -213,13 +214,14 @@ def _coefficient_labels(k: int, members: Sequence[Any] | None) -> list[str]:
 def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: Any, progress: bool,
                window: tuple[pd.DatetimeIndex, np.ndarray, np.ndarray] | None = None,
                members: Sequence[Any] | None = None, space_coords: dict[str, Any] | None = None,
-               iterations: int = 50, min_samples: int | None = None) -> xr.Dataset:
+               iterations: int = 50, min_samples: int | None = None, distribution: str = "normal") -> xr.Dataset:
     """EMOS coefficients in :func:`~.emos.fit_emos` form (per variable: dims groups…, [``time`` = forecast
     date], [space…], ``coefficient``) from a :func:`stage`-d store.
 
     ``window``: (dates, idx, valid) of :func:`.rolling.window_index`. ``members``: member labels of the
     members form. ``min_samples``: fewest valid samples of a local fit (default 2 × its parameter count).
     Global fits weight grid points by latitude (as :func:`~.emos.fit_emos`), sites equally.
+    ``distribution``: ``normal`` or ``truncnormal`` (:mod:`.distributions`).
     """
     from smoeweather.metrics.weights import latitude_weights
 
@@ -250,7 +252,8 @@ def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: An
         ms = min_samples if min_samples is not None else 2 * (k + 2)
         label = f"EMOS fit of {name}"
         if local:
-            tasks = [dask.delayed(_fit_local)(xa, va, ya, wa, win, iterations, ms) for xa, va, ya, wa in blocks]
+            tasks = [dask.delayed(_fit_local)(xa, va, ya, wa, win, iterations, ms, distribution)
+                     for xa, va, ya, wa in blocks]
             parts = compute(tasks, client, progress, f"{label}: {len(tasks)} blocks of points")
             npts = [int(np.prod(b[1].shape[2:])) for b in blocks]
             d = len(window[0]) if window is not None else 1
@@ -267,7 +270,7 @@ def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: An
                 return compute(dask.delayed(_sum_dicts)(parts), client, False, label)
 
             t0 = time.perf_counter()
-            c, ok = fit_blocks(reduce, iterations=iterations)
+            c, ok = fit_blocks(reduce, iterations=iterations, distribution=distribution)
             if progress:
                 print(f"{label}: pooled over {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s", flush=True)
             coef = np.concatenate([c, ok[:, None].astype(np.float64)], 1)
@@ -288,7 +291,7 @@ def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: An
     if space_coords and local:
         params = params.assign_coords(space_coords)
     params.attrs = {"method": "emos", "per_gridpoint": int(local), "solver": "newton", "iterations": iterations,
-                    "groups": n_groups, "groups_not_converged": n_bad}
+                    "groups": n_groups, "groups_not_converged": n_bad, "distribution": distribution}
     return params
 
 

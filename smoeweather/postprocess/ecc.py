@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import xarray as xr
-from scipy.special import ndtri
+from scipy.special import ndtr, ndtri
 
 
 def ecc_levels(n: int) -> np.ndarray:
@@ -37,17 +37,30 @@ def check_quantile_levels(levels: Sequence[float]) -> np.ndarray:
     return q
 
 
-def gaussian_quantiles(mu: xr.Dataset, sigma: xr.Dataset, levels: Sequence[float]) -> xr.Dataset:
-    """Quantiles μ + σ Φ⁻¹(q) of N(μ, σ²) on a new leading-after-lead dim ``quantile`` (units of the field)."""
+def gaussian_quantiles(mu: xr.Dataset, sigma: xr.Dataset, levels: Sequence[float], distribution: str = "normal"
+                       ) -> xr.Dataset:
+    """Quantiles μ + σ Φ⁻¹(q) of N(μ, σ²) on a new leading-after-lead dim ``quantile`` (units of the field);
+    ``distribution="truncnormal"``: of N(μ, σ²) truncated to [0, ∞) (:func:`.distributions.quantiles`)."""
     q = check_quantile_levels(levels)
     z = xr.DataArray(ndtri(q), dims="quantile", coords={"quantile": q})
     out = xr.Dataset()
     for n in mu.data_vars:
-        da = (mu[n] + sigma[n] * z).assign_attrs(mu[n].attrs)
+        if distribution == "truncnormal":
+            qa = xr.DataArray(q, dims="quantile", coords={"quantile": q})
+            da = xr.apply_ufunc(_tn_quantiles, mu[n], sigma[n], qa, dask="parallelized",
+                                output_dtypes=[np.float64]).assign_attrs(mu[n].attrs)
+        else:
+            da = (mu[n] + sigma[n] * z).assign_attrs(mu[n].attrs)
         order = [d for d in ("time", "prediction_timedelta", "quantile") if d in da.dims]
         out[n] = da.transpose(*order, ...)
     out["quantile"].attrs = {"long_name": "probability level of the predictive quantile", "units": "1"}
     return out
+
+
+def _tn_quantiles(mu: np.ndarray, sd: np.ndarray, q: np.ndarray) -> np.ndarray:
+    from smoeweather.postprocess.distributions import quantiles
+
+    return quantiles("truncnormal", mu, sd, q)
 
 
 def ranks(raw: np.ndarray, axis: int) -> np.ndarray:
@@ -59,9 +72,11 @@ def ranks(raw: np.ndarray, axis: int) -> np.ndarray:
     return out
 
 
-def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, member_dim: str = "member") -> xr.Dataset:
+def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, member_dim: str = "member",
+                distribution: str = "normal") -> xr.Dataset:
     """ECC-Q members (module doc) of N(μ, σ²) in the rank order of ``raw``'s members: Dataset with ``raw``'s
-    dims (``member`` of size n). ValueError when n differs from the raw member count."""
+    dims (``member`` of size n). ValueError when n differs from the raw member count.
+    ``distribution="truncnormal"``: quantiles of N(μ, σ²) truncated to [0, ∞) (:mod:`.distributions`)."""
     m = int(raw.sizes[member_dim])
     if n != m:
         raise ValueError(f"--members {n}: ECC-Q reorders the raw members, so N must equal the raw ensemble's "
@@ -74,7 +89,8 @@ def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, memb
             r = r.chunk({member_dim: -1})
         # per chunk of (init, lead, level, space) with every member: lazy on dask, streamed chunk by chunk
         da = xr.apply_ufunc(_ecc_block, r, mu[name], sigma[name].transpose(*mu[name].dims),
-                            kwargs={"zq": zq}, input_core_dims=[[member_dim], [], []],
+                            kwargs={"zq": zq, "truncated": distribution == "truncnormal"},
+                            input_core_dims=[[member_dim], [], []],
                             output_core_dims=[[member_dim]], dask="parallelized", output_dtypes=[np.float32])
         da = da.assign_coords({member_dim: np.arange(n)}).assign_attrs(dict(mu[name].attrs))
         order = [d for d in ("time", "prediction_timedelta", member_dim) if d in da.dims]
@@ -82,8 +98,16 @@ def ecc_members(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, n: int, memb
     return out
 
 
-def _ecc_block(raw: np.ndarray, mu: np.ndarray, sd: np.ndarray, zq: np.ndarray) -> np.ndarray:
-    """ECC-Q members (..., M) float32 of N(μ, σ²) (...) in the rank order of ``raw`` (..., M); NaN where raw is."""
+def _ecc_block(raw: np.ndarray, mu: np.ndarray, sd: np.ndarray, zq: np.ndarray, truncated: bool = False
+               ) -> np.ndarray:
+    """ECC-Q members (..., M) float32 of N(μ, σ²) (...) in the rank order of ``raw`` (..., M); NaN where raw is.
+    ``truncated``: of N(μ, σ²) truncated to [0, ∞)."""
     x = np.asarray(raw)  # ranked in its own dtype (float32 → float64 would not change the order)
+    if truncated:
+        from smoeweather.postprocess.distributions import quantiles
+
+        q = ndtr(zq)[ranks(x, axis=x.ndim - 1)]
+        vals = quantiles("truncnormal", np.asarray(mu, np.float64)[..., None], np.asarray(sd, np.float64)[..., None], q)
+        return np.where(np.isnan(x), np.nan, vals).astype(np.float32)
     vals = np.asarray(mu, np.float64)[..., None] + np.asarray(sd, np.float64)[..., None] * zq[ranks(x, axis=x.ndim - 1)]
     return np.where(np.isnan(x), np.nan, vals).astype(np.float32)

@@ -521,7 +521,43 @@ def _newton_step_np(grad: np.ndarray, hess: np.ndarray) -> np.ndarray:
     return -np.einsum("gij,gj->gi", evecs, inv * np.einsum("gji,gj->gi", evecs, grad))
 
 
-def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
+def _tn_terms(theta: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Σ w·CRPS (G,) of the normal truncated at ``lo`` (G, 1) (0 in physical units) on a standardised block."""
+    from smoeweather.postprocess.distributions import crps_torch
+
+    k = b["X"].shape[-1]
+    mu = torch.einsum("gsk,gk->gs", b["X"], theta[:, :k])
+    sigma = torch.sqrt(theta[:, k, None] ** 2 + C_FLOOR + theta[:, k + 1, None] ** 2 * b["v"])
+    crps = crps_torch("truncnormal", mu - b["lo"], sigma, b["y"] - b["lo"])
+    return (b["w"] * torch.where(b["w"] > 0, crps, torch.zeros_like(crps))).sum(1)
+
+
+def _block_crps_tn(theta: np.ndarray, b: Block) -> np.ndarray:
+    """Σ w·CRPS (G,) of the truncated normal on a standardised block (with ``lo``) at θ (G, K + 2)."""
+    t = {k: torch.from_numpy(np.ascontiguousarray(a, np.float64)) for k, a in b.items()}
+    with torch.no_grad():
+        return _tn_terms(torch.from_numpy(theta), t).numpy()
+
+
+def _block_derivatives_tn(theta: np.ndarray, b: Block) -> dict[str, np.ndarray]:
+    """Σ over a standardised block of the truncated-normal CRPS (G,), its gradient (G, P) and Hessian (G, P, P)
+    directly in θ = (β, γ, δ), by automatic differentiation (groups are independent: the Hessian of the summed
+    loss is block diagonal, so one backward pass per parameter gives every group's row)."""
+    t = {k: torch.from_numpy(np.ascontiguousarray(a, np.float64)) for k, a in b.items()}
+    th = torch.from_numpy(np.array(theta, np.float64)).requires_grad_(True)
+    loss = _tn_terms(th, t)
+    (grad,) = torch.autograd.grad(loss.sum(), th, create_graph=True)
+    rows = [torch.autograd.grad(grad[:, p].sum(), th, retain_graph=True)[0] for p in range(th.shape[1])]
+    return {"loss": loss.detach().numpy(), "grad": grad.detach().numpy(),
+            "hess": torch.stack(rows, 1).detach().numpy()}
+
+
+def _no_chain(theta: np.ndarray, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return d["loss"], d["grad"], d["hess"]
+
+
+def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12, distribution: str = "normal"
+               ) -> tuple[np.ndarray, np.ndarray]:
     """EMOS coefficients (G, K + 2) = (a, b₁ … b_{K−1}, c, d) in physical units and convergence flags (G,)
     of groups whose samples are spread over blocks.
 
@@ -530,7 +566,15 @@ def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12) -> tupl
     Newton iteration that evaluates the CRPS at the step lengths :data:`LADDER` and the derivatives at the
     full step (a second pass when a group takes a shorter step). A group stops when its Newton decrement falls
     below ``tol`` or no step length lowers its CRPS (at its minimum to working precision).
+
+    ``distribution="truncnormal"``: the predictive normal truncated at 0 (physical units), minimum truncated-normal
+    CRPS (:mod:`.distributions`); the same parameters and Newton iteration, derivatives by autograd.
     """
+    from smoeweather.postprocess.distributions import check_distribution
+
+    tn = check_distribution(distribution, "distribution") == "truncnormal"
+    block_crps, derivatives, chain = ((_block_crps_tn, _block_derivatives_tn, _no_chain) if tn
+                                      else (_block_crps, _block_derivatives, _chain))
     mom = reduce(_moment_sums)
     wsum = np.maximum(mom["w"], 1e-300)
     loc = mom["wy"] / wsum
@@ -538,10 +582,13 @@ def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12) -> tupl
     scale = np.where(scale > 0, scale, 1.0)
 
     def std(b: Block) -> Block:
-        return _standardised_block(b, loc, scale, wsum)
+        out = _standardised_block(b, loc, scale, wsum)
+        if tn:  # the truncation point 0 in each group's standardised units
+            out["lo"] = (-loc / scale)[:, None]
+        return out
 
     theta = _start_from_sums(reduce(lambda b: _start_sums(std(b))))
-    f, grad, hess = _chain(theta, reduce(lambda b: _block_derivatives(theta, std(b))))
+    f, grad, hess = chain(theta, reduce(lambda b: derivatives(theta, std(b))))
     live = mom["w"] > 0
     for _ in range(iterations):
         step = _newton_step_np(grad, hess) * live[:, None]
@@ -554,8 +601,8 @@ def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12) -> tupl
 
         def trial(b: Block, th: np.ndarray = th, st: np.ndarray = st) -> dict[str, np.ndarray]:
             sb = std(b)
-            out = {f"f{i}": _block_crps(th + a * st, sb) for i, a in enumerate(LADDER)}
-            out.update(_block_derivatives(th + st, sb))
+            out = {f"f{i}": block_crps(th + a * st, sb) for i, a in enumerate(LADDER)}
+            out.update(derivatives(th + st, sb))
             return out
 
         r = reduce(trial)
@@ -567,12 +614,12 @@ def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12) -> tupl
         live &= found  # no step lowers the CRPS: at its minimum to working precision
         theta = theta + alpha[:, None] * step
         if np.all(alpha[found] == 1.0):
-            f_new, g_new, h_new = _chain(theta, {k: r[k] for k in ("loss", "grad", "hess")})
+            f_new, g_new, h_new = chain(theta, {k: r[k] for k in ("loss", "grad", "hess")})
             keep = alpha == 1.0
             f, grad, hess = np.where(keep, f_new, f), np.where(keep[:, None], g_new, grad), np.where(
                 keep[:, None, None], h_new, hess)
         else:
-            f, grad, hess = _chain(theta, reduce(lambda b, th=theta: _block_derivatives(th, std(b))))
+            f, grad, hess = chain(theta, reduce(lambda b, th=theta: derivatives(th, std(b))))
     else:
         step = _newton_step_np(grad, hess)
         live &= -(grad * step).sum(1) >= tol

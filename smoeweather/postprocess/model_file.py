@@ -74,7 +74,9 @@ def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs
         "solver": str(params.attrs.get("solver", "")), "iterations": int(params.attrs.get("iterations", 0)),
         "groups_not_converged": int(params.attrs.get("groups_not_converged", 0)),
         "software": f"smoeweather {code_version()}",
-        "predictive_distribution": "N(a + b*mean, c + d*var), ensemble mean and variance (ddof=1) over members",
+        "predictive_distribution": "N(a + b*mean, c + d*var)" + (
+            " truncated to [0, inf)" if attrs.get("distribution") == "truncnormal" else "")
+        + ", ensemble mean and variance (ddof=1) over members",
         **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
     }
     for v in ds.variables.values():

@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
         p.add_argument("--predictors", choices=PREDICTORS, default="mean",
                        help="mean: mu = a + b * ensemble mean (exchangeable members, default); members: one "
                             "weight per member, mu = a + sum b_k x_k (non-exchangeable, e.g. a multi-model ensemble)")
+        p.add_argument("--distribution", choices=("normal", "truncnormal"), default="normal",
+                       help="predictive distribution: normal (default) or normal truncated at 0 (truncnormal, for "
+                            "non-negative targets such as wind speed; EMOS and DRN)")
         p.add_argument("--window", help="rolling training window, e.g. 25D: one fit per forecast date")
         p.add_argument("--lag", default=None,
                        help="with --window: the window ends this long before each date (default: the longest lead)")

@@ -20,6 +20,7 @@ from smoeweather.data import ensembles
 from smoeweather.data.sites import is_site_source, open_sites, station_ids
 from smoeweather.io import atomic_path
 from smoeweather.postprocess import chunked
+from smoeweather.postprocess.distributions import check_distribution
 from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
 
 
@@ -46,6 +47,17 @@ def open_forecast_and_truth(paths: Sequence[Path], truth: Path | None, variables
     return forecast, ensembles.open_truth(truth, paths)
 
 
+def check_non_negative(truth: xr.Dataset, option: str) -> None:
+    """ValueError naming ``option`` and the variable when a truth value is negative (a truncated normal at 0 is
+    a distribution of non-negative quantities: wind speed, not temperature in °C)."""
+    for n in truth.data_vars:
+        low = float(truth[n].min(skipna=True))
+        if low < 0:
+            raise ValueError(f"{option}: {n!r} has negative values (minimum {low:g} "
+                             f"{truth[n].attrs.get('units', '')}); the truncated normal is for non-negative targets "
+                             "such as wind speed; use --distribution normal for this variable")
+
+
 def _truth_at(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
     """Truth at init + lead, lazy (dask) when the truth is; sites: NaN where a station has no observation."""
     if "site" in forecast.dims:
@@ -64,9 +76,12 @@ def fit(args: argparse.Namespace) -> str:
                          "L-BFGS reference is available in the Python API (emos.fit_emos)")
     if args.window is None and (args.lag is not None or args.dates is not None):
         raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
+    distribution = check_distribution(getattr(args, "distribution", "normal"))
     forecast, truth = open_forecast_and_truth(args.forecast, args.truth, args.variables, _table_options(args))
     forecast = ensembles.select_period(forecast, args.train_period)
     truth_at = _truth_at(forecast, truth)
+    if distribution == "truncnormal":
+        check_non_negative(truth_at, "--distribution truncnormal")
     window = None
     if args.window is not None:
         win = parse_duration(args.window, "--window")
@@ -85,12 +100,14 @@ def fit(args: argparse.Namespace) -> str:
         factor = window[1].shape[0] * window[1].shape[1] // max(forecast.sizes["time"], 1) if window else 1
         staged = chunked.stage(arrays, tmp / "training.zarr", client, not args.quiet, max(1, factor))
         params = chunked.fit_staged(staged, names, bool(args.per_gridpoint), client, not args.quiet,
-                                    window=window, members=members, iterations=args.iterations or 50)
+                                    window=window, members=members, iterations=args.iterations or 50,
+                                    distribution=distribution)
     for n in names:
         params[n].attrs["units"] = forecast[n].attrs.get("units", "")
     sources = " ".join(map(str, args.forecast))
     attrs = {"forecast": sources, "truth": str(args.truth or sources), "predictors": args.predictors,
-             "train_period": " ".join(map(str, args.train_period)) if args.train_period else "all"}
+             "train_period": " ".join(map(str, args.train_period)) if args.train_period else "all",
+             "distribution": distribution}
     if window is not None:
         attrs.update(window=str(args.window), lag=str(lag), window_rule="inits s with t - lag - window < s <= t - lag",
                      dates=f"{window[0][0]} .. {window[0][-1]}")
@@ -140,7 +157,6 @@ def apply(args: argparse.Namespace, members_out: Path | None, quantiles_out: Pat
           levels: np.ndarray | None) -> list[Path]:
     """``smoe postprocess apply --emos MODEL.nc``: the Gaussian store, ECC-Q members and quantiles (checks of the
     caller done: output paths, --members N against the forecast)."""
-    from smoeweather.postprocess.ecc import ecc_members, gaussian_quantiles
     from smoeweather.postprocess.emos import apply_emos
     from smoeweather.postprocess.model_file import check_forecast, read_model
 
@@ -161,13 +177,31 @@ def apply(args: argparse.Namespace, members_out: Path | None, quantiles_out: Pat
              "model_train_period": mattrs.get("train_period"), "members": int(forecast.sizes["member"]),
              "predictors": mattrs.get("predictors", "mean"), "window": mattrs.get("window"),
              "forecast": " ".join(map(str, args.forecast))}
-    products = [(ensembles.gaussian_dataset(mu, sigma), args.out, "gaussian", attrs)]
+    products = distribution_products(mu, sigma, forecast, attrs, str(mattrs.get("distribution", "normal")),
+                                     args.out, members_out, args.members, quantiles_out, levels)
+    with chunked.scheduler(args.scheduler) as client:
+        return write_stores(products, client, not args.quiet, args.overwrite)
+
+
+def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Dataset, attrs: dict[str, Any],
+                          distribution: str, out: Path, members_out: Path | None, members: int | None,
+                          quantiles_out: Path | None, levels: np.ndarray | None
+                          ) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
+    """The stores of a (μ, σ) forecast of ``distribution``: the (μ, σ) store, ECC-Q members and quantiles.
+
+    For the truncated normal the (μ, σ) store holds the location and scale of the normal before truncation
+    (attribute ``predictive_distribution`` says so; a Gaussian scorer would misread it); its members and
+    quantiles are the truncated distribution's, and ``smoe evaluate`` scores those correctly."""
+    from smoeweather.postprocess.distributions import LONG_NAMES
+    from smoeweather.postprocess.ecc import ecc_members, gaussian_quantiles
+
+    attrs = {**attrs, "distribution": distribution, "predictive_distribution": LONG_NAMES[distribution]}
+    products = [(ensembles.gaussian_dataset(mu, sigma), out, "gaussian", attrs)]
     if members_out is not None:
-        ens = ecc_members(mu, sigma, forecast[list(mu.data_vars)], args.members)
+        ens = ecc_members(mu, sigma, forecast[list(mu.data_vars)], members, distribution=distribution)
         products.append((ens, members_out, "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
                                                         "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}))
     if quantiles_out is not None:
-        products.append((gaussian_quantiles(mu, sigma, levels), quantiles_out, "quantiles",
-                         {**attrs, "method": f"{attrs['method']}_quantiles"}))
-    with chunked.scheduler(args.scheduler) as client:
-        return write_stores(products, client, not args.quiet, args.overwrite)
+        products.append((gaussian_quantiles(mu, sigma, levels, distribution=distribution), quantiles_out,
+                         "quantiles", {**attrs, "method": f"{attrs['method']}_quantiles"}))
+    return products

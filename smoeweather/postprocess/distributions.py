@@ -1,0 +1,111 @@
+"""Predictive distributions of post-processed forecasts: the Gaussian N(μ, σ²) and the normal truncated at
+zero N₀(μ, σ²) for non-negative targets (wind speed; as IMPROVER's and ensembleMOS's truncated normal).
+
+Both are parametrised by a location μ and a scale σ > 0. For the truncated normal these are the parameters
+of the normal before truncation (not its mean and standard deviation: :func:`moments`).
+
+CRPS in closed form:
+
+- normal (Gneiting et al. 2005): σ [z(2Φ(z) − 1) + 2φ(z) − 1/√π], z = (y − μ)/σ;
+- truncated at 0 (Thorarinsdottir & Gneiting 2010, eq. 5), with p = Φ(μ/σ):
+  σ p⁻² [z p (2Φ(z) + p − 2) + 2φ(z) p − Φ(√2 μ/σ)/√π], for y ≥ 0; for y < 0 (impossible under N₀)
+  the CRPS is the one of y = 0 plus |y| (the predictive CDF is 0 below 0).
+
+Quantiles of N₀: μ + σ Φ⁻¹(Φ(−μ/σ) + q (1 − Φ(−μ/σ))).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.special import ndtr, ndtri
+
+DISTRIBUTIONS = ("normal", "truncnormal")
+"""``normal``: N(μ, σ²); ``truncnormal``: N(μ, σ²) truncated to [0, ∞)."""
+LONG_NAMES = {"normal": "N(mu, sigma**2)", "truncnormal": "N(mu, sigma**2) truncated to [0, inf)"}
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+_P_FLOOR = 1e-12  # Φ(μ/σ) floor: a location far below 0 leaves a point mass at 0; keep the CRPS finite
+
+
+def check_distribution(name: str, option: str = "--distribution") -> str:
+    """``name`` if it is one of :data:`DISTRIBUTIONS`; ValueError naming ``option`` otherwise."""
+    if name not in DISTRIBUTIONS:
+        raise ValueError(f"{option} {name!r}: must be one of {list(DISTRIBUTIONS)} (truncnormal: a normal "
+                         "truncated at 0, for non-negative targets such as wind speed)")
+    return name
+
+
+def crps_normal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Closed-form CRPS of N(μ, σ²) at y (numpy, broadcast)."""
+    z = (y - mu) / sigma
+    return sigma * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * np.exp(-0.5 * z * z) / _SQRT_2PI - _INV_SQRT_PI)
+
+
+def crps_truncnormal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Closed-form CRPS of N(μ, σ²) truncated to [0, ∞) at y (numpy, broadcast; module doc)."""
+    mu, sigma, y = np.broadcast_arrays(np.asarray(mu, np.float64), np.asarray(sigma, np.float64),
+                                       np.asarray(y, np.float64))
+    below = np.minimum(y, 0.0)
+    y0 = np.maximum(y, 0.0)
+    z = (y0 - mu) / sigma
+    p = np.maximum(ndtr(mu / sigma), _P_FLOOR)
+    crps = sigma / p**2 * (z * p * (2.0 * ndtr(z) + p - 2.0) + 2.0 * np.exp(-0.5 * z * z) / _SQRT_2PI * p
+                           - ndtr(math.sqrt(2.0) * mu / sigma) * _INV_SQRT_PI)
+    return crps - below
+
+
+def crps(distribution: str, mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Closed-form CRPS of ``distribution`` (:data:`DISTRIBUTIONS`) at y."""
+    return crps_truncnormal(mu, sigma, y) if distribution == "truncnormal" else crps_normal(mu, sigma, y)
+
+
+def _ndtr_t(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * torch.erfc(-x / math.sqrt(2.0))
+
+
+def crps_torch(distribution: str, mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Closed-form CRPS (element-wise, differentiable) of ``distribution`` at y (torch)."""
+    if distribution == "truncnormal":
+        below = torch.clamp(y, max=0.0)
+        z = (torch.clamp(y, min=0.0) - mu) / sigma
+        p = _ndtr_t(mu / sigma).clamp_min(_P_FLOOR)
+        out = sigma / p**2 * (z * p * (2.0 * _ndtr_t(z) + p - 2.0) + 2.0 * torch.exp(-0.5 * z * z) / _SQRT_2PI * p
+                              - _ndtr_t(math.sqrt(2.0) * mu / sigma) * _INV_SQRT_PI)
+        return out - below
+    z = (y - mu) / sigma
+    return sigma * (z * (2.0 * _ndtr_t(z) - 1.0) + 2.0 * torch.exp(-0.5 * z * z) / _SQRT_2PI - _INV_SQRT_PI)
+
+
+def quantile_levels_z(distribution: str, mu: np.ndarray, sigma: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Standard-normal quantiles z such that μ + σ z is the q-quantile of ``distribution`` (broadcast; for the
+    normal z = Φ⁻¹(q), for the truncated normal z = Φ⁻¹(Φ(−μ/σ) + q (1 − Φ(−μ/σ))))."""
+    if distribution != "truncnormal":
+        return np.broadcast_to(ndtri(q), np.broadcast_shapes(np.shape(mu), np.shape(q)))
+    lo = ndtr(-np.asarray(mu, np.float64) / np.asarray(sigma, np.float64))
+    return ndtri(lo + np.asarray(q) * (1.0 - lo))
+
+
+def quantiles(distribution: str, mu: np.ndarray, sigma: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """q-quantiles of ``distribution`` (broadcast); never below 0 for the truncated normal."""
+    x = np.asarray(mu, np.float64) + np.asarray(sigma, np.float64) * quantile_levels_z(distribution, mu, sigma, q)
+    return np.maximum(x, 0.0) if distribution == "truncnormal" else x
+
+
+def moments(distribution: str, mu: np.ndarray, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, standard deviation) of ``distribution`` with location μ and scale σ."""
+    mu, sigma = np.asarray(mu, np.float64), np.asarray(sigma, np.float64)
+    if distribution != "truncnormal":
+        return mu, sigma
+    a = -mu / sigma
+    z = np.maximum(1.0 - ndtr(a), _P_FLOOR)
+    lam = np.exp(-0.5 * a * a) / _SQRT_2PI / z
+    mean = mu + sigma * lam
+    var = sigma**2 * (1.0 + a * lam - lam**2)
+    return mean, np.sqrt(np.maximum(var, 0.0))
+
+
+__all__ = ["DISTRIBUTIONS", "check_distribution", "crps", "crps_normal", "crps_torch", "crps_truncnormal",
+           "moments", "quantile_levels_z", "quantiles"]
