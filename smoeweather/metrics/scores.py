@@ -3,23 +3,36 @@
 ``forecast_scores`` is what ``smoe evaluate`` (:mod:`smoeweather.evaluate`) computes for every (method, field):
 latitude-weighted RMSE and bias of the point forecast (ensemble mean, Gaussian μ, median of the quantiles),
 ACC with a climatology, and by kind the fair and the empirical (ECDF) ensemble CRPS and spread–skill ratio,
-the closed-form Gaussian CRPS and spread–skill ratio, or the pinball loss averaged over the quantile levels.
+the debiased ensemble-mean MSE and the energy score, the closed-form Gaussian CRPS and spread–skill ratio, or
+the pinball loss averaged over the quantile levels.
+
+Every score is computed in the WeatherBench 2 order: an area mean per initialisation (and lead) first, over
+each region at once (``regions``: area weights with a ``region`` dim, :func:`smoeweather.metrics.regions.
+region_weights`), then the mean over the initialisations. The per-initialisation area means are returned too
+(``per_init=True``): they are what paired significance tests over initialisations need (the scorecard).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+import dask
 import numpy as np
 import xarray as xr
 
-from smoeweather.metrics import deterministic as det
 from smoeweather.metrics import probabilistic
-from smoeweather.metrics.weights import weighted_mean
+from smoeweather.metrics.deterministic import SPATIAL_DIMS
 
-METRICS = ("rmse", "bias", "acc", "crps", "crps_ecdf", "spread_skill", "diversity_ratio", "quantile_loss")
+METRICS = ("rmse", "bias", "acc", "crps", "crps_ecdf", "spread_skill", "diversity_ratio", "quantile_loss",
+           "debiased_ensemble_mean_mse", "energy_score")
 """Every score ``forecast_scores`` may return, in table order."""
 SPACE_TIME = ("time", "latitude", "longitude")
+PER_INIT: dict[str, str] = {"rmse": "mse", "bias": "bias", "acc": "acc", "crps": "crps", "crps_ecdf": "crps_ecdf",
+                            "quantile_loss": "quantile_loss",
+                            "debiased_ensemble_mean_mse": "debiased_ensemble_mean_mse",
+                            "energy_score": "energy_score"}
+"""metric → the per-initialisation area mean whose mean over initialisations gives it (RMSE: √ of the mean of
+the per-init MSE); the other scores are ratios of such means and have no per-init value."""
 
 
 def median_of_quantiles(da: xr.DataArray) -> xr.DataArray:
@@ -33,46 +46,112 @@ def median_of_quantiles(da: xr.DataArray) -> xr.DataArray:
     return da.isel(quantile=int(np.argmin(abs(q - 0.5))), drop=True)
 
 
-def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.DataArray,
+def area_mean(x: xr.DataArray, weights: xr.DataArray, space: Sequence[Hashable]) -> xr.DataArray:
+    """Weighted mean of ``x`` over ``space``, NaNs skipped with their weight; ``weights`` may carry extra dims
+    (``region``), kept in the result. NaN where no point with weight > 0 has a value."""
+    valid = x.notnull().astype(np.float64)
+    num = xr.dot(x.fillna(0.0), weights, dim=list(space))
+    den = xr.dot(valid, weights, dim=list(space))
+    return num / den.where(den > 0)
+
+
+def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.DataArray | None,
                     sigma: xr.DataArray | None = None, climatology: xr.DataArray | None = None,
-                    dims: Sequence[Hashable] = SPACE_TIME) -> dict[str, xr.DataArray]:
-    """{metric: score reduced over ``dims``} of one field (computed, float64).
+                    dims: Sequence[Hashable] = SPACE_TIME, regions: xr.DataArray | None = None,
+                    per_init: bool = False) -> dict[str, xr.DataArray]:
+    """{metric: score reduced over ``dims``} of one field (computed, float64, in one pass over the data).
 
     ``forecast``: (time, prediction_timedelta, [member | quantile], latitude, longitude) of ``kind``
     (deterministic, ensemble, gaussian: μ with ``sigma`` = σ, quantiles); ``truth``, ``climatology``: the
-    same without member/quantile, at the valid times; ``weights``: latitude weights (mean 1). Units: those of
-    the field, ACC and spread–skill dimensionless.
+    same without member/quantile, at the valid times; ``weights``: latitude weights (mean 1), or
+    ``regions``: area weights (region, latitude, longitude) of :func:`~smoeweather.metrics.regions.
+    region_weights`, which give every score a ``region`` dim. With ``per_init``, also ``per_init_<q>``: the
+    area means q per initialisation (dims kept but space) for q in :data:`PER_INIT`. Units: those of the field
+    (debiased ensemble-mean MSE: squared), ACC, spread–skill and diversity ratio dimensionless.
+    ``rank_histogram`` (ensembles) is over ``weights`` only (the global one with ``regions``).
     """
     da = forecast.astype(np.float64)
+    truth = truth.astype(np.float64)
+    space = [d for d in dims if d in SPATIAL_DIMS and d in truth.dims]
+    rest = [d for d in dims if d not in SPATIAL_DIMS and d in truth.dims]
+    if regions is None:
+        if weights is None:
+            weights = xr.DataArray(1.0)
+        template = truth.isel({d: 0 for d in truth.dims if d not in space}, drop=True)
+        w = weights.broadcast_like(template).expand_dims(region=["_"]).fillna(0.0)
+    else:
+        w = regions.fillna(0.0)
+        if weights is None:  # the rank histogram: the first region's weights
+            weights = regions.isel(region=0, drop=True)
     if kind == "ensemble":
         point = da.mean("member")
     elif kind == "quantiles":
         point = median_of_quantiles(da)
     else:
         point = da
-    out = {"rmse": det.rmse(point, truth, weights, dims), "bias": det.bias(point, truth, weights, dims)}
+
+    def amean(x: xr.DataArray) -> xr.DataArray:
+        return area_mean(x, w, space)
+
+    err = point - truth
+    q: dict[str, xr.DataArray] = {"mse": amean(err**2), "bias": amean(err)}
     if climatology is not None:
-        out["acc"] = det.acc(point, truth, climatology, weights, dims)
+        fa, oa = point - climatology, truth - climatology
+        ok = fa.notnull() & oa.notnull()
+        fa, oa = fa.where(ok), oa.where(ok)
+        den = np.sqrt(amean(fa**2) * amean(oa**2))
+        q["acc"] = amean(fa * oa) / den.where(den > 0)  # the climatology itself: NaN, as WB2
+    lazy: dict[str, xr.DataArray] = {}
+    m = da.sizes.get("member", 1) if kind == "ensemble" else 1
     if kind == "deterministic":  # a one-member ensemble: its CRPS is its mean absolute error
-        out["crps"] = out["crps_ecdf"] = weighted_mean(abs(point - truth), dims, weights)
+        q["crps"] = q["crps_ecdf"] = amean(abs(err))
     elif kind == "ensemble":
-        out["crps"] = weighted_mean(probabilistic.crps_ensemble(da, truth, estimator="fair"), dims, weights)
+        q["crps"] = amean(probabilistic.crps_ensemble(da, truth, estimator="fair"))
         # the CRPS of the members' own empirical distribution: the proper score of the forecast as issued. The
         # fair CRPS estimates the CRPS of the distribution the members are DRAWN from, which assumes
         # exchangeable draws; members trained jointly on a (fair) CRPS loss are not, and can lower the fair
         # score by spreading out without being a better forecast (docs/guide/ensembles.md)
-        out["crps_ecdf"] = weighted_mean(probabilistic.crps_ensemble(da, truth, estimator="standard"), dims,
-                                         weights)
-        if da.sizes["member"] > 1:
-            out["spread_skill"] = probabilistic.spread_skill_ratio(da, truth, weights, dims)
-            # diversity_ratio and rank_histogram (dims prediction_timedelta × rank) of the members
-            out.update(probabilistic.ensemble_diagnostics(da, truth, weights, dims))
+        q["crps_ecdf"] = amean(probabilistic.crps_ensemble(da, truth, estimator="standard"))
+        if m > 1:
+            variance = da.var("member", ddof=1)
+            q["variance"] = amean(variance)
+            q["debiased_ensemble_mean_mse"] = amean(err**2 - variance / m)
+            sorted_x = xr.apply_ufunc(np.sort, da, input_core_dims=[["member"]], output_core_dims=[["member"]],
+                                      kwargs={"axis": -1}, dask="parallelized", output_dtypes=[np.float64],
+                                      dask_gufunc_kwargs={"allow_rechunk": True})
+            coef = xr.DataArray((2.0 * np.arange(1, m + 1) - m - 1) * 2.0, dims="member")
+            q["pairwise_distance"] = amean((sorted_x * coef).sum("member") / (m * (m - 1)))
+            q["member_error"] = amean(abs(da - truth).mean("member"))
+            q["energy_score"] = probabilistic.energy_score_terms(da, truth, w, space)["energy_score"]
+            lazy["rank_histogram"] = probabilistic.rank_histogram(da, truth, weights, dims)
     elif kind == "gaussian":
         if sigma is None:
             raise ValueError("a gaussian forecast needs sigma (its <name>_std variable)")
         sd = sigma.astype(np.float64)
-        out["crps"] = out["crps_ecdf"] = weighted_mean(probabilistic.crps_gaussian(da, sd, truth), dims, weights)
-        out["spread_skill"] = probabilistic.spread_skill_ratio_gaussian(da, sd, truth, weights, dims)
+        q["crps"] = q["crps_ecdf"] = amean(probabilistic.crps_gaussian(da, sd, truth))
+        q["variance"] = amean(sd**2)
     elif kind == "quantiles":
-        out["quantile_loss"] = weighted_mean(probabilistic.quantile_loss(da, truth).mean("quantile"), dims, weights)
-    return {k: v.compute() for k, v in out.items()}
+        q["quantile_loss"] = amean(probabilistic.quantile_loss(da, truth).mean("quantile"))
+    names = list(q)
+    computed = dask.compute(*q.values(), *lazy.values())
+    q = dict(zip(names, computed[: len(names)]))
+    lazy = dict(zip(lazy, computed[len(names):]))
+
+    def tmean(x: xr.DataArray) -> xr.DataArray:
+        return x.mean(rest) if rest else x
+
+    out = {"rmse": np.sqrt(tmean(q["mse"])), "bias": tmean(q["bias"])}
+    for k in ("acc", "crps", "crps_ecdf", "quantile_loss", "debiased_ensemble_mean_mse", "energy_score"):
+        if k in q:
+            out[k] = tmean(q[k])
+    if "variance" in q:
+        factor = np.sqrt((m + 1.0) / m) if kind == "ensemble" else 1.0
+        out["spread_skill"] = factor * np.sqrt(tmean(q["variance"])) / out["rmse"]
+    if "pairwise_distance" in q:
+        out["diversity_ratio"] = tmean(q["pairwise_distance"]) / tmean(q["member_error"])
+    if per_init:
+        out.update({f"per_init_{k}": q[k] for k in set(PER_INIT.values()) if k in q})
+    if regions is None:
+        out = {k: v.squeeze("region", drop=True) if "region" in v.dims else v for k, v in out.items()}
+    out.update(lazy)
+    return out
