@@ -5,6 +5,7 @@
     smoe plot error FC.zarr --truth STORE --field temperature_850 --lead 120h [--init T] --out DIR
     smoe plot scores DIR/scores.nc --out DIR
     smoe plot emos MODEL.nc --out DIR
+    smoe plot frontier STUDY.json [STUDY.json ...] --cost {params,flops,time,infer} [--metric T@LEAD] --out DIR
 """
 
 from __future__ import annotations
@@ -50,9 +51,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = verbs.add_parser("scores", help="score vs lead per field and metric, one line per method")
     s.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
     s.add_argument("--out", required=True, type=Path, help="output folder")
+    _add_frontier(verbs)
+
+
+def _add_frontier(verbs: argparse._SubParsersAction) -> None:
+    """``smoe plot frontier``: skill against measured cost of `smoe study` arms (smoeweather.plotting.frontier)."""
+    from smoeweather.plotting.frontier import COSTS, PAIRINGS
+
+    f = verbs.add_parser("frontier", help="skill vs cost of study arms (one point per arm, seed t-intervals, the "
+                                          "dense frontier as a line) and a table pairing each SMoE arm with it")
+    f.add_argument("studies", type=Path, nargs="+", help="study.json files written by `smoe study`")
+    f.add_argument("--cost", choices=tuple(COSTS), default="flops",
+                   help="cost axis: parameters, training-step FLOPs, training-step or inference time ratio "
+                        "(default flops)")
+    f.add_argument("--metric", default=None, help="TARGET@LEAD, e.g. geopotential_500@48h (default: the first)")
+    f.add_argument("--pairing", choices=PAIRINGS, default="interpolate",
+                   help="dense reference at an arm's cost: interpolate in log-cost between the two neighbouring "
+                        "dense arms (default) or the nearest dense arm")
+    f.add_argument("--name", default=None, help="file stem (default: <first study>_frontier)")
+    f.add_argument("--out", required=True, type=Path, help="output folder")
+
+
+def _run_frontier(args: argparse.Namespace) -> int:
+    from smoeweather.plotting.frontier import plot_frontier
+
+    for p in plot_frontier(args.studies, args.out, cost=args.cost, metric=args.metric, pairing=args.pairing,
+                           name=args.name):
+        print(p)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot_verb == "frontier":  # no maps: cartopy not needed
+        return _run_frontier(args)
     try:
         from smoeweather.plotting.cartography import offline_cartopy
 

@@ -1,0 +1,223 @@
+"""Skill against cost: ``smoe plot frontier STUDY.json [STUDY.json ...] --cost {params,flops,time} --metric M``.
+
+One point per arm of the studies (mean score over seeds, error bar = 95 % Student-t interval of that mean,
+n − 1 dof), the dense arms joined by a line (the dense frontier), the cost axis logarithmic. The cost comes
+from each study's measured ``cost`` block (``smoe study`` writes it): parameters, FLOPs of one training step
+(forward + backward) or training-step time as a ratio to the study's reference arm.
+
+Beside it a table pairs every non-dense arm (SMoE, ensembles) with the dense frontier at the arm's cost, seed
+by seed (paired differences, 95 % t-interval):
+
+* ``interpolate`` (default): inside the range of the dense costs, the dense score of each seed is interpolated
+  linearly in log-cost between the two neighbouring dense arms; outside that range, the dense arm of nearest
+  cost (the table says which);
+* ``nearest``: the dense arm of nearest cost in log-cost.
+
+A difference < 0 means the arm beats the dense frontier at its cost (lower is better: CRPS, RMSE).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+COSTS: dict[str, tuple[str, str]] = {
+    "params": ("parameters", "parameters"),
+    "flops": ("train_flops", "FLOPs of one training step (forward + backward)"),
+    "time": ("train_step_ratio", "training-step time / reference arm (1 thread)"),
+    "infer": ("infer_ratio", "inference time / reference arm (1 thread)"),
+}
+"""``--cost`` choice → (field of the study's ``cost.arms`` entries, axis label)."""
+
+PAIRINGS = ("interpolate", "nearest")
+
+
+@dataclass
+class Arm:
+    """One arm of one study on the cost axis: its score per seed."""
+
+    study: str
+    name: str
+    family: str
+    cost: float
+    scores: dict[int, float]
+
+    @property
+    def label(self) -> str:
+        return self.name if not self.study else f"{self.study}:{self.name}"
+
+
+def _metric_of(study: dict[str, Any], metric: str | None) -> str:
+    if metric is None:
+        return f"{study['targets'][0]}@{study['leads'][0]}"
+    return metric
+
+
+def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | None = None
+              ) -> tuple[list[Arm], str]:
+    """Arms of ``studies`` (parsed study.json files) with their ``cost`` and per-seed ``metric``
+    (``target@lead``, default: the first study's first target at its first lead). Arms without a measured
+    cost, or of family ``schedule_check`` and the like (not dense / smoe / ensemble), are left out. Arm labels
+    carry the study name when more than one study is given."""
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
+    if not studies:
+        raise ValueError("no study given")
+    metric = _metric_of(studies[0], metric)
+    target, _, lead = metric.partition("@")
+    field = COSTS[cost][0]
+    arms: list[Arm] = []
+    for study in studies:
+        block = study.get("cost") or {}
+        if not block.get("arms"):
+            raise ValueError(f"study {study.get('name')!r} has no measured cost (run `smoe study --cost-only`)")
+        if target not in study["targets"] or lead not in study["leads"]:
+            raise ValueError(f"study {study.get('name')!r} has no {metric} (targets {study['targets']}, leads "
+                             f"{study['leads']})")
+        for name, spec in study["variants"].items():
+            family = spec.get("family", "dense")
+            if family not in ("dense", "smoe", "ensemble") or name not in block["arms"]:
+                continue
+            scores = {int(r["seed"]): float(r["scores"][lead][target]) for r in study["runs"]
+                      if r["variant"] == name}
+            if scores:
+                arms.append(Arm(study["name"] if len(studies) > 1 else "", name, family,
+                                float(block["arms"][name][field]), scores))
+    if not any(a.family == "dense" for a in arms):
+        raise ValueError("no dense arm with a measured cost: the frontier needs at least one")
+    return arms, metric
+
+
+def pair_to_frontier(arm: Arm, dense: list[Arm], pairing: str = "interpolate") -> dict[str, Any]:
+    """``arm`` − the dense frontier at ``arm.cost``, per seed (seeds that ``arm`` and the dense arms used all
+    have), with its 95 % t-interval (:func:`smoeweather.experiments.study.t_interval`) and the method."""
+    from smoeweather.experiments.study import t_interval
+
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {pairing!r}")
+    dense = sorted(dense, key=lambda a: a.cost)
+    x = math.log(arm.cost)
+    lo = [d for d in dense if d.cost <= arm.cost]
+    hi = [d for d in dense if d.cost >= arm.cost]
+    if pairing == "interpolate" and lo and hi and lo[-1] is not hi[0]:
+        a, b = lo[-1], hi[0]
+        w = (x - math.log(a.cost)) / (math.log(b.cost) - math.log(a.cost))
+        seeds = sorted(set(arm.scores) & set(a.scores) & set(b.scores))
+        ref = {s: (1 - w) * a.scores[s] + w * b.scores[s] for s in seeds}
+        method = f"interpolated in log-cost between {a.label} and {b.label} (weight {w:.2f} on {b.label})"
+        against = [a.label, b.label]
+    else:
+        near = min(dense, key=lambda d: (round(abs(math.log(d.cost) - x), 9), d.cost))  # a tie: the cheaper
+        seeds = sorted(set(arm.scores) & set(near.scores))
+        ref = {s: near.scores[s] for s in seeds}
+        outside = pairing == "interpolate" and near.cost != arm.cost
+        method = f"nearest dense arm {near.label}" + (" (cost outside the dense range)" if outside else "")
+        w, against = float("nan"), [near.label]
+    diffs = [arm.scores[s] - ref[s] for s in seeds]
+    return {"arm": arm.label, "family": arm.family, "cost": arm.cost, "method": method, "against": against,
+            "weight": w, "seeds": seeds, "dense_at_cost": [ref[s] for s in seeds],
+            **t_interval(diffs)}
+
+
+def frontier_table(arms: list[Arm], pairing: str = "interpolate") -> list[dict[str, Any]]:
+    """:func:`pair_to_frontier` of every non-dense arm."""
+    dense = [a for a in arms if a.family == "dense"]
+    return [pair_to_frontier(a, dense, pairing) for a in arms if a.family != "dense"]
+
+
+def _cost_text(cost: str, value: float) -> str:
+    if cost == "params":
+        return f"{value / 1e6:.3g} M"
+    if cost == "flops":
+        return f"{value / 1e9:.3g} GFLOP"
+    return f"{value:.2f}×"
+
+
+def frontier_markdown(arms: list[Arm], rows: list[dict[str, Any]], cost: str, metric: str, pairing: str,
+                      studies: list[dict[str, Any]]) -> str:
+    """The arm table (score ± t-interval half-width, cost) and the paired table against the dense frontier."""
+    from smoeweather.experiments.study import t_interval
+
+    names = ", ".join(f"`{s['name']}`" for s in studies)
+    lines = [f"# Skill against cost: {metric}, cost = {COSTS[cost][1]}", "", f"Studies: {names}."]
+    lines += [f"> {s['label']}" for s in studies if s.get("label")]
+    lines += ["", "| arm | family | cost | score mean [95 % t-interval] (n) |", "|---|---|---:|---|"]
+    for a in sorted(arms, key=lambda a: (a.family != "dense", a.cost)):
+        t = t_interval(list(a.scores.values()))
+        lines.append(f"| {a.label} | {a.family} | {_cost_text(cost, a.cost)} | {t['mean']:.4g} "
+                     f"[{t['lo']:.4g}, {t['hi']:.4g}] ({t['n']}) |")
+    method = ("linear interpolation in log-cost between the two neighbouring dense arms, per seed (the dense arm "
+              "of nearest cost outside their range)" if pairing == "interpolate" else
+              "the dense arm of nearest cost (in log-cost)")
+    lines += ["", f"Each non-dense arm − the dense frontier at its cost, paired by seed; dense frontier = {method}. "
+              "Mean [95 % Student-t interval, n − 1 dof] (n); **bold** where the interval excludes zero; < 0: "
+              "the arm beats the dense networks of its cost.", "",
+              "| arm | cost | paired difference | verdict | dense reference |", "|---|---:|---|---|---|"]
+    for r in rows:
+        text = f"{r['mean']:+.4g} [{r['lo']:+.3g}, {r['hi']:+.3g}] ({r['n']})"
+        verdict = ("beyond the frontier" if r["hi"] < 0 else "behind the frontier" if r["lo"] > 0 else
+                   "on the frontier (tie)") if r["n"] > 1 else "n < 2: no verdict"
+        lines.append(f"| {r['arm']} | {_cost_text(cost, r['cost'])} | "
+                     f"{f'**{text}**' if r['excludes_zero'] else text} | {verdict} | {r['method']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from smoeweather.experiments.study import t_interval
+
+    styles = {"dense": ("tab:blue", "o", "dense"), "smoe": ("tab:red", "s", "SMoE"),
+              "ensemble": ("tab:green", "^", "ensemble")}
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    for family, (color, marker, label) in styles.items():
+        group = sorted((a for a in arms if a.family == family), key=lambda a: a.cost)
+        if not group:
+            continue
+        stats = [t_interval(list(a.scores.values())) for a in group]
+        xs = [a.cost for a in group]
+        ys = [s["mean"] for s in stats]
+        err = [[s["mean"] - s["lo"] if s["n"] > 1 else 0.0 for s in stats],
+               [s["hi"] - s["mean"] if s["n"] > 1 else 0.0 for s in stats]]
+        ax.errorbar(xs, ys, yerr=err, fmt=marker, color=color, capsize=3, markersize=6,
+                    linestyle="-" if family == "dense" else "none", label=f"{label} (mean, 95 % t-interval)")
+        for a, y in zip(group, ys):
+            ax.annotate(a.name, (a.cost, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=color)
+    ax.set_xscale("log")
+    ax.set_xlabel(COSTS[cost][1] + " (log scale)")
+    ax.set_ylabel(f"{metric} (lower is better)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_frontier(studies: list[Path], out: Path, cost: str = "flops", metric: str | None = None,
+                  pairing: str = "interpolate", name: str | None = None) -> list[Path]:
+    """Write ``<name>_<cost>.png``, ``.md`` and ``.json`` (arms, pairings) under ``out`` for the study.json
+    files ``studies``; ``name`` defaults to the first study's name + ``_frontier``. Returns the paths."""
+    parsed = [json.loads(Path(p).read_text()) for p in studies]
+    arms, metric = load_arms(parsed, cost, metric)
+    rows = frontier_table(arms, pairing)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{name or parsed[0]['name'] + '_frontier'}_{cost}"
+    label = "; ".join(s["label"] for s in parsed if s.get("label"))
+    title = f"{', '.join(s['name'] for s in parsed)}: {metric}" + (f"\n{label}" if label else "")
+    png, md, js = out / f"{stem}.png", out / f"{stem}.md", out / f"{stem}.json"
+    _draw(arms, cost, metric, title, png)
+    md.write_text(frontier_markdown(arms, rows, cost, metric, pairing, parsed))
+    js.write_text(json.dumps({"cost": cost, "metric": metric, "pairing": pairing,
+                              "studies": [s["name"] for s in parsed],
+                              "arms": [{"arm": a.label, "family": a.family, "cost": a.cost,
+                                        "scores": {str(k): v for k, v in a.scores.items()}} for a in arms],
+                              "pairs": rows}, indent=2) + "\n")
+    return [png, md, js]
