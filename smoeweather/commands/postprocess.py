@@ -3,7 +3,9 @@ cross-validation; a synthetic imperfect ensemble for demos.
 
     smoe postprocess fit --method emos [--per-gridpoint] --forecast ENS [--truth TRUTH] [--train-period A B]
                          [--variables ...] --out MODEL.nc
-    smoe postprocess apply (--emos MODEL.nc | --network CKPT) --forecast NEW --out PP.zarr [--apply-period A B]
+    smoe postprocess fit --method drn --forecast ENS [--window 25D --lag 2D] [--drn-epochs ...] --out DRN.nc
+    smoe postprocess apply (--emos MODEL.nc | --drn DRN.nc | --network CKPT) --forecast NEW --out PP.zarr
+                           [--apply-period A B]
                            [--members N [--members-out ENS_PP.zarr]] [--quantiles 0.1 0.5 0.9 [--quantiles-out Q.zarr]]
     smoe postprocess crossval --forecast ENS [--truth TRUTH] [--fold year|month] --out DIR
     smoe postprocess synthetic STORE --out ENS.zarr [--members 10] [--lead 24h 48h] [--init A B] [--seed 0]
@@ -37,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common.add_argument("--overwrite", action="store_true", help="replace existing outputs")
 
     f = verbs.add_parser("fit", parents=[common], help="fit EMOS coefficients → CF netCDF model file")
-    f.add_argument("--method", choices=["emos"], default="emos", help="statistical method (default emos)")
+    f.add_argument("--method", choices=["emos", "drn"], default="emos",
+                   help="emos (default) or drn: a distributional regression network with a location embedding")
     f.add_argument("--per-gridpoint", action="store_true", help="one fit per grid point (default: global)")
     f.add_argument("--forecast", type=Path, nargs="+", required=True,
                    help="training ensemble: store(s) or forecast file(s), concatenated along init time")
@@ -55,6 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with EMOS or a network")
     which = a.add_mutually_exclusive_group()
     which.add_argument("--emos", type=Path, metavar="MODEL.nc", help="EMOS model file of `smoe postprocess fit`")
+    which.add_argument("--drn", type=Path, metavar="MODEL.nc", help="DRN model file of `smoe postprocess fit "
+                       "--method drn`")
     which.add_argument("--network", type=Path, metavar="CKPT",
                        help="post-processing network checkpoint of `smoe train` (task postprocess)")
     a.add_argument("legacy_model", nargs="?", type=Path, help=argparse.SUPPRESS)  # the old spelling: refused
@@ -87,6 +92,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--every", default="24h", help="init spacing (default 24h)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--variables", nargs="+", help="fields, e.g. geopotential_500 (default Z500, T850)")
+
+
+def _table_options(args: argparse.Namespace) -> dict:
+    return {"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
+            "members": args.table_members}
 
 
 def _sibling(out: Path, suffix: str) -> Path:
@@ -126,6 +136,17 @@ def _fit(args: argparse.Namespace) -> int:
     from smoeweather.postprocess.emos import fit_emos
     from smoeweather.postprocess.model_file import write_model
 
+    if args.method == "drn":
+        from smoeweather.postprocess.drn import fit_drn_files
+        from smoeweather.postprocess.options import drn_settings
+
+        if args.predictors != "mean" or args.per_gridpoint:
+            raise ValueError("--method drn: --predictors members and --per-site/--per-gridpoint are EMOS options "
+                             "(the DRN reads the ensemble mean and spread, and its location embedding is per site)")
+        print(fit_drn_files(args.forecast, args.out, drn_settings(args), truth=args.truth, variables=args.variables,
+                            train_period=args.train_period, window=args.window, lag=args.lag, dates=args.dates,
+                            table=_table_options(args), overwrite=args.overwrite, progress=not args.quiet))
+        return 0
     if args.solver == "newton" or args.window is not None or args.predictors != "mean":
         from smoeweather.postprocess.pipeline import fit  # out of core on dask, sites, rolling (issue 25)
 
@@ -154,9 +175,13 @@ def apply_model(args: argparse.Namespace) -> tuple[str, Path]:
         raise ValueError(f"smoe postprocess apply {args.legacy_model}: say which model it is, e.g. "
                          f"`smoe postprocess apply {flag} {args.legacy_model} --forecast ...` (--emos MODEL.nc for "
                          "an EMOS model file, --network CKPT for a post-processing network checkpoint)")
-    if args.emos is None and args.network is None:
-        raise ValueError("smoe postprocess apply needs --emos MODEL.nc (EMOS model file of `smoe postprocess fit`) "
+    drn = getattr(args, "drn", None)
+    if args.emos is None and args.network is None and drn is None:
+        raise ValueError("smoe postprocess apply needs --emos MODEL.nc (EMOS model file of `smoe postprocess fit`), "
+                         "--drn MODEL.nc (DRN model file of `smoe postprocess fit --method drn`) "
                          "or --network CKPT (post-processing network checkpoint of `smoe train`)")
+    if drn is not None:
+        return "drn", drn
     return ("emos", args.emos) if args.emos is not None else ("network", args.network)
 
 
@@ -177,6 +202,15 @@ def _apply(args: argparse.Namespace) -> int:
             raise FileExistsError(f"{p} already exists (pass --overwrite to replace it)")
     if not args.model.exists():
         raise FileNotFoundError(f"model {args.model} does not exist")
+    if method == "drn":
+        from smoeweather.postprocess.drn import apply_drn_files
+
+        for p in apply_drn_files(args.model, args.forecast, args.out, apply_period=args.apply_period,
+                                 members_out=members_out, members=args.members, quantiles_out=quantiles_out,
+                                 levels=levels, table=_table_options(args), scheduler=args.scheduler,
+                                 overwrite=args.overwrite, progress=not args.quiet):
+            print(p)
+        return 0
     if method == "emos":  # out of core on dask, streamed to zarr; sites and rolling windows (issue 25)
         from smoeweather.postprocess.pipeline import apply
 

@@ -30,8 +30,31 @@ def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
         p.add_argument("--distribution", choices=("normal", "truncnormal"), default="normal",
                        help="predictive distribution: normal (default) or normal truncated at 0 (truncnormal, for "
                             "non-negative targets such as wind speed; EMOS and DRN)")
+        d = p.add_argument_group("DRN (--method drn): distributional regression network")
+        d.add_argument("--drn-hidden", type=int, default=32, help="hidden ReLU units (default 32)")
+        d.add_argument("--drn-embedding", type=int, default=2, help="location embedding size (default 2)")
+        d.add_argument("--drn-epochs", type=int, default=30, help="training epochs (default 30)")
+        d.add_argument("--drn-seeds", type=int, default=3, help="networks averaged, one per seed (default 3)")
+        d.add_argument("--drn-batch-size", type=int, default=256, help="cases per mini-batch (default 256)")
+        d.add_argument("--drn-learning-rate", type=float, default=5e-3, help="Adam learning rate (default 5e-3)")
+        d.add_argument("--drn-seed", type=int, default=0, help="random seed (default 0)")
+        d.add_argument("--drn-extra", nargs="+", default=(), metavar="VAR",
+                       help="extra predictors: ensemble means of these forecast variables")
+        d.add_argument("--drn-warm-start", type=int, default=None, metavar="EPOCHS",
+                       help="with --window: train the dates in turn, each from the previous date's weights for "
+                            "EPOCHS epochs (default: every date from scratch, all dates at once)")
         p.add_argument("--window", help="rolling training window, e.g. 25D: one fit per forecast date")
         p.add_argument("--lag", default=None,
                        help="with --window: the window ends this long before each date (default: the longest lead)")
         p.add_argument("--dates", nargs=2, metavar=("START", "END"),
                        help="with --window: forecast dates to fit (default: every date with a full window)")
+
+
+def drn_settings(args: argparse.Namespace) -> object:
+    """The :class:`~smoeweather.postprocess.drn.DRNSettings` of the ``--drn-*`` options (checked)."""
+    from smoeweather.postprocess.drn import DRNSettings
+
+    return DRNSettings(hidden=args.drn_hidden, embedding=args.drn_embedding, epochs=args.drn_epochs,
+                       seeds=args.drn_seeds, batch_size=args.drn_batch_size, learning_rate=args.drn_learning_rate,
+                       seed=args.drn_seed, distribution=args.distribution, extra_variables=tuple(args.drn_extra),
+                       warm_start_epochs=args.drn_warm_start).check()
