@@ -46,10 +46,27 @@ from pipelines.world import land_fraction
 WORLD_LEVELS = (250, 500, 700, 850, 925)
 ENS_LEVELS = (500, 850)
 SIGMA_BOUNDARIES = (0.0, 0.05, 0.12, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.88, 0.95, 1.0)
-# (lat °N, lon °E, height m): Tibetan plateau, Rockies, Andes, Greenland, Antarctica, East African highlands
-MOUNTAINS = ((33.0, 87.0, 4500.0), (43.0, 249.0, 2200.0), (-22.0, 292.0, 3000.0), (73.0, 318.0, 2400.0),
-             (-84.0, 60.0, 2800.0), (5.0, 38.0, 1300.0))
-MOUNTAIN_WIDTH_DEG = 10.0  # Gaussian half-width of every mountain
+# The six mountains of the published worlds: (lat0 °N, lon0 °E, height m, σy °, σx ° along the great circle);
+# each is h·exp(−(x/σx)² − (y/σy)²) with x = Δlon·cos(lat0), y = Δlat in degrees.
+MOUNTAINS = ((33.0, 87.0, 4500.0, 6.0, 11.0),    # Tibetan plateau / Himalaya
+             (43.0, 249.0, 2200.0, 13.0, 5.0),   # Rocky Mountains
+             (-22.0, 292.0, 3000.0, 17.0, 4.5),  # Andes
+             (73.0, 318.0, 2400.0, 7.0, 5.0),    # Greenland
+             (-84.0, 60.0, 2800.0, 14.0, 14.0),  # Antarctica
+             (5.0, 38.0, 1300.0, 7.0, 5.0))      # East African / Ethiopian highlands
+# Spectral smoothing (exponential filter: attenuation, order) of the orography and of the land fraction on the
+# model grid. Unsmoothed orography leaves power at the highest wavenumbers, where the step filter damps
+# log surface pressure every step and so removes mass (−0.02 % a day at T21): the world's surface pressure and
+# Z500 sink over the spin-up.
+OROGRAPHY_FILTER = (16.0, 4.0)
+LAND_FILTER = (16.0, 2.0)
+# Initial state: isothermal (288 K) rest, sea-level pressure and the amplitude of the surface-pressure bump
+INIT_SEA_LEVEL_PA = 1.011e5
+INIT_PERTURBATION_PA = 5e3
+# Time stepping of the published worlds: filter (tau in the core's time units, order, cutoff)
+FILTER = dict(tau=0.0087504, order=1.5, cutoff=0.8)
+WORLD_TRUNCATION, WORLD_DT_MINUTES = 31, 20.0
+ENS_TRUNCATION, ENS_DT_MINUTES = 21, 30.0
 G = 9.80665  # m s⁻², ERA5's geopotential = g · height
 R_DRY = 287.0  # J kg⁻¹ K⁻¹
 LAPSE = 0.0065  # K m⁻¹, below the lowest model level
@@ -96,6 +113,7 @@ def _core() -> Any:
         raise ImportError(NO_CORE) from err
     from dinosaur_torch import (
         coordinate_systems,
+        filtering,
         primitive_equations,
         scales,
         sigma_coordinates,
@@ -105,17 +123,18 @@ def _core() -> Any:
     )
 
     return dict(cs=coordinate_systems, pe=primitive_equations, scales=scales, sc=sigma_coordinates,
-                sh=spherical_harmonic, ti=time_integration, units=units)
+                sh=spherical_harmonic, ti=time_integration, units=units, filtering=filtering)
 
 
 def mountains(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    """Surface height (m, lat × lon) of the smooth Gaussian mountains at ``lat``/``lon`` (degrees)."""
+    """Surface height (m, lat × lon) of the six anisotropic Gaussian mountains at ``lat``/``lon`` (degrees),
+    before spectral filtering."""
     la, lo = np.meshgrid(lat, lon, indexing="ij")
     h = np.zeros_like(la, dtype=np.float64)
-    for lat0, lon0, height in MOUNTAINS:
-        dlon = (lo - lon0 + 180) % 360 - 180
-        dist2 = (la - lat0) ** 2 + (dlon * np.cos(np.deg2rad(la))) ** 2
-        h += height * np.exp(-dist2 / MOUNTAIN_WIDTH_DEG**2)
+    for lat0, lon0, height, sig_y, sig_x in MOUNTAINS:
+        x = ((lo - lon0 + 180) % 360 - 180) * np.cos(np.deg2rad(lat0))
+        y = la - lat0
+        h += height * np.exp(-((x / sig_x) ** 2) - (y / sig_y) ** 2)
     return h
 
 
@@ -139,14 +158,16 @@ class GCM:
     forcing. Works on float32 tensors on the CPU; states may carry a leading member axis.
     """
 
-    def __init__(self, physics: WorldPhysics = WorldPhysics(), truncation: int = 21, dt_minutes: float = 30.0,
-                 filter_tau: float = 0.0087504, filter_order: float = 1.5, filter_cutoff: float = 0.8) -> None:
+    def __init__(self, physics: WorldPhysics = WorldPhysics(), truncation: int = WORLD_TRUNCATION,
+                 dt_minutes: float = WORLD_DT_MINUTES, filter_tau: float = FILTER["tau"],
+                 filter_order: float = FILTER["order"], filter_cutoff: float = FILTER["cutoff"]) -> None:
         import torch
 
         m = self.m = _core()
         self.torch = torch
         self.physics = physics
         self.truncation = truncation
+        self.dt_minutes = dt_minutes
         u = m["scales"].units
         self.specs = specs = m["units"].SimUnits.from_si()
         self.dtype = torch.float32
@@ -165,17 +186,19 @@ class GCM:
         assert np.allclose(np.rad2deg(np.arcsin(out_spec.nodal_axes[1])), lat_wb, atol=1e-9)
         self.lat_wb, self.lon_wb = lat_wb, lon_wb
 
-        # land fraction and mountains on the WeatherBench grid (the files' constants) and on the model nodes
+        # land fraction: the 5.625° mask (the files' constant), bilinear to the model nodes, spectrally smoothed
+        # and clipped to [0, 1]; mountains: evaluated on the model nodes, spectrally filtered
+        t = lambda a: torch.as_tensor(np.asarray(a, np.float64), dtype=self.dtype)  # noqa: E731
+        smooth = lambda x, a, o: m["filtering"].exponential_filter(grid, a, o)(x)  # noqa: E731
         self.land_wb = land_fraction().astype(np.float64)
-        self.height_wb = mountains(lat_wb, lon_wb)
         lon_m, sin_lat_m = spec.nodal_axes
         lat_m = np.rad2deg(np.arcsin(sin_lat_m))
         lon_m = np.rad2deg(lon_m)
-        land = np.clip(_to_nodes(self.land_wb, lat_wb, lon_wb, lat_m, lon_m), 0, 1)
+        land = _to_nodes(self.land_wb, lat_wb, lon_wb, lat_m, lon_m)
+        land = np.clip(grid.to_nodal(smooth(grid.to_modal(t(land)), *LAND_FILTER)).double().numpy(), 0, 1)
+        self.land_model = land
         height = mountains(lat_m, lon_m).T  # (lon, lat)
-        t = lambda a: torch.as_tensor(np.asarray(a, np.float64), dtype=self.dtype)  # noqa: E731
-        self.nodal_orography = t(specs.nondimensionalize(height * u.m))
-        modal_oro = m["pe"].truncated_modal_orography(self.nodal_orography, coords)
+        modal_oro = smooth(grid.to_modal(t(specs.nondimensionalize(height * u.m))), *OROGRAPHY_FILTER)
         self.nodal_orography = grid.to_nodal(modal_oro)
         self.height_wb_smooth = self._to_wb(modal_oro.double()[None])[0] / specs.nondimensionalize(1.0 * u.m)
         self.t_ref = np.full(vertical.layers, 288.0)
@@ -242,18 +265,25 @@ class GCM:
         )
 
     # ---- states --------------------------------------------------------------------------------------
-    def rest_state(self, seed: int, sea_level_pa: float = 101_100.0, perturbation_pa: float = 50.0) -> Any:
-        """Isothermal (288 K) rest with hydrostatic surface pressure over the mountains and a seeded
-        large-scale surface-pressure perturbation (std ``perturbation_pa``) that breaks the symmetry."""
+    def rest_state(self, seed: int, sea_level_pa: float = INIT_SEA_LEVEL_PA,
+                   perturbation_pa: float = INIT_PERTURBATION_PA) -> Any:
+        """The published worlds' initial state (dinosaur's ``isothermal_rest_atmosphere(p0, p1,
+        surface_height)``): 288 K at rest, surface pressure of the standard atmosphere over the (filtered)
+        mountains, plus a ``perturbation_pa`` bump exp(−(Δλ² + Δφ²)/(2 (π/20)²))·sin(4 Δλ) at a seeded
+        random place (λ0 in [π/2, 3π/2], φ0 in [−π/4, π/4]) that breaks the symmetry."""
         torch, grid, u = self.torch, self.grid, self.m["scales"].units
         rng = np.random.default_rng(seed)
-        height = self.specs.dimensionalize(self.nodal_orography.double().numpy(), u.m).m
-        ps = sea_level_pa * np.exp(-G * height / (R_DRY * 288.0))
-        noise = rng.standard_normal(grid.nodal_shape)
-        modal = grid.to_modal(torch.as_tensor(noise, dtype=self.dtype))
-        keep = torch.as_tensor(self._total_wavenumber() <= 8, dtype=self.dtype)
-        smooth = grid.to_nodal(modal * keep).double().numpy()
-        ps = ps * (1 + perturbation_pa / sea_level_pa * smooth / max(smooth.std(), 1e-12))
+        lat0 = rng.uniform(-np.pi / 4, np.pi / 4)
+        lon0 = rng.uniform(np.pi / 2, 3 * np.pi / 2)
+        altitude = self.specs.dimensionalize(self.nodal_orography.double().numpy(), u.m).m
+        g, cp, t0, molar, r0 = 9.80665, 1004.68506, 288.16, 0.02896968, 8.314462618
+        ps = sea_level_pa * (1 - g * altitude / (cp * t0)) ** (cp * molar / r0)
+        lon, sin_lat = self.grid.spec.nodal_mesh
+        lat = np.arcsin(sin_lat)
+        std = np.pi / 20
+        bump = np.exp(-((lon - lon0) ** 2) / (2 * std**2)) * np.exp(-((lat - lat0) ** 2) / (2 * std**2)) \
+            * np.sin(4 * (lon - lon0))
+        ps = ps + perturbation_pa * bump
         lsp = np.log(self.specs.nondimensionalize(ps * u.pascal))
         zeros = torch.zeros(self.coords.modal_shape, dtype=self.dtype)
         return self.m["pe"].State(vorticity=zeros, divergence=zeros.clone(), temperature_variation=zeros.clone(),
@@ -349,7 +379,9 @@ def _constants(model: GCM) -> dict[str, Any]:
     dims = ("latitude", "longitude")
     return {
         "land_sea_mask": (dims, model.land_wb.astype("float32"), {"units": "1", "long_name": "Land-sea mask"}),
-        "geopotential_at_surface": (dims, (G * model.height_wb_smooth).astype("float32"),
+        # the filtered orography rings slightly below 0 m at sea; the files store it clipped at 0, as the
+        # published ones (the model itself integrates the unclipped spectral orography)
+        "geopotential_at_surface": (dims, np.maximum(G * model.height_wb_smooth, 0.0).astype("float32"),
                                     {"units": "m**2 s**-2", "long_name": "Geopotential at surface"}),
     }
 
@@ -374,38 +406,79 @@ def _check_out(out: Path, names: Sequence[str], overwrite: bool) -> None:
         raise FileExistsError(f"{out}: {existing} exist; pass --overwrite to replace them")
 
 
-def _attrs(model: GCM, kind: str, seed: int, spin_up_days: float, config: dict[str, Any]) -> dict[str, str]:
-    import dinosaur_torch
+SPIN_UP_DAYS = 200.0  # the published worlds' discarded spin-up
+# Wall seconds per simulated day on one thread (this project's 2-core machine, shared, load average about 5):
+# one run, and one 10-member ensemble batch. Used for the up-front estimate; the run then measures its own.
+SECONDS_PER_DAY = {(21, 30.0): 7.0, (31, 20.0): 11.6}
+ENSEMBLE_COST = 5.0  # a 10-member batch costs about this many single runs
 
-    return {
+
+def estimate_seconds_per_day(truncation: int, dt_minutes: float) -> float:
+    """Documented wall seconds per simulated day (one thread) for a truncation and step; other settings are
+    scaled from the nearest by steps per day."""
+    if (truncation, float(dt_minutes)) in SECONDS_PER_DAY:
+        return SECONDS_PER_DAY[(truncation, float(dt_minutes))]
+    (t, dt), rate = min(SECONDS_PER_DAY.items(), key=lambda kv: abs(kv[0][0] - truncation))
+    return rate * (dt / dt_minutes) * (truncation / t) ** 2
+
+
+def is_preview(spin_up_days: float) -> bool:
+    """Whether a run is an unspun preview (less spin-up than the published worlds)."""
+    return spin_up_days < SPIN_UP_DAYS
+
+
+def _attrs(model: GCM, kind: str, seed: int, spin_up_days: float, config: dict[str, Any]) -> dict[str, str]:
+    from importlib.metadata import version
+
+    attrs = {
         "title": f"Synthetic GCM world ({kind}), generated by smoe data gcm-{kind}",
         "note": "SYNTHETIC MODEL WORLD - NOT ERA5 and not observations. Dates are model-calendar labels.",
-        "generator": f"dinosaur-torch {dinosaur_torch.__version__}, pipelines/gcm.py",
-        "model": f"dry spectral primitive equations, T{model.truncation}, {len(SIGMA_BOUNDARIES) - 1} sigma layers",
+        "generator": f"dinosaur-torch {version('dinosaur-torch')}, pipelines/gcm.py",
+        "model": f"dry spectral primitive equations, T{model.truncation}, {len(SIGMA_BOUNDARIES) - 1} sigma layers, "
+                 f"imex_rk_sil3 dt={model.dt_minutes} min, exponential step filter (tau={FILTER['tau']}, "
+                 f"order={FILTER['order']}, cutoff={FILTER['cutoff']})",
         "forcing": json.dumps(dataclasses.asdict(model.physics)),
-        "spin_up": f"{spin_up_days} simulated days from isothermal rest, discarded",
+        "orography": json.dumps({"mountains (lat0, lon0, height m, sigma_y deg, sigma_x deg)": MOUNTAINS,
+                                 "spectral filter (attenuation, order)": OROGRAPHY_FILTER}),
+        "spin_up": f"{spin_up_days} simulated days from isothermal rest (p0 {INIT_SEA_LEVEL_PA} Pa, "
+                   f"p1 {INIT_PERTURBATION_PA} Pa), discarded",
+        "spun_up": "no" if is_preview(spin_up_days) else "yes",
         "stream": f"seed={seed}",
         "config_json": json.dumps(config),
     }
+    if is_preview(spin_up_days):
+        attrs["title"] = "UNSPUN PREVIEW - " + attrs["title"]
+        attrs["preview"] = (f"UNSPUN PREVIEW: {spin_up_days:g} days of spin-up instead of {SPIN_UP_DAYS:g}; the "
+                            "circulation is still adjusting from rest, so its statistics are not the world's")
+    return attrs
 
 
-def _spin_up(model: GCM, seed: int, start: pd.Timestamp, days: float, progress: bool, what: str) -> Any:
+def _spin_up(model: GCM, seed: int, start: pd.Timestamp, days: float, progress: bool, what: str,
+             log: Callable[[str], None] | None = None) -> Any:
+    import time
+
     model.start_doy = float(start.day_of_year - 1) - days  # sim_time 0 is `days` before `start`
     state = model.rest_state(seed)
     n = int(round(days))
+    t0 = time.perf_counter()
     with _progress(n, f"{what}: spin-up", progress) as bar:
-        for _ in range(n):
+        for i in range(n):
             state = model.advance(state, 4 * model.steps_per_6h)
             bar.update(1)
+            if i == 0 and n > 1 and log is not None:
+                rate = time.perf_counter() - t0
+                log(f"{what}: spin-up measured at {rate:.1f} s per simulated day: about "
+                    f"{rate * (n - 1) / 60:.0f} min more before the first output")
     model.start_doy = float(start.day_of_year - 1)
     state = dataclasses.replace(state, sim_time=0.0)
     return state
 
 
 def generate_world(out: str | Path, years: int = 2, days_per_year: int = 365, seed: int = 0,
-                   truncation: int = 21, dt_minutes: float = 30.0, spin_up_days: float = 200.0,
-                   start: str = "2001-01-01", levels: Sequence[int] = WORLD_LEVELS, overwrite: bool = False,
-                   progress: bool = True) -> list[Path]:
+                   truncation: int = WORLD_TRUNCATION, dt_minutes: float = WORLD_DT_MINUTES,
+                   spin_up_days: float = SPIN_UP_DAYS, start: str = "2001-01-01",
+                   levels: Sequence[int] = WORLD_LEVELS, overwrite: bool = False, progress: bool = True,
+                   log: Callable[[str], None] | None = None) -> list[Path]:
     """Simulate the GCM world and write ``out/gcm_5.625deg_yearN.nc`` (N = 1 … ``years``), 6-hourly.
 
     One continuous run (year N + 1 follows year N) after ``spin_up_days`` of spin-up. ``days_per_year``
@@ -418,10 +491,10 @@ def generate_world(out: str | Path, years: int = 2, days_per_year: int = 365, se
     _check_out(out, names, overwrite)
     model = GCM(WorldPhysics(), truncation=truncation, dt_minutes=dt_minutes)
     start_ts = pd.Timestamp(start)
-    state = _spin_up(model, seed, start_ts, spin_up_days, progress, "gcm-world")
+    state = _spin_up(model, seed, start_ts, spin_up_days, progress, "gcm-world", log)
     config = dict(truncation=truncation, dt_minutes=dt_minutes, seed=seed, spin_up_days=spin_up_days,
                   years=years, days_per_year=days_per_year, levels=list(levels), start=start,
-                  mountain_width_deg=MOUNTAIN_WIDTH_DEG)
+                  mountains=[list(x) for x in MOUNTAINS])
     paths = []
     t0 = start_ts
     for n, name in enumerate(names, 1):
@@ -452,10 +525,11 @@ def generate_world(out: str | Path, years: int = 2, days_per_year: int = 365, se
 
 
 def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: int = 2, members: int = 10,
-                      every_days: int = 2, leads_h: Sequence[int] = (24, 48), truncation: int = 21,
-                      dt_minutes: float = 30.0, spin_up_days: float = 200.0, levels: Sequence[int] = ENS_LEVELS,
+                      every_days: int = 2, leads_h: Sequence[int] = (24, 48),
+                      truncation: int = ENS_TRUNCATION, dt_minutes: float = ENS_DT_MINUTES,
+                      spin_up_days: float = SPIN_UP_DAYS, levels: Sequence[int] = ENS_LEVELS,
                       overwrite: bool = False, progress: bool = True,
-                      on_day: Callable[[int], None] | None = None) -> Path:
+                      on_day: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Ensemble reforecasts of the GCM world by its imperfect forecast model → ``out/gcm_ens_<year>.nc``.
 
     A truth run (``seed``) after ``spin_up_days``; every ``every_days`` days from 1 January of ``year``, a
@@ -474,7 +548,7 @@ def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: 
     truth = GCM(WorldPhysics(), truncation=truncation, dt_minutes=dt_minutes)
     forecast = GCM(WorldPhysics().imperfect(), truncation=truncation, dt_minutes=dt_minutes)
     start = pd.Timestamp(f"{year}-01-01")
-    state = _spin_up(truth, seed, start, spin_up_days, progress, "gcm-ens")
+    state = _spin_up(truth, seed, start, spin_up_days, progress, "gcm-ens", log)
     forecast.start_doy = truth.start_doy
     steps_day = 4 * truth.steps_per_6h
     n_truth = days + max(leads_h) // 24  # days 0 … days − 1 + the longest lead (302 for 300 days, as gcm_ens)

@@ -24,20 +24,22 @@ def _add_gcm_verbs(verbs: argparse._SubParsersAction) -> None:
         help="simulate the GCM world (dry primitive equations, land-sea/seasonal/mountain forcing; needs .[gcm])",
         description="Simulate the GCM world with the dinosaur-torch spectral core and write "
         "OUT/gcm_5.625deg_yearN.nc (the layout the configs read: 6-hourly Z and T on 250-925 hPa, surface "
-        "pressure, land-sea mask, orography). Time on 2 CPU cores: docs/guide/gcm-worlds.md.",
+        "pressure, land-sea mask, orography). The defaults make the published gcm_world configuration (T31, "
+        "20-minute step, 200 days of spin-up before the first output: about 40 min on one core before anything "
+        "is written; --preview skips most of it). Times: docs/guide/gcm-worlds.md.",
     )
     world.add_argument("--out", required=True, type=Path, help="output folder")
     world.add_argument("--years", type=int, default=2, help="model years, one file each (default 2)")
     world.add_argument("--days", type=int, default=365, help="days per file (default 365; fewer for a preview)")
     world.add_argument("--seed", type=int, default=0, help="random seed of the initial state (default 0)")
-    world.add_argument("--truncation", type=int, default=21, choices=(21, 31, 42),
-                       help="spectral truncation T (default 21; the shared gcm_world used 31)")
-    world.add_argument("--dt-minutes", type=float, default=30.0, help="time step in minutes (default 30)")
-    world.add_argument("--spin-up-days", type=float, default=200.0, help="discarded spin-up (default 200)")
+    world.add_argument("--truncation", type=int, default=31, choices=(21, 31, 42),
+                       help="spectral truncation T (default 31, as the published gcm_world)")
+    world.add_argument("--dt-minutes", type=float, default=20.0, help="time step in minutes (default 20)")
+    _spin_up_args(world)
     world.add_argument("--start", default="2001-01-01", help="date label of the first output (default 2001-01-01)")
     world.add_argument("--overwrite", action="store_true", help="replace existing files")
     world.add_argument("--threads", type=int, default=1,
-                     help="intra-op threads (default 1: the T21 transforms are too small to gain from more)")
+                       help="intra-op threads (default 1: the transforms are too small to gain from more)")
     world.add_argument("--quiet", action="store_true", help="no progress bars")
 
     ens = verbs.add_parser(
@@ -45,8 +47,9 @@ def _add_gcm_verbs(verbs: argparse._SubParsersAction) -> None:
         help="ensemble reforecasts of the GCM world by an imperfect model, with truth (needs .[gcm])",
         description="A truth run of the GCM world and, every --every-days days, a --members-member "
         "ensemble of an imperfect forecast model (almost no land coupling) at 24 h and 48 h lead, written "
-        "as OUT/gcm_ens_YEAR.nc in the layout the post-processing configs read. Time on 2 CPU cores: "
-        "docs/guide/gcm-worlds.md.",
+        "as OUT/gcm_ens_YEAR.nc in the layout the post-processing configs read. The defaults make the published "
+        "gcm_ens configuration (T21, 30-minute step, 200 days of spin-up before the first forecast; --preview "
+        "skips most of it). Times: docs/guide/gcm-worlds.md.",
     )
     ens.add_argument("--out", required=True, type=Path, help="output folder")
     ens.add_argument("--year", type=int, default=2005, help="calendar label of the stream (default 2005)")
@@ -55,13 +58,42 @@ def _add_gcm_verbs(verbs: argparse._SubParsersAction) -> None:
     ens.add_argument("--members", type=int, default=10, help="ensemble members (default 10)")
     ens.add_argument("--every-days", type=int, default=2, help="days between initialisations (default 2)")
     ens.add_argument("--truncation", type=int, default=21, choices=(21, 31, 42),
-                     help="spectral truncation T (default 21, as the shared gcm_ens)")
+                     help="spectral truncation T (default 21, as the published gcm_ens)")
     ens.add_argument("--dt-minutes", type=float, default=30.0, help="time step in minutes (default 30)")
-    ens.add_argument("--spin-up-days", type=float, default=200.0, help="discarded spin-up (default 200)")
+    _spin_up_args(ens)
     ens.add_argument("--overwrite", action="store_true", help="replace an existing file")
     ens.add_argument("--threads", type=int, default=1,
                      help="intra-op threads (default 1: the T21 transforms are too small to gain from more)")
     ens.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+PREVIEW_SPIN_UP_DAYS = 5.0
+
+
+def _spin_up_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spin-up-days", type=float, default=None,
+                        help="discarded spin-up in simulated days (default 200, as the published worlds)")
+    parser.add_argument("--preview", action="store_true",
+                        help=f"quick look: {PREVIEW_SPIN_UP_DAYS:g} days of spin-up instead of 200 (unless "
+                        "--spin-up-days is given); the files are labelled UNSPUN PREVIEW (attributes "
+                        "'preview', 'spun_up'), their statistics are not the world's")
+
+
+def _announce(args: argparse.Namespace, gcm: object, spin_up_days: float) -> None:
+    """Say up front how long the spin-up takes before anything is written, and label previews."""
+    import sys
+
+    rate = gcm.estimate_seconds_per_day(args.truncation, args.dt_minutes)
+    minutes = spin_up_days * rate / 60
+    verb = args.data_verb
+    if gcm.is_preview(spin_up_days):
+        print(f"smoe data {verb}: UNSPUN PREVIEW: {spin_up_days:g} days of spin-up instead of "
+              f"{gcm.SPIN_UP_DAYS:g} (about {minutes:.0f} min); the files are labelled so and their statistics "
+              "are not the published world's", file=sys.stderr)
+    else:
+        print(f"smoe data {verb}: first {spin_up_days:g} simulated days of spin-up (discarded) before any output: "
+              f"about {minutes:.0f} min on one core at T{args.truncation} (~{rate:g} s a simulated day on a shared "
+              "2-core machine); --preview for a quick unspun look", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,17 +119,22 @@ def _run_gcm(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads {args.threads}: expected a positive number of threads")
     torch.set_num_threads(args.threads)
+    spin_up = args.spin_up_days
+    if spin_up is None:
+        spin_up = PREVIEW_SPIN_UP_DAYS if args.preview else gcm.SPIN_UP_DAYS
+    _announce(args, gcm, spin_up)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     if args.data_verb == "gcm-world":
         paths = gcm.generate_world(args.out, years=args.years, days_per_year=args.days, seed=args.seed,
                                    truncation=args.truncation, dt_minutes=args.dt_minutes,
-                                   spin_up_days=args.spin_up_days, start=args.start, overwrite=args.overwrite,
-                                   progress=not args.quiet)
+                                   spin_up_days=spin_up, start=args.start, overwrite=args.overwrite,
+                                   progress=not args.quiet, log=log)
     else:
         paths = [gcm.generate_ensemble(args.out, year=args.year, days=args.days, seed=args.seed,
                                        members=args.members, every_days=args.every_days,
                                        truncation=args.truncation, dt_minutes=args.dt_minutes,
-                                       spin_up_days=args.spin_up_days, overwrite=args.overwrite,
-                                       progress=not args.quiet)]
+                                       spin_up_days=spin_up, overwrite=args.overwrite,
+                                       progress=not args.quiet, log=log)]
     for p in paths:
         print(p)
     return 0
