@@ -121,3 +121,29 @@ def test_every_public_module_is_in_the_api_reference() -> None:
     missing = sorted(m for m in modules if m not in covered and not m.startswith(tuple(prefixes))
                      and not m.startswith("smoeweather.commands."))
     assert not missing, f"not in docs/reference/api/*.md: {missing}"
+
+
+def _lists_hook():
+    spec = importlib.util.spec_from_file_location("lists", DOCS / "hooks" / "lists.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_glued_list_fails_the_docs_build() -> None:
+    import pytest
+    from mkdocs.exceptions import PluginError
+
+    hook = _lists_hook()
+    glued = "Elsewhere it does not pay:\n- **T850 48 h**\n- **ResNet**\n"
+    assert hook.glued_lists(glued) == [2]
+    fine = (
+        "Elsewhere:\n\n- a\n  continued\n- b\n\n  a loose paragraph of b\n- c\n\n"
+        "```\ntext\n- not a list\n```\n| a |\n|---|\n1. one\n"
+    )
+    assert hook.glued_lists(fine) == []
+    page = type("Page", (), {"file": type("File", (), {"src_uri": "guide/x.md"})()})()
+    with pytest.raises(PluginError, match=r"guide/x.md: a list is glued .* line\(s\) 2;"):
+        hook.on_page_markdown(glued, page, None, None)
+    for path in DOCS.rglob("*.md"):  # and the site as it is has none
+        assert hook.glued_lists(path.read_text()) == [], path
