@@ -1,4 +1,4 @@
-"""Training and inference cost of the ensemble networks of issue 26, against the deep ensemble in the same run.
+"""Training and inference cost of the ensemble networks, against the deep ensemble in the same run.
 
 The networks of the GCM study (configs/weatherbench/gcm_*.yaml: ResNet 16 filters × 3 blocks on the 32×64
 grid, 34 input channels, 2 targets) built from those configs, fed the same seeded random batch (B = 16): the

@@ -1,4 +1,4 @@
-"""Figures of the ensemble study (issue 26) from its finished runs: rank histograms (mean over seeds) of every
+"""Figures of the ensemble study from its finished runs: rank histograms (mean over seeds) of every
 ensemble arm, and CRPS against training cost (each seed a point, paired to the deep ensemble). The CRPS is the
 ECDF CRPS of the members where the runs have it (``extra.crps_ecdf``; docs/guide/ensembles.md, "Which CRPS"),
 else the fair CRPS.

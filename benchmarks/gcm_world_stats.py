@@ -1,4 +1,4 @@
-"""Statistics of a generated GCM world beside the shared one (issue 24): is `smoe data gcm-world` a world of
+"""Statistics of a generated GCM world beside the shared one: is `smoe data gcm-world` a world of
 the same kind? Z500/T850 latitude-weighted mean and std, persistence RMSE at 72/120 h and the RMSE of the
 period's mean state, over the same number of days from 1 January of each.
 

@@ -1,4 +1,4 @@
-"""Post-processing speed (issue 17): EMOS fit in grid points per second (the batched per-group Newton solver
+"""Post-processing speed: EMOS fit in grid points per second (the batched per-group Newton solver
 against the earlier L-BFGS implementation, same run, same arrays), apply throughput (EMOS + ECC-Q members),
 and network training samples/s (forward + backward of ``PostprocessingUNet`` with and without SMoE at 32×64).
 
@@ -151,7 +151,7 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|",
         f"| batched Newton (new) | {f['groups']} | {f['newton_s']:.1f} | {f['newton_groups_per_s']:.0f} | "
         f"{f['crps_subset_newton']:.6g} |",
-        f"| L-BFGS (before issue 17) | {f['reference_groups']} | {f['reference_s']:.1f} | "
+        f"| L-BFGS (reference solver) | {f['reference_groups']} | {f['reference_s']:.1f} | "
         f"{f['reference_groups_per_s']:.1f} | {f['crps_subset_reference']:.6g} |", "",
         f"Speed-up {f['speedup']:.0f}×; not converged: {f['newton_not_converged']}. Projected 0.5° grid "
         f"(260k points): {f['projected_half_degree_s_per_field_lead_level'] / 60:.1f} min per field/lead/level, "

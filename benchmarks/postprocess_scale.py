@@ -1,4 +1,4 @@
-"""Post-processing at scale (issue 25): per-grid-point EMOS fit → apply → ECC-Q members on a synthetic 1° global
+"""Post-processing at scale: per-grid-point EMOS fit → apply → ECC-Q members on a synthetic 1° global
 ensemble archive, out of core, through the CLI with the default scheduler.
 
 1. Writes (lazily, chunk by chunk with dask: never whole in memory) a synthetic archive in the WeatherBench 2

@@ -1,5 +1,5 @@
 """Where post-processing helps: per-grid-point CRPS of the post-processing study's arms on its test block, split
-into land and sea (issue 17's diagnosis of the SMoE-U-Net against the U-Net and per-grid-point EMOS).
+into land and sea (the diagnosis of the SMoE-U-Net against the U-Net and per-grid-point EMOS).
 
     python benchmarks/postprocess_study_maps.py --study runs/studies/gcm_ens_postprocess \
         --out benchmarks/results/studies/gcm_ens_postprocess_maps

@@ -1,4 +1,4 @@
-"""Whole training loop of the post-processing networks, SMoE-U-Net against its dense U-Net twin (issue 22).
+"""Whole training loop of the post-processing networks, SMoE-U-Net against its dense U-Net twin.
 
 ``benchmarks/smoe_step.py`` times the bare model step; this times what a user's ``smoe study`` / ``smoe train``
 run spends per step once warm: the real gcm_ens data module of ``configs/studies/gcm_ens_routing.yaml`` (Z500 at
@@ -98,7 +98,7 @@ def main() -> None:
             ratios = [s / d for s, d in zip(times["smoe"], times["unet"], strict=True)]
             entries.append({"widths": list(widths), "seconds_per_step": times, "ratios": ratios,
                             "time_ratio": statistics.median(ratios)})
-    doc = {"setup": setup, "target": "SMoE-U-Net warm training step <= 2x the U-Net's (issue 22)",
+    doc = {"setup": setup, "target": "SMoE-U-Net warm training step <= 2x the U-Net's",
            "command": "python benchmarks/postprocess_train_loop.py " + " ".join(sys.argv[1:]), "entries": entries}
     write_json(RESULTS / "postprocess_train_loop_cpu.json", doc)
     lines = ["# Whole training loop: SMoE-U-Net vs U-Net (CPU, `smoe train` of gcm_ens_routing, Z500 48 h)", "",

@@ -1,4 +1,4 @@
-"""Real-data check of site EMOS (issue 25): 48 h 2 m temperature of the 8-member University of Washington
+"""Real-data check of site EMOS: 48 h 2 m temperature of the 8-member University of Washington
 mesoscale ensemble at 969 stations (ensembleBMA ``srft``, Jan–Feb 2004; GPL, read from ../shared/data, never
 copied), rolling training window 25 days, lag 2 days, through the CLI (default scheduler):
 

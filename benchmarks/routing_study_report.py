@@ -1,5 +1,5 @@
 """Report of the gate-learning studies (``configs/studies/gcm_ens_routing*.yaml`` and the ResNet arms
-``gcm_16x3_cpu_routing.yaml``, issue 22) from their study.json:
+``gcm_16x3_cpu_routing.yaml``) from their study.json:
 
 * the score per arm (CRPS or RMSE, mean ± std over seeds) at every lead and target, with the parameter count of
   each U-Net;

@@ -7,7 +7,7 @@ location-dependent spread; float32 storage as in a forecast store):
   memory) and vs ``scores.probability.crps_for_ensemble(method="ecdf")``; fair vs ``scores`` ``method="fair"``.
 - RMSE (latitude-weighted, over time/latitude/longitude) of the ensemble mean: ``smoeweather.metrics.
   deterministic.rmse`` vs ``scores.continuous.rmse`` with the same weights.
-Targets (issue #8): equal within 1e-6 relative; our CRPS ≥ 5× faster than properscoring, memory bounded
+Targets: equal within 1e-6 relative; our CRPS ≥ 5× faster than properscoring, memory bounded
 (peak extra memory of our CRPS call, measured with tracemalloc in a separate call, vs the input size).
 Writes benchmarks/results/scores.json and prints one JSON line of the ratios.
 

@@ -19,7 +19,7 @@ medians over rounds of per-process medians over ``--repeats`` steps; the load av
 
 Writes ``benchmarks/results/smoe_layer_<device>.json``: ``{"entries": [{"setup": {device, batch, dtype,
 route_impl, memory_format, ...}, "time_ratio", "memory_ratio", "time_ratio_dense128", "smoe", "dense256",
-"dense128"}, ...]}`` (ratios: SMoE / dense-256 of the same layout). Targets (issue 11): time ≤ 1.25× and
+"dense128"}, ...]}`` (ratios: SMoE / dense-256 of the same layout). Targets: time ≤ 1.25× and
 memory ≤ 1.5× at batch 64 on the GPU, ≤ 1.6× time at batch 16; CPU ≤ 1.25×.
 
     python benchmarks/smoe_layer.py [--device cpu|cuda] [--batches 16 64] [--dtypes fp32 bf16]

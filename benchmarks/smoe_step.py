@@ -1,4 +1,4 @@
-"""Warm training-step time of the SMoE networks against their dense twins, in the same run (issue 22).
+"""Warm training-step time of the SMoE networks against their dense twins, in the same run.
 
 One step = forward + loss + backward (RC labels inside it) + Adam step, one CPU thread, batch 8 on the
 32×64 gcm_ens grid, inputs random (the data loader is not part of it; ``benchmarks/train_throughput.py``
@@ -230,7 +230,7 @@ def main() -> None:
                                              "smoe": make_smoe})
         entries.append(entry)
     top = profile_top(NETWORKS["unet_16_32_64"][1]) if "unet_16_32_64" in args.networks else []
-    out = {"setup": setup, "target": "SMoE warm step <= 2x its dense twin (issue 22)", "entries": entries,
+    out = {"setup": setup, "target": "SMoE warm step <= 2x its dense twin", "entries": entries,
            "profile_smoe_unet_16_32_64": top}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "smoe_step_cpu.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -9,7 +9,7 @@ the model gets; the gap is the loader's and the framework's. Timing starts after
 Writes ``benchmarks/results/train_throughput_<cpu|cuda>.json`` and prints one JSON line.
 
 CPU (small): python benchmarks/train_throughput.py --width 16 --blocks 3 --batch 32 --steps 20
-GPU (issue 11): python benchmarks/train_throughput.py --width 128 --blocks 19 --batch 64 --precision bf16-mixed \\
+GPU: python benchmarks/train_throughput.py --width 128 --blocks 19 --batch 64 --precision bf16-mixed \\
                   --workers 4 8 --steps 100
 """
 

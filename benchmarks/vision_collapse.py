@@ -1,4 +1,4 @@
-"""SMoE-CNN collapse study (issue 18, part 3): accuracy over training and routing diagnostics for the CNN, the
+"""SMoE-CNN collapse study: accuracy over training and routing diagnostics for the CNN, the
 SMoE-CNN with the layer's damping 0.1 and the fixed SMoE-CNN (configs/vision/collapse.yaml).
 
     python benchmarks/vision_collapse.py --out benchmarks/results/vision_collapse [--arms a,b] [--seeds 0,1]

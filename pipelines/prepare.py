@@ -144,7 +144,7 @@ def _compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
 
     What holds no dask collection is returned as it is, on every scheduler: e.g. the all-NaN statistics of
     a single time step are built eagerly, and ``Client.compute`` of such a Dataset returns the Dataset
-    itself, not a future (issue 18: every one-time-step prepare failed on the default local cluster with
+    itself, not a future (every one-time-step prepare failed on the default local cluster with
     ``'Dataset' object has no attribute 'result'``).
     """
     if progress:

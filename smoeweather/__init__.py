@@ -5,7 +5,7 @@ import warnings as _warnings
 
 __version__ = "0.1.0"
 
-# Native-library load order (issue 18 §4: forecast → evaluate → plot in one process aborted at interpreter
+# Native-library load order (forecast → evaluate → plot in one process aborted at interpreter
 # exit with `double free or corruption` / `free(): invalid pointer`, exit 134, or a segfault, exit 139).
 #
 # Cause: the eccodes wheel (here 2.50: eccodes → eccodeslib → eckitlib) loads its libraries through `findlibs`,

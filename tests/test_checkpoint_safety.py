@@ -1,4 +1,4 @@
-"""A checkpoint is data (issue 28): a crafted pickle that runs code when unpickled is refused by every command
+"""A checkpoint is data: a crafted pickle that runs code when unpickled is refused by every command
 and public function that reads a checkpoint, with a message naming the file and the refused object, and
 nothing is written; the project's own checkpoints load with ``weights_only=True`` and hold plain metadata;
 ``smoe checkpoint convert --trust`` turns an old-style checkpoint (numpy/path metadata) into a safe one."""

@@ -1,4 +1,4 @@
-"""What a user runs is what the tests run (issue 18): ``smoe data prepare`` through the CLI with NO
+"""What a user runs is what the tests run: ``smoe data prepare`` through the CLI with NO
 ``--scheduler`` (the local ``distributed`` cluster every user gets) and no ``--quiet``, once per source kind
 (WeatherBench folders, WB2 zarr, CDS GRIB, CMIP6, ENS-10), with one-time-step and ensemble cases; each
 store must equal the one written with ``--scheduler threads`` (values, coords, statistics).
@@ -51,7 +51,7 @@ GRIB_1DEG = {
     "iDirectionIncrementInDegrees": 1.0,
     "jDirectionIncrementInDegrees": 1.0,
 }
-CHATTER = (  # library chatter a user must not see (issue 18 §5), and failures
+CHATTER = (  # library chatter a user must not see, and failures
     "Hosting the HTTP server",  # distributed: its HTTP server's default port 8787 was taken
     "FutureWarning",  # cfgrib's xr.merge, torch's LeafSpec deprecation in Lightning
     "💡 Tip",  # Lightning's litlogger / litmodels advertisements
@@ -116,7 +116,7 @@ def _prepare_default_and_threads(
 
 
 def test_one_time_step_analysis_grib_default_cluster(tmp_path: Path, capfd) -> None:
-    """Issue 18's first real case: one global 1° analysis, z and t at 500/850 hPa, ``--grid 5.625``."""
+    """The first real case: one global 1° analysis, z and t at 500/850 hPa, ``--grid 5.625``."""
     rng = np.random.default_rng(0)
     messages = []
     for short, mean, std in (("z", 54000.0, 3000.0), ("t", 260.0, 15.0)):
@@ -143,7 +143,7 @@ def test_one_time_step_analysis_grib_default_cluster(tmp_path: Path, capfd) -> N
 
 
 def test_ens_control_and_perturbed_members_default_cluster(tmp_path: Path, capfd) -> None:
-    """Issue 18's second real case: an ECMWF ENS GRIB, control (cf, number 0) + 50 perturbed (pf) members
+    """The second real case: an ECMWF ENS GRIB, control (cf, number 0) + 50 perturbed (pf) members
     at one time, ``--format cds --native-grid``."""
     rng = np.random.default_rng(1)
     messages = []

@@ -1,4 +1,4 @@
-"""Config value types are checked for every section of every task (issue 18 §2): a wrong type names the
+"""Config value types are checked for every section of every task: a wrong type names the
 key and the expected type before anything is built (``model.width=abc`` used to end in a torch traceback).
 
 ``model`` values are checked against the type hints of the constructors they go to (chosen by

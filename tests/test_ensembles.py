@@ -1,4 +1,4 @@
-"""Ensemble forecast networks (issue 26): losses against properscoring/scores, E³ partitioning and tiling,
+"""Ensemble forecast networks: losses against properscoring/scores, E³ partitioning and tiling,
 deep ensembles, the Gaussian head, rank histograms and the diversity measure."""
 
 from __future__ import annotations

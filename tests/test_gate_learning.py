@@ -1,4 +1,4 @@
-"""A gate that learns when the SMoE is a HIDDEN layer (issue 22): heat diffusion on a 16×16 grid with three
+"""A gate that learns when the SMoE is a HIDDEN layer: heat diffusion on a 16×16 grid with three
 diffusivity regions (the right routing is the region map), a dense 3×3 conv before and after the SMoE layer.
 Each routing option must find the right experts well above chance (1/3): the paper's per-sample RC
 threshold, the per-slot threshold (``rc_threshold="slot"``), and the gate's own learning rate

@@ -1,4 +1,4 @@
-"""`smoe data gcm-ens` → `smoe study --config configs/studies/gcm_ens_postprocess.yaml`, end to end (issue 24).
+"""`smoe data gcm-ens` → `smoe study --config configs/studies/gcm_ens_postprocess.yaml`, end to end.
 
 Two tiny streams (a few days at T21, 3 members) stand in for gcm_ens_2005/2006; the study file is the
 committed one, shortened and pointed at the generated files from the command line only (steps, seeds, one

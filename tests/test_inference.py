@@ -1,4 +1,4 @@
-"""Inference without the training stack (issue 23): ``smoe forecast`` and ``smoe postprocess apply --network`` run
+"""Inference without the training stack: ``smoe forecast`` and ``smoe postprocess apply --network`` run
 with Lightning hidden from ``sys.modules`` and give the numbers of the in-process run; the Lightning-free loader
 rebuilds exactly the trained network; old names (task ``ens10``, ``Ens10UNet``) still load with a
 DeprecationWarning; the old ``apply MODEL`` spelling fails with a message naming the new one."""
@@ -131,7 +131,7 @@ def test_smoe_postprocess_apply_runs_without_lightning(postprocess_ckpt: Path, s
 
 def test_old_task_name_ens10_loads_with_a_deprecation_warning(postprocess_ckpt: Path, streams: dict[str, Path],
                                                               tmp_path: Path) -> None:
-    """A checkpoint whose metadata says task `ens10` (written before issue 23) loads as `postprocess`, warning;
+    """A checkpoint whose metadata says task `ens10` (written by older versions) loads as `postprocess`, warning;
     a config with `task: ens10` validates as `postprocess`, warning."""
     ckpt = read_checkpoint(postprocess_ckpt)
     ckpt["smoeweather"] = {**ckpt["smoeweather"], "task": "ens10"}

@@ -1,4 +1,4 @@
-"""Imports run one way (issue 23): every import of the package, in-function ones included, goes from a layer to
+"""Imports run one way: every import of the package, in-function ones included, goes from a layer to
 the same or a lower one; ``metrics`` is pure (numpy/xarray/scipy/scikit-learn, nothing of the package).
 
 The layer order is written here and in docs/development.md, nowhere else.

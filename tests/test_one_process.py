@@ -1,4 +1,4 @@
-"""The whole chain in ONE Python process (issue 18 §4): train → forecast → evaluate → routing map, then a
+"""The whole chain in ONE Python process: train → forecast → evaluate → routing map, then a
 clean interpreter exit.
 
 Without the import order in ``smoeweather/__init__.py`` the chain finished its work and the interpreter then

@@ -1,4 +1,4 @@
-"""Fit once, apply many (issue 17): `smoe postprocess fit/apply` on files in the exact gcm_ens layout (int16
+"""Fit once, apply many: `smoe postprocess fit/apply` on files in the exact gcm_ens layout (int16
 CF-packed, truth_* on valid_time) and on the shared gcm_ens streams; refusals before anything is written; ECC-Q
 members and quantile stores scored by `smoe evaluate`; the batched Newton EMOS fit against the L-BFGS reference."""
 

@@ -1,5 +1,5 @@
 """Post-processing networks through the one ensemble convention: train on one gcm_ens-layout stream, apply the
-checkpoint to another, per-level land-sea gate priors, lead modes, refusals (issue 17)."""
+checkpoint to another, per-level land-sea gate priors, lead modes, refusals."""
 
 from __future__ import annotations
 

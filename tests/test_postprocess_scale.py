@@ -1,4 +1,4 @@
-"""Out-of-core EMOS (issue 25): the chunked CLI path (default scheduler: a local dask.distributed cluster) gives
+"""Out-of-core EMOS: the chunked CLI path (default scheduler: a local dask.distributed cluster) gives
 the in-memory fit_emos/apply_emos results to float tolerance, on the gcm_ens streams and on a file in their exact
 layout; ``--scheduler tcp://…`` on a LocalCluster started here gives the same stores as the default; the pooled
 fit reduces over blocks; ECC-Q on dask equals ECC-Q in memory; no staging or partial output is left behind."""

@@ -1,4 +1,4 @@
-"""Issue 7 §2/§4 regressions for `smoe data prepare`: each silent data error must now be right or refuse.
+"""Regressions for `smoe data prepare`: each silent data error must now be right or refuse.
 
 GRIB messages are written here with eccodes and netCDF files with xarray, so nothing needs ../shared.
 """

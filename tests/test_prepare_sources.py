@@ -97,7 +97,7 @@ def test_weatherbench_folder_values_statistics_provenance(tmp_path: Path) -> Non
     np.testing.assert_array_equal(ds["temperature"].values, t.values)
     z = xr.concat([w["z"] for w in written["geopotential_500"]], "time")
     np.testing.assert_array_equal(ds["geopotential_500"].values, z.values)
-    # only real fields: geopotential exists at 500 hPa only, so no all-NaN geopotential@850/1000 (issue 7)
+    # only real fields: geopotential exists at 500 hPa only, so no all-NaN geopotential@850/1000
     assert "geopotential" not in ds and ds["geopotential_500"].attrs["canonical_name"] == "geopotential"
     assert ds["geopotential_500"].attrs["level"] == 500 and "level" not in ds["geopotential_500"].dims
     assert bool(np.isfinite(stats.to_array()).all())  # no NaN statistics anywhere

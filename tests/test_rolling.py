@@ -1,4 +1,4 @@
-"""Rolling training windows (issue 25): which inits train each forecast date (closed form), refusals naming
+"""Rolling training windows: which inits train each forecast date (closed form), refusals naming
 the date without a full window, and a rolling fit recovering coefficients that drift in time."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The built documentation site works offline (issue 24.3/24.4): search from file://, no network assets,
+"""The built documentation site works offline: search from file://, no network assets,
 no raw Sphinx roles, figures that open at full size.
 
 Uses ``build/site`` when ``make docs`` has just built it (CI builds the site before the tests), otherwise

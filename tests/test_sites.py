@@ -1,4 +1,4 @@
-"""Site forecasts (issue 25): the CSV/Parquet table reader on files in the exact ensembleBMA ``srft`` layout, the CF
+"""Site forecasts: the CSV/Parquet table reader on files in the exact ensembleBMA ``srft`` layout, the CF
 DSG ``timeSeries`` file, EMOS with one weight per non-exchangeable member, global and per-site rolling fits through
 the CLI with their refusals, and the real-data check on the UWME ensemble (skipped without ../shared/data)."""
 

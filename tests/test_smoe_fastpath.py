@@ -1,4 +1,4 @@
-"""Issue 11, SMoE layer fast path: the two routing implementations give identical results, and a training
+"""SMoE layer fast path: the two routing implementations give identical results, and a training
 step of the layer makes no host synchronisation (CUDA-graph friendly) and compiles.
 
 Equality is BITWISE where the computations are the same up to memory layout: the gather/scatter of the
@@ -332,7 +332,7 @@ def test_compiled_model_matches_eager(impl: str) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_used_experts_only_is_bitwise_identical(impl: str, weighted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 22, speed: with a land-sea prior only the experts selected somewhere are convolved
+    """Speed: with a land-sea prior only the experts selected somewhere are convolved
     (``expert_compute="used"``). On integer data the output, every gradient (unselected experts' weights get
     exact zeros both ways), the RC loss and the flags are bitwise those of computing every expert."""
     h, w = 6, 8
@@ -387,7 +387,7 @@ def _fresh_top(gate: TensorRoutingGate, k: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("update", ["adam_foreach", "adam_fused", "data_copy", "load_state_dict"])
 def test_gate_selection_cache_follows_every_weight_update(update: str) -> None:
-    """Issue 22, speed: the layers sharing a gate select once per step (the cached selection is the same
+    """Speed: the layers sharing a gate select once per step (the cached selection is the same
     object until the weight changes), and the cache is keyed on the weight's VALUES, so every update is seen
     on the next call, including those that do not bump the version counter (``.data.copy_``; foreach Adam
     did not in earlier torch releases)."""
@@ -524,7 +524,7 @@ def test_training_with_selection_reuse_is_bitwise_training_without() -> None:
 
 @pytest.mark.parametrize("g", [1, 3])
 def test_rc_gradient_and_loss_without_a_label_tensor(g: int) -> None:
-    """Issue 22, speed: the gate gradient built without the (G, |E|, H, W) label tensor is bitwise
+    """Speed: the gate gradient built without the (G, |E|, H, W) label tensor is bitwise
     sigmoid − routing_labels, and the RC loss value from per-gate sums is the BCE-with-logits of those
     labels (torch's own) to float32 summation tolerance."""
     from smoeweather.nn.gates import flat_expert_index
@@ -600,7 +600,7 @@ def _general_batch_fraction(grad_y: torch.Tensor, quantile: float, tolerance: fl
 
 
 def test_batch_flagged_fraction_cpu_is_bitwise_the_general_chain() -> None:
-    """Issue 22, speed: the numpy chain of the RC flags (sign bit cleared, integer partition, IEEE comparison,
+    """Speed: the numpy chain of the RC flags (sign bit cleared, integer partition, IEEE comparison,
     uint8 batch count) gives bitwise the general torch chain, with exact zeros, −0.0, ties at the threshold,
     subnormals, inf and NaN in dL/dy, for several quantiles and tolerances; it declines what it does not handle."""
     from smoeweather.nn.smoe import batch_flagged_fraction_cpu

@@ -317,7 +317,7 @@ def test_cached_selection_follows_gate_updates() -> None:
 @pytest.mark.parametrize("update", ["fused_adam", "foreach_adam", "data_copy"])
 def test_selection_follows_updates_that_do_not_bump_the_version(update: str) -> None:
     """Fused/foreach Adam and ``.data.copy_()`` change D without bumping ``weight._version``; a cache keyed on
-    the version kept the old routing (issue 7 §3)."""
+    the version kept the old routing."""
     gate = TensorRoutingGate(3, 1, 2)
     layer = SpatialMoE2d(1, 3, 1, gate=gate, kernel_size=1, rc=False, damping=None)
     with torch.no_grad():

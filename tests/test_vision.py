@@ -382,7 +382,7 @@ def test_train_config_errors_name_the_key(tmp_path, capsys) -> None:
 
 
 def test_smoe_cnn_does_not_degrade_as_it_trains() -> None:
-    """Issue 18: the SMoE-CNN with the layer's damping 0.1 got WORSE with training (digits 0.89 at 250 steps,
+    """The SMoE-CNN with the layer's damping 0.1 got WORSE with training (digits 0.89 at 250 steps,
     0.43 at 1000). configs/vision/smoe_cnn.yaml (damping off, q 0.7), shrunk to 16 channels / 32 experts, 300 seeded
     steps: test accuracy at 300 steps not below that at 75 and the training loss still falling. With
     ``smoe.damping=0.1`` the same run fails both (accuracy 0.76 → 0.61, loss rising after step ~200; Finding 6)."""

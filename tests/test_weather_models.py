@@ -276,7 +276,7 @@ def test_periodic_lrlcn_matches_zero_padded_lrlcn_away_from_the_longitude_edges(
 
 
 def test_location_embedding_learns_what_the_inputs_do_not_carry() -> None:
-    """Issue 22, headroom arm: ``location_embedding=k`` adds k learned channels (k, H, W), zero at init, to the
+    """Headroom arm: ``location_embedding=k`` adds k learned channels (k, H, W), zero at init, to the
     stem's input. On a target that is a fixed map of location only (inputs are noise), 150 Adam steps bring
     the embedded ResNet far below the plain one, whose translation-equivariant convolutions cannot tell the
     points apart; the parameter count grows by exactly k·H·W + the stem's extra weights."""

@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--solver", choices=["newton", "lbfgs"], default="newton",
                    help="newton: batched per-group Newton (default); lbfgs: the earlier reference solver")
     f.add_argument("--out", type=Path, required=True, help="model file (netCDF, e.g. emos.nc)")
-    add_scale_arguments(f, "fit")  # issue 25: --scheduler, site tables, --predictors, --per-site, --window/--lag
+    add_scale_arguments(f, "fit")  # --scheduler, site tables, --predictors, --per-site, --window/--lag
 
     a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with EMOS or a network")
     which = a.add_mutually_exclusive_group()
@@ -148,7 +148,7 @@ def _fit(args: argparse.Namespace) -> int:
                             table=_table_options(args), overwrite=args.overwrite, progress=not args.quiet))
         return 0
     if args.solver == "newton" or args.window is not None or args.predictors != "mean":
-        from smoeweather.postprocess.pipeline import fit  # out of core on dask, sites, rolling (issue 25)
+        from smoeweather.postprocess.pipeline import fit  # out of core on dask, sites, rolling
 
         print(fit(args))
         return 0
@@ -211,7 +211,7 @@ def _apply(args: argparse.Namespace) -> int:
                                  overwrite=args.overwrite, progress=not args.quiet):
             print(p)
         return 0
-    if method == "emos":  # out of core on dask, streamed to zarr; sites and rolling windows (issue 25)
+    if method == "emos":  # out of core on dask, streamed to zarr; sites and rolling windows
         from smoeweather.postprocess.pipeline import apply
 
         for p in apply(args, members_out, quantiles_out, levels):

@@ -1,4 +1,4 @@
-"""Ensemble scoring of ``smoe study`` runs (``scoring: ensemble``, issue 26) and its summary tables.
+"""Ensemble scoring of ``smoe study`` runs (``scoring: ensemble``) and its summary tables.
 
 Every run's best checkpoint forecasts the test period with :func:`smoeweather.forecast.run_forecast` (members of
 ``e3``/``deep_ensemble``, μ and σ of ``gaussian``, one field of a deterministic network), and

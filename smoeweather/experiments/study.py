@@ -496,7 +496,7 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
         all_scores = score_checkpoint(str(best), cfg["data"])
         scores, extra = all_scores["crps"], {k: v for k, v in all_scores.items() if k != "crps"}
         refs = postprocess_references(study, cfg, out, log)
-    elif study.scoring == "ensemble":  # ensemble networks (issue 26): CRPS, spread/skill, RMSE, rank histograms
+    elif study.scoring == "ensemble":  # ensemble networks: CRPS, spread/skill, RMSE, rank histograms
         from smoeweather.experiments.ensembles import score_ensemble_run
 
         mode, refs = "ensemble", {}

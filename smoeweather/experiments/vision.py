@@ -283,7 +283,7 @@ def markdown(results: dict[str, Any], extra: list[str] | None = None) -> str:
     return "\n".join(lines + (extra or [])) + "\n"
 
 
-# ---- SMoE-CNN collapse study (issue 18, part 3; docs/smoe-weather-findings.md Finding 6) ------------------
+# ---- SMoE-CNN collapse study (docs/smoe-weather-findings.md Finding 6) ------------------
 
 COLLAPSE_CONFIG = CONFIG_DIR / "collapse.yaml"
 

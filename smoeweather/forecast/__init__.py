@@ -93,7 +93,7 @@ def make_forecast(
         run = Path(trained.config.get("output_dir") or Path(what).parent.parent).name
         from smoeweather.forecast.members import is_ensemble_model, members_dataset
 
-        if is_ensemble_model(trained):  # e3 / deep_ensemble members, gaussian μ and σ (issue 26)
+        if is_ensemble_model(trained):  # e3 / deep_ensemble members, gaussian μ and σ
             attrs.update(method=name or run, **model_metadata(trained))
             return members_dataset(trained, ds, inits, leads, where, attrs, batch_size=batch_size, device=device,
                                    need_truth=not beyond_data, progress=progress)

@@ -1,4 +1,4 @@
-"""Forecasts of ensemble networks (``model.name`` ∈ ``e3``, ``deep_ensemble``, ``gaussian``; issue 26).
+"""Forecasts of ensemble networks (``model.name`` ∈ ``e3``, ``deep_ensemble``, ``gaussian``).
 
 Each initialisation's inputs are assembled as :func:`smoeweather.forecast.model.model_forecast` assembles
 them (physical units; the checkpoint's :class:`NormalizedModel` normalises), and the network gives every

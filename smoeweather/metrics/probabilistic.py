@@ -306,7 +306,7 @@ def spread_skill_ratio_gaussian(
     return spread / rmse
 
 
-# ---- ensemble diagnostics (issue 26) ----------------------------------------------------------------
+# ---- ensemble diagnostics ----------------------------------------------------------------
 def rank_histogram(
     forecast: X,
     truth: xr.DataArray | xr.Dataset,

@@ -1,4 +1,4 @@
-"""Ensemble forecast networks of the WeatherBench ResNet family (issue 26), selected by ``model.name``.
+"""Ensemble forecast networks of the WeatherBench ResNet family, selected by ``model.name``.
 
 * ``e3``: :class:`E3ResNet`, E³ (Allingham et al. 2022, "Sparse MoEs meet Efficient Ensembles") on the
   Spatial-MoE ResNet: the experts of every SMoE layer are split into M disjoint groups, the batch is tiled M

@@ -41,7 +41,7 @@ def model_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
     from smoeweather.nn.smoe import SpatialMoE2d
 
     name = cfg.get("name")
-    if name in ENSEMBLE_MODELS:  # e3 / deep_ensemble / gaussian (issue 26): the ResNet's argument types
+    if name in ENSEMBLE_MODELS:  # e3 / deep_ensemble / gaussian: the ResNet's argument types
         return [(WeatherBenchResNet, {k: v for k, v in cfg.items() if k != "members"}, "")]
     if name == "resnet":
         out: list[tuple[Any, Any, str]] = [(WeatherBenchResNet, cfg, "")]

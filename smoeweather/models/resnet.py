@@ -175,7 +175,7 @@ class WeatherBenchResNet(nn.Module):
         location_embedding: k > 0 adds k learned input channels, one value per grid point and channel
             (``self.location_embedding``, (k, H, W), zero at init, so the network starts as the plain one
             apart from the stem's extra input weights): the dense net's own per-location information, the
-            headroom arm of the routing study (issue 22). 0 (default) = none.
+            headroom arm of the routing study. 0 (default) = none.
 
     Gates: one :class:`TensorRoutingGate` per (|E|, H, W), shared by all SMoE layers with that size (paper),
     or one per layer with ``smoe.share_gate=false``; listed in ``self.gates`` (a ModuleDict keyed

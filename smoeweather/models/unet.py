@@ -31,7 +31,7 @@ class ConvBNReLU(nn.Module):
 class PostprocessingUNet(nn.Module):
     """U-Net of the ENS-10 baselines (any ensemble source), optionally with every 3×3 conv replaced by an SMoE.
 
-    Named ``Ens10UNet`` before issue 23; the old name still imports, with a DeprecationWarning.
+    Formerly named ``Ens10UNet``; the old name still imports, with a DeprecationWarning.
 
     Encoder level l (l = 0..levels−1): two [3×3 conv → BN → ReLU] to ``widths[l]``, 2×2 max-pool between
     levels. Decoder: two convs at the bottom (widths[-1] → widths[-1] → widths[-2]); at each higher level

@@ -1,4 +1,4 @@
-"""EMOS out of core on dask (issue 25): fit, apply, ECC-Q members and quantiles on arrays chunked over space,
+"""EMOS out of core on dask: fit, apply, ECC-Q members and quantiles on arrays chunked over space,
 streamed to zarr chunk by chunk; nothing is loaded whole.
 
 Fit, in two stages:

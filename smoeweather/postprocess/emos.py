@@ -75,7 +75,7 @@ def _to_physical(coef: np.ndarray, loc: np.ndarray, scale: np.ndarray) -> np.nda
 
 
 def _fit_groups_lbfgs(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
-    """Reference solver (the implementation before issue 17): one L-BFGS over the summed CRPS of all groups.
+    """Reference solver: one L-BFGS over the summed CRPS of all groups.
 
     Coefficients (G, 4) in physical units from (G, S) mean/variance/truth and (G, S) weights (0 = skip).
     """
@@ -390,7 +390,7 @@ def coefficients_at(p: xr.DataArray, times: xr.DataArray) -> xr.DataArray:
     return p.sel(time=times.values).assign_coords(time=times.values)
 
 
-# --- EMOS on blocks of samples: any mean predictors, sums reduced over blocks (issue 25) ----------------------
+# --- EMOS on blocks of samples: any mean predictors, sums reduced over blocks ----------------------
 #
 # μ = Xβ (X: K mean predictors per sample, column 0 the intercept: [1, ensemble mean] for the mean/spread
 # form, [1, x₁ … x_M] for non-exchangeable members), σ² = c + d·v (v the ensemble variance). θ = (β, γ, δ),

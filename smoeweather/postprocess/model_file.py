@@ -39,7 +39,7 @@ def _units(units: str, coef: str) -> str:
 def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs: dict[str, Any],
                 overwrite: bool = False) -> Path:
     """Write ``params`` (of :func:`~.emos.fit_emos`) fitted on ``forecast`` (the training ensemble) to ``out``."""
-    if "site" in forecast.dims:  # sites (issue 25): the training sites with their CF coordinates
+    if "site" in forecast.dims:  # sites: the training sites with their CF coordinates
         ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *site_coord_names(forecast))})
         ds = ds.assign_coords(station_id=("site", station_ids(ds["station_id"].values), ds["station_id"].attrs))
     else:

@@ -1,4 +1,4 @@
-"""Command-line options of out-of-core EMOS (issue 25) for ``smoe postprocess fit`` / ``apply``: where dask runs,
+"""Command-line options of out-of-core EMOS for ``smoe postprocess fit`` / ``apply``: where dask runs,
 progress, site tables, and for ``fit`` the predictors, per-site fits and rolling training windows. Kept free
 of heavy imports: the parser is built on every ``smoe`` call."""
 

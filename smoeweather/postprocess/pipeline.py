@@ -1,4 +1,4 @@
-"""``smoe postprocess fit`` / ``apply`` for EMOS end to end, out of core (issue 25): open the ensemble (a
+"""``smoe postprocess fit`` / ``apply`` for EMOS end to end, out of core: open the ensemble (a
 gridded store or forecast file, a CF site file or a CSV/Parquet site table), fit once or on rolling windows,
 globally or per grid point / site, with the mean/spread or the member-weights predictors; apply, with ECC-Q
 members and quantiles, streamed to zarr in one pass. Every check runs before anything is computed or written;

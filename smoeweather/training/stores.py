@@ -31,8 +31,10 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
         generate_world(store, progress=False, **world)
     elif dcfg.get("sources"):
         from pipelines.prepare import write_store
+        from smoeweather.data.paths import check_data_files
 
         files = [str(Path(f).expanduser()) for f in dcfg["sources"]]
+        check_data_files("data.sources", files)
         train_years = dcfg.get("statistics_years")
 
         def make() -> xr.Dataset:

@@ -118,6 +118,10 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
         raise ValueError("a postprocess config needs data.source (ensemble file(s) or store)")
     if dcfg.get("store") and not dcfg.get("source"):
         ensure_store(dcfg)
+    if dcfg.get("source"):
+        from smoeweather.data.paths import check_data_files
+
+        check_data_files("data.source", dcfg["source"])
     forecast = open_ensemble(source)
     spec = EnsembleSpec.from_config(dcfg, forecast)
     truth_all = open_truth(dcfg.get("truth"), source)

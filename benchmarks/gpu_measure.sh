@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 27, step 1 (layer and network speed on CUDA), as one prepared device call.
+# Layer and network speed on CUDA, as one prepared device call.
 #
-#   bash benchmarks/gpu_issue27.sh prepare   # here, with network: wheels the GPU image lacks -> .gpu/wheels
+#   bash benchmarks/gpu_measure.sh prepare   # here, with network: wheels the GPU image lacks -> .gpu/wheels
 #   # then, through the device tool (carry [".gpu"], timeout_s 590):
-#   bash benchmarks/gpu_issue27.sh run       # on the GPU machine: results -> benchmarks/results and $OUT
+#   bash benchmarks/gpu_measure.sh run       # on the GPU machine: results -> benchmarks/results and $OUT
 #
 # `run` measures, each under its own time limit so one slow part cannot eat the rest:
 #   1. benchmarks/smoe_layer.py --device cuda: both route_impls, fp32 and bf16, batch 16 and 64
@@ -44,7 +44,7 @@ case "${1:-}" in
       exit 2
     fi
     BATCHES=${BATCHES:-64 16}  # the batch-64 targets first
-    OUT=${OUT:-runs/gpu_issue27}
+    OUT=${OUT:-runs/gpu_measure}
     mkdir -p "$OUT"
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
       python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/device.txt"
