@@ -1,4 +1,4 @@
-"""Ensemble networks end to end through the CLI a user types (issue 26): `smoe train` (E³, deep ensemble,
+"""Ensemble networks end to end through the CLI a user types: `smoe train` (E³, deep ensemble,
 Gaussian head) → `smoe forecast` (a member dim, or μ and σ) → `smoe evaluate` (fair CRPS, spread/skill,
 ensemble-mean RMSE, rank histograms, diversity) checked against properscoring / numpy on the written store;
 `smoe plot routing --member`; `smoe postprocess fit/apply` on an E³ ensemble store."""
@@ -93,7 +93,7 @@ def test_e3_forecast_evaluate_and_routing_per_member(e3: Path, world: str, tmp_p
     w = np.cos(np.deg2rad(fc["latitude"].values))
     w = w / w.mean()
     expected = (fair * w[None, None, :, None]).mean(axis=(0, 2, 3))
-    ours = scores["crps"].sel({"method": method, "field": "geopotential_500"}).values
+    ours = scores["crps"].sel({"method": method, "field": "geopotential_500", "region": "global"}).values
     np.testing.assert_allclose(ours, expected, rtol=1e-9)
     # spread/skill with √((M+1)/M) and the rank histogram (sums to 1 over M + 1 ranks) are in the scores
     assert np.all(np.isfinite(scores["spread_skill"].sel({"method": method}).values))
@@ -133,7 +133,8 @@ def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world: str, tmp_
     truth = _truth(world, d, "geopotential", 500)
     w = np.cos(np.deg2rad(d["latitude"].values))
     mae = (abs(z - truth) * xr.DataArray(w / w.mean(), dims="latitude")).mean(["time", "latitude", "longitude"])
-    np.testing.assert_allclose(scores["crps"].sel({"method": d.attrs["method"], "field": "geopotential_500"}).values,
+    np.testing.assert_allclose(scores["crps"].sel({"method": d.attrs["method"], "field": "geopotential_500",
+                                                   "region": "global"}).values,
                                mae.transpose("prediction_timedelta").values, rtol=1e-9)
 
 

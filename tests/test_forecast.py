@@ -238,7 +238,7 @@ def test_cli_forecast_evaluate_end_to_end_and_independent_script(dense: str, wor
     independent = json.loads(r.stdout)
     for key, value in independent.items():
         field, lead = key.split()
-        ours = scores["rmse"].sel({"method": method, "field": field,
+        ours = scores["rmse"].sel({"method": method, "field": field, "region": "global",
                                    "prediction_timedelta": np.timedelta64(int(lead[:-1]), "h")}).item()
         # float64 sums of ~2·10⁴ float32 errors in both: rounding ≪ 1e-9 relative; allow 1e-9
         assert ours == pytest.approx(value, rel=1e-9), key

@@ -1,9 +1,12 @@
-"""``smoe plot routing|forecast|error|scores``: global maps (cartopy, offline coastlines) and score curves.
+"""``smoe plot routing|forecast|error|scores|scorecard|spectra``: global maps (cartopy, offline coastlines),
+score curves, scorecards and spectra.
 
     smoe plot routing CKPT --out DIR [--land-sea STORE_OR_NC] [--member M]
     smoe plot forecast FC.zarr --truth STORE --field geopotential_500 --lead 72h --init 2003-01-01T00 --out DIR
     smoe plot error FC.zarr --truth STORE --field temperature_850 --lead 120h [--init T] --out DIR
     smoe plot scores DIR/scores.nc --out DIR
+    smoe plot scorecard DIR/scores.nc --baseline METHOD --out DIR
+    smoe plot spectra DIR/scores.nc --out DIR            (scores of smoe evaluate --spectra)
     smoe plot emos MODEL.nc --out DIR
     smoe plot frontier STUDY.json [STUDY.json ...] --cost {params,flops,time,infer} [--metric T@LEAD] --out DIR
 """
@@ -52,6 +55,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
     s.add_argument("--out", required=True, type=Path, help="output folder")
     _add_frontier(verbs)
+    _add_scorecard_spectra(verbs)
+
+
+def _add_scorecard_spectra(verbs: argparse._SubParsersAction) -> None:
+    """``smoe plot scorecard`` and ``smoe plot spectra`` (smoeweather.plotting.scorecard)."""
+    c = verbs.add_parser("scorecard", help="per metric: %% difference of every method to a baseline, variables x "
+                                          "leads x regions, non-significant cells hatched")
+    c.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
+    c.add_argument("--baseline", required=True, help="the method every other is compared with, e.g. dense")
+    c.add_argument("--methods", nargs="+", default=None, help="rows (default: every other method)")
+    c.add_argument("--metrics", nargs="+", default=None,
+                   help="metrics (default: rmse, acc, crps, ... those with per-initialisation scores)")
+    c.add_argument("--alpha", type=float, default=0.05, help="significance level of the paired test (0.05)")
+    c.add_argument("--limit", type=float, default=None, help="colour range +-LIMIT %% (default: from the data)")
+    c.add_argument("--out", required=True, type=Path, help="output folder")
+    sp = verbs.add_parser("spectra", help="forecast/truth zonal energy spectrum ratio vs wavenumber per lead")
+    sp.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate --spectra`")
+    sp.add_argument("--methods", nargs="+", default=None, help="methods drawn (default: all)")
+    sp.add_argument("--out", required=True, type=Path, help="output folder")
 
 
 def _add_frontier(verbs: argparse._SubParsersAction) -> None:
@@ -111,6 +133,17 @@ def run(args: argparse.Namespace) -> int:
         from smoeweather.plotting.emos import plot_emos
 
         paths = plot_emos(args.model, args.out, proj=args.projection)
+    elif args.plot_verb == "scorecard":
+        from smoeweather.plotting.scorecard import plot_scorecard
+
+        if not 0.0 < args.alpha < 1.0:
+            raise ValueError(f"--alpha must lie in (0, 1), got {args.alpha}")
+        paths = plot_scorecard(args.scores, args.out, args.baseline, methods=args.methods, metrics=args.metrics,
+                               alpha=args.alpha, limit=args.limit)
+    elif args.plot_verb == "spectra":
+        from smoeweather.plotting.scorecard import plot_spectra
+
+        paths = plot_spectra(args.scores, args.out, methods=args.methods)
     else:
         from smoeweather.plotting.scores import plot_scores
 

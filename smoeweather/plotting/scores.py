@@ -1,5 +1,5 @@
-"""Score-vs-lead curves from ``smoe evaluate``'s ``scores.nc`` (one PNG per metric, one panel per field,
-one line per method).
+"""Score-vs-lead curves from ``smoe evaluate``'s ``scores.nc`` (one PNG per metric, one panel per field and
+region, one line per method).
 
 ``scores.nc``: data variables named by metric (``rmse``, ``bias``, ``acc``, ``crps``, ...) over dims
 ``method``, ``field``, ``prediction_timedelta``. Units of the fields come from ``scores.json`` beside it
@@ -60,7 +60,9 @@ def open_scores(path: str | Path) -> tuple[xr.Dataset, dict[str, str]]:
 
 
 def plot_scores(path: str | Path, out_dir: str | Path) -> list[Path]:
-    """One PNG per metric of ``scores.nc``: score vs lead time (h), a panel per field, a line per method."""
+    """One PNG per metric of ``scores.nc``: score vs lead time (h), a panel per field (columns) and region
+    (rows, when the scores have a ``region`` dim), a line per method. Per-initialisation scores, spectra and
+    rank histograms are left to their own plots."""
     ds, units = open_scores(path)
     out_dir = Path(out_dir)
     leads = lead_hours(ds["prediction_timedelta"].values)
@@ -69,21 +71,32 @@ def plot_scores(path: str | Path, out_dir: str | Path) -> list[Path]:
     model_colours = iter(plt.get_cmap("tab10").colors)
     style = {m: REFERENCE_STYLE.get(m) or dict(color=next(model_colours), ls="-", marker="o") for m in methods}
     paths = []
+    regions = [str(r) for r in ds["region"].values] if "region" in ds.dims else [None]
     for metric, da in ds.data_vars.items():
-        if not {"method", "field", "prediction_timedelta"} <= set(da.dims):
+        if not {"method", "field", "prediction_timedelta"} <= set(da.dims) or metric.startswith("per_init_"):
             continue
-        extra = [d for d in da.dims if d not in ("method", "field", "prediction_timedelta")]
+        extra = [d for d in da.dims if d not in ("method", "field", "prediction_timedelta", "region")]
         if extra:
+            if metric in ("spectrum", "rank_histogram"):
+                continue
             raise ValueError(f"{path}: {metric} has extra dims {extra}; expected method × field × lead")
-        fig, axes = plt.subplots(1, len(fields), figsize=(4.6 * len(fields), 3.8), squeeze=False)
-        for ax, field in zip(axes[0], fields):
+        if np.all(np.isnan(da.values)):
+            continue
+        fig, axes = plt.subplots(len(regions), len(fields), figsize=(4.6 * len(fields), 3.4 * len(regions) + 0.4),
+                                 squeeze=False)
+        for (ax, (region, field)) in zip(axes.ravel(), [(r, f) for r in regions for f in fields]):
             for method in methods:
-                y = da.sel({"method": method, "field": field}).values.astype(float)  # dict: sel has a method= arg
+                sel = {"method": method, "field": field}  # dict: sel has a method= arg
+                if region is not None and "region" in da.dims:
+                    sel["region"] = region
+                y = da.sel(sel).values.astype(float)
                 if np.all(np.isnan(y)):
                     continue
                 ax.plot(leads, y, label=method, **style[method])
             unit = "1" if metric in DIMENSIONLESS else pretty_units(units.get(field, ""))
-            ax.set_title(field, fontsize=10)
+            if metric == "debiased_ensemble_mean_mse" and unit:
+                unit = f"({unit})²"
+            ax.set_title(field if region is None else f"{field}, {region}", fontsize=10)
             ax.set_xlabel("lead time [h]")
             ax.set_ylabel(f"{LABELS.get(metric, metric)} [{unit}]" if unit else LABELS.get(metric, metric))
             ax.set_xticks(leads)
