@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from smoeweather.experiments.study import load_study, run_study, t_interval
+from smoeweather.experiments.study import THREAD_ENV, load_study, run_study, t_interval
 from smoeweather.plotting.frontier import Arm, frontier_table, pair_to_frontier, plot_frontier
 from smoeweather.training.base import cosine_lr_factor
 from tests.test_postprocess_cli import gcm_ens_like
@@ -93,11 +94,17 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path
     files = (gcm_ens_like(tmp / "ens_2005.nc", 2005, 1), gcm_ens_like(tmp / "ens_2006.nc", 2006, 2))
     study = load_study(_tiny_study(tmp, files))
     threads = torch.get_num_threads()
+    env = {k: os.environ.get(k) for k in THREAD_ENV}
     try:
         first = run_study(study, tmp / "a", log=lambda m: None)
         second = run_study(load_study(_tiny_study(tmp, files), ["cost=false"]), tmp / "b", log=lambda m: None)
-    finally:
+    finally:  # the runs pinned this process to 1 thread: give the other tests theirs back
         torch.set_num_threads(threads)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return first, second, tmp / "a"
 
 

@@ -165,7 +165,8 @@ def frontier_markdown(arms: list[Arm], rows: list[dict[str, Any]], cost: str, me
     return "\n".join(lines) + "\n"
 
 
-def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path) -> None:
+def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score: str = "score",
+          references: dict[str, float] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,9 +190,12 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path) -> No
                     linestyle="-" if family == "dense" else "none", label=f"{label} (mean, 95 % t-interval)")
         for a, y in zip(group, ys):
             ax.annotate(a.name, (a.cost, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=color)
+    for i, (ref, value) in enumerate((references or {}).items()):
+        ax.axhline(value, color="grey", linestyle=("--", ":", "-.")[i % 3], linewidth=1, label=f"{ref} (no seeds)")
     ax.set_xscale("log")
+    ax.margins(x=0.12, y=0.08)
     ax.set_xlabel(COSTS[cost][1] + " (log scale)")
-    ax.set_ylabel(f"{metric} (lower is better)")
+    ax.set_ylabel(f"{score} {metric} (lower is better)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -213,7 +217,14 @@ def plot_frontier(studies: list[Path], out: Path, cost: str = "flops", metric: s
     label = "; ".join(s["label"] for s in parsed if s.get("label"))
     title = f"{', '.join(s['name'] for s in parsed)}: {metric}" + (f"\n{label}" if label else "")
     png, md, js = out / f"{stem}.png", out / f"{stem}.md", out / f"{stem}.json"
-    _draw(arms, cost, metric, title, png)
+    target, _, lead = metric.partition("@")
+    refs = {}  # the seed-free reference method a study pairs with (e.g. per-grid-point EMOS), as a level
+    for s in parsed:
+        ref = s.get("reference_baseline")
+        value = (s.get("references") or {}).get(ref, {}).get(lead, {}).get(target) if ref else None
+        if value is not None:
+            refs[ref] = float(value)
+    _draw(arms, cost, metric, title, png, score=str(parsed[0].get("score", "score")).split(" ")[0], references=refs)
     md.write_text(frontier_markdown(arms, rows, cost, metric, pairing, parsed))
     js.write_text(json.dumps({"cost": cost, "metric": metric, "pairing": pairing,
                               "studies": [s["name"] for s in parsed],
