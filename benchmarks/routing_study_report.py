@@ -4,7 +4,7 @@
 * the score per arm (CRPS or RMSE, mean ± std over seeds) at every lead and target, with the parameter count of
   each U-Net;
 * paired differences (same seed) to the study's baseline (U-Net or dense ResNet), to the parameter-matched wide
-  U-Net, and LEARNED − FROZEN gate, as mean ± standard error, marked where |mean| > 2 SE;
+  U-Net, and LEARNED − FROZEN gate, as mean [95 % Student-t interval, n − 1 dof], bold where it excludes zero;
 * how far the routing moved from its initialisation by the best checkpoint, per U-Net level (mean over the
   layers of a level and over seeds): area whose expert SET moved, area whose rank ORDER moved (some output
   plane fed by another expert), share of (slot, location) pairs moved, order variety within a land/sea
@@ -59,15 +59,15 @@ def parameter_count(variant: dict[str, Any], grid: tuple[int, int] = (32, 64)) -
 
 
 def paired(runs: list[dict[str, Any]], a: str, b: str, key: tuple[str, str]) -> dict[str, float] | None:
-    """a − b over the seeds both finished: mean, standard error, n."""
+    """a − b over the seeds both finished: mean, standard error, n and the 95 % t-interval (lo, hi)."""
     lead, target = key
     by_seed = {(r["variant"], r["seed"]): r["scores"][lead][target] for r in runs}
     seeds = sorted(s for (v, s) in by_seed if v == a and (b, s) in by_seed)
     if not seeds:
         return None
-    d = np.array([by_seed[(a, s)] - by_seed[(b, s)] for s in seeds])
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
-    return {"mean": float(d.mean()), "se": se, "n": len(d)}
+    from smoeweather.experiments.study import t_interval
+
+    return t_interval([by_seed[(a, s)] - by_seed[(b, s)] for s in seeds])
 
 
 def level_of(layer: str) -> str:
@@ -94,9 +94,8 @@ def routing_table(runs: list[dict[str, Any]], variant: str) -> dict[str, dict[st
 def fmt(d: dict[str, float] | None) -> str:
     if d is None:
         return "–"
-    bold = d["n"] > 1 and abs(d["mean"]) > 2 * d["se"]
-    s = f"{d['mean']:+.3g} ± {d['se']:.2g} ({d['n']})"
-    return f"**{s}**" if bold else s
+    s = f"{d['mean']:+.3g} [{d['lo']:+.2g}, {d['hi']:+.2g}] ({d['n']})"
+    return f"**{s}**" if d["excludes_zero"] else s
 
 
 def report(path: Path) -> dict[str, Any]:
@@ -113,7 +112,8 @@ def report(path: Path) -> dict[str, Any]:
                            "keys": [f"{t}@{lead}" for lead, t in keys], "arms": {}, "pairs": {}, "routing": {}}
     lines = [f"# {study['name']}: {study['steps']} steps, seeds {study['seeds']}", "",
              f"{score} (m² s⁻² for Z500, K for T850; latitude-weighted, test period), mean ± std over seeds; paired "
-             "differences are mean ± standard error (n), **bold** where |mean| > 2 SE; negative = the arm is better."]
+             "differences are mean [95 % Student-t interval, n − 1 dof] (n), **bold** where the interval excludes "
+             "zero; negative = the arm is better."]
     for key in keys:
         lead, target = key
         name = f"{target}@{lead}"
