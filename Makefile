@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= demo_output
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint docs benchmarks clean
+.PHONY: venv demo test lint docs benchmarks wheel-smoke clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,28 @@ lint: $(STAMP)
 # The documentation site (mkdocs.yml) → build/site/index.html, offline and strict: any warning fails.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# A real (non-editable) install: build the wheel, install it into a fresh environment whose dependencies come
+# from .venv (nothing downloads), and run from outside the clone: --version, the demo at 2 steps, and a
+# built-in config by name.
+WHEEL_DIR := build/wheel
+WHEEL_ENV := build/wheel-env
+wheel-smoke: $(STAMP)
+	rm -rf $(WHEEL_DIR) $(WHEEL_ENV) build/wheel-run
+	$(PY) -m pip wheel . --no-deps --no-build-isolation -q -w $(WHEEL_DIR)
+	$(PYTHON) -m venv $(WHEEL_ENV)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > \
+	    "$$($(WHEEL_ENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/smoe_deps.pth"
+	$(WHEEL_ENV)/bin/python -m pip install -q --no-deps $(WHEEL_DIR)/*.whl
+	mkdir -p build/wheel-run
+	cd build/wheel-run && ../wheel-env/bin/python -c "import smoeweather, sys; \
+	    assert 'wheel-env' in smoeweather.__file__, smoeweather.__file__"
+	cd build/wheel-run && ../wheel-env/bin/smoe --version
+	cd build/wheel-run && ../wheel-env/bin/smoe demo --steps 2 --out demo > demo.log
+	cd build/wheel-run && ../wheel-env/bin/smoe train --config weatherbench/world_dense \
+	    data.store=demo/data/default_world.zarr trainer.max_steps=2 output_dir=runs/by_name > train.log
+	test -f build/wheel-run/runs/by_name/checkpoints/last.ckpt
+	@echo "wheel-smoke: the installed wheel ran --version, the demo and a built-in config by name"
 
 benchmarks: $(STAMP)
 	$(PY) benchmarks/smoe_layer.py

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import xarray as xr
 from torch.nn import functional as F
-from tqdm.auto import tqdm
 
 from pipelines.atomic import atomic_path
+from pipelines.progress import progress_bar
 
 DIFFUSIVITIES = (0.25, 0.025, 0.0025)
 REFERENCE_DIFFUSIVITIES = (0.0025, 0.025, 0.25)  # the order the reference README passes them
@@ -229,7 +229,7 @@ def generate(
     total = sum(counts.values())
     with atomic_path(out, overwrite=overwrite) as tmp:
         first = True
-        bar = tqdm(total=total, desc=f"heat diffusion → {out.name}", unit="run", disable=not progress)
+        bar = progress_bar(total, f"heat diffusion → {out.name}", unit="run", enabled=progress)
         for split, n, rng in _split_batches(counts, seed, batch_runs):
             frames = simulate(draw(n, regions, rng), regions, steps, diffusivities)
             ds = xr.Dataset(

@@ -20,14 +20,11 @@ Variables holding data on only some levels are stored per level as ``<name>_<lev
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import json
-import subprocess
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +34,10 @@ import xarray as xr
 import zarr
 
 from pipelines.atomic import atomic_path
+from pipelines.compute import compute, dask_client
 from pipelines.errors import DataError
 from pipelines.grids import regrid, same_grid, weatherbench_grid
+from pipelines.provenance import code_version
 from pipelines.readers._files import resolve_sources
 from pipelines.statistics import compute_statistics, select_years
 
@@ -58,27 +57,6 @@ ERA5_FORMATS = ("weatherbench", "wb2", "cds")
 ARGS_ATTR = "prepare_args"
 
 
-def code_version() -> str:
-    """Installed distribution version plus the git commit when run from a checkout."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        __version__ = version("smoeweather")
-    except PackageNotFoundError:  # a plain checkout on PYTHONPATH
-        __version__ = "0+unknown"
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+g{sha}" if sha else __version__
-
-
 def stored_args(store: str | Path) -> dict[str, Any] | None:
     """The ``prepare_args`` recorded in an existing store, or None."""
     try:
@@ -87,92 +65,6 @@ def stored_args(store: str | Path) -> dict[str, Any] | None:
         return None
     raw = attrs.get(ARGS_ATTR)
     return json.loads(raw) if isinstance(raw, str) else None
-
-
-@contextlib.contextmanager
-def dask_client(scheduler: str | None) -> Iterator[Any]:
-    """Where dask runs: ``None`` → a local in-process ``distributed`` cluster; ``"threads"`` /
-    ``"synchronous"`` → dask's local scheduler (no cluster); anything else → address of an existing
-    ``dask.distributed`` scheduler (e.g. ``tcp://host:8786``)."""
-    if scheduler in ("threads", "synchronous"):
-        with dask.config.set(scheduler=scheduler):
-            yield None
-        return
-    from distributed import Client, LocalCluster
-
-    if scheduler is None:
-        with (
-            LocalCluster(
-                processes=False,
-                n_workers=1,
-                threads_per_worker=2,
-                dashboard_address=None,
-                # distributed's scheduler starts an HTTP server (health/metrics routes) even without a
-                # dashboard, on dashboard_address or else port 8787; when 8787 is taken (a second prepare,
-                # a notebook's cluster) it warns "Port 8787 is already in use ... Hosting the HTTP server on
-                # port N instead" on every run. Port 0 on the loopback: a free port, no warning, nothing
-                # exposed; ``dashboard=False`` keeps the dashboard off (LocalCluster's own kwargs would
-                # turn it on for any address).
-                scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
-            ) as cluster,
-            Client(cluster) as client,
-        ):
-            yield client
-    else:
-        with Client(scheduler) as client:
-            yield client
-
-
-PROGRESS_INTERVAL_S = 0.1
-
-
-def _progress_then_settle(show_progress: Callable[..., Any], futures: Any) -> None:
-    """distributed's text progress bar, then a pause of a few of its refresh intervals.
-
-    The bar is fed by a ``Scheduler.feed`` coroutine that only notices the bar has closed its comm at its
-    next write; a cluster shut down while that coroutine sleeps cancels it, and distributed logs an
-    ``asyncio.CancelledError`` traceback on a successful run. Waiting a few intervals lets it end cleanly.
-    """
-    show_progress(futures, interval=f"{int(PROGRESS_INTERVAL_S * 1000)}ms")
-    print(flush=True)
-    time.sleep(5 * PROGRESS_INTERVAL_S)
-
-
-def _compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
-    """Compute a dask collection, or a list of them (computed together: shared reads), with a progress
-    bar, on ``client`` when given.
-
-    What holds no dask collection is returned as it is, on every scheduler: e.g. the all-NaN statistics of
-    a single time step are built eagerly, and ``Client.compute`` of such a Dataset returns the Dataset
-    itself, not a future (every one-time-step prepare failed on the default local cluster with
-    ``'Dataset' object has no attribute 'result'``).
-    """
-    if progress:
-        print(f"{label} ...", flush=True)
-    items = obj if isinstance(obj, list) else [obj]
-    lazy = [i for i, item in enumerate(items) if dask.is_dask_collection(item)]
-    values = _compute_collections([items[i] for i in lazy], client, progress) if lazy else []
-    done = list(items)
-    for i, value in zip(lazy, values):
-        done[i] = value
-    return done if isinstance(obj, list) else done[0]
-
-
-def _compute_collections(collections: list[Any], client: Any, progress: bool) -> list[Any]:
-    """The computed values of ``collections`` (every one a dask collection), in order."""
-    if client is None:
-        if progress:
-            from dask.diagnostics import ProgressBar
-
-            with ProgressBar(dt=1.0):
-                return list(dask.compute(*collections))
-        return list(dask.compute(*collections))
-    futures = client.compute(collections)
-    if progress:
-        from distributed import progress as show_progress
-
-        _progress_then_settle(show_progress, futures)
-    return client.gather(futures)
 
 
 def dask_time_chunk(ds: xr.Dataset, time_chunk: int, target_bytes: float = 16e6) -> int:
@@ -363,7 +255,7 @@ def write_store(
     with atomic_path(out, overwrite=overwrite) as tmp, dask_client(scheduler) as client:
         delayed = ds.to_zarr(tmp, mode="w", compute=False, consolidated=False, zarr_format=2)
         names = list(counts)
-        _, *values = _compute([delayed, *counts.values()], client, progress, f"writing {out} (checking NaNs)")
+        _, *values = compute([delayed, *counts.values()], client, progress, f"writing {out} (checking NaNs)")
         counts = dict(zip(names, values))
         report = _nan_report(counts, ds)
         if report and fill_policy == "error":
@@ -374,7 +266,7 @@ def write_store(
         if report:
             zarr.open_group(str(tmp), mode="r+", zarr_format=2).attrs["nan_filled"] = f"{fill_policy}: {report}"
         written = xr.open_zarr(tmp, consolidated=False, chunks={"time": steps} if "time" in ds.dims else {})
-        stats = _compute(
+        stats = compute(
             compute_statistics(written, train_years),
             client,
             progress,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import glob
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -34,6 +33,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from pipelines.provenance import code_version  # noqa: F401 - re-exported: stores, model files
 from pipelines.readers.forecast_nc import LEAD_NAMES, MEMBER_NAMES, TRUTH_SUFFIX, open_forecast_nc, open_forecast_truth
 from smoeweather.io import atomic_path
 
@@ -436,18 +436,6 @@ def select_split(forecast: xr.Dataset, truth: xr.Dataset, leads_h: Sequence[int]
 
 
 # -- writing -------------------------------------------------------------------------------------------------
-def code_version() -> str:
-    """``smoeweather.__version__`` plus ``+g<git rev>`` when run from a git checkout (provenance of stores)."""
-    import smoeweather
-
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(smoeweather.__file__).parent, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{smoeweather.__version__}+g{sha}" if sha else smoeweather.__version__
-
-
 COORD_ATTRS = {
     "time": {"long_name": "initialisation time", "standard_name": "forecast_reference_time"},
     "prediction_timedelta": {"long_name": "lead time", "standard_name": "forecast_period"},

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
 
+from pipelines.progress import progress_bar
 from smoeweather.data.weather import Field
 from smoeweather.forecast.output import HOUR, check_times
 from smoeweather.forecast.sources import check_fields, read_field
@@ -77,7 +77,7 @@ def members_forecast(
     model = trained.model.to(device).eval()
     n_out = 2 if kind == "gaussian" else int(trained.config["model"].get("members", 4))
     out = np.empty((len(spec.targets), len(inits), len(leads_h), n_out, H, W), np.float32)
-    bar = tqdm(total=len(inits), desc="smoe forecast (members)", unit="init", disable=not progress)
+    bar = progress_bar(len(inits), "smoe forecast (members)", unit="init", enabled=progress)
     # mc_dropout members are dropout draws: seeded (0) in a forked RNG, so a forecast is reproducible
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

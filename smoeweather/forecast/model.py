@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
 
+from pipelines.progress import progress_bar
 from smoeweather.data.ensembles import HOUR, check_grid
 from smoeweather.data.weather import DEFAULT_CONSTANTS, DEFAULT_LEAD_CHOICES_H, Field, field_name, parse_fields
 from smoeweather.forecast.output import check_times
@@ -108,7 +108,7 @@ def model_forecast(
     model = trained.model.to(device).eval()
     out = {f: np.empty((len(inits), len(leads_h), n_mem, H, W), np.float32) for f in spec.targets}
     starts = range(0, len(inits), batch_size)
-    bar = tqdm(total=len(inits) * n_mem, desc="smoe forecast", unit="init", disable=not progress)
+    bar = progress_bar(len(inits) * n_mem, "smoe forecast", unit="init", enabled=progress)
     with torch.no_grad():
         for s in starts:
             batch = inits[s : s + batch_size]

@@ -14,7 +14,7 @@ Fit, in two stages:
 Apply: μ, σ, the ECC-Q members and the quantiles are lazy functions of the forecast's own chunks (every one is
 independent per point, init and lead) and are written together in one pass, so each chunk is read once.
 
-Where dask runs follows ``smoe data prepare`` (:func:`pipelines.prepare.dask_client`): a local
+Where dask runs follows ``smoe data prepare`` (:func:`pipelines.compute.dask_client`): a local
 ``dask.distributed`` cluster by default, ``tcp://host:port`` for an existing cluster, ``threads`` for none.
 """
 
@@ -46,7 +46,7 @@ CHUNK_BYTES = 4e6  # bytes per chunk of the staged store
 @contextlib.contextmanager
 def scheduler(address: str | None) -> Iterator[Any]:
     """The dask client of ``smoe data prepare``'s ``--scheduler`` (None: a local cluster; ``threads``: none)."""
-    from pipelines.prepare import dask_client
+    from pipelines.compute import dask_client
 
     with dask_client(address) as client:
         yield client
@@ -54,9 +54,9 @@ def scheduler(address: str | None) -> Iterator[Any]:
 
 def compute(obj: Any, client: Any, progress: bool, label: str) -> Any:
     """Compute a dask collection (or a list of them, together) on ``client``, with a progress bar."""
-    from pipelines.prepare import _compute
+    from pipelines.compute import compute as compute_with_progress
 
-    return _compute(obj, client, progress, label)
+    return compute_with_progress(obj, client, progress, label)
 
 
 def space_dims(ds: xr.Dataset | xr.DataArray) -> tuple[str, ...]:

@@ -129,3 +129,18 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._save(trainer)
+
+
+class EpochLines(L.Callback):
+    """Progress of a piped run (see :mod:`pipelines.progress`): one line per epoch on stderr, in place of
+    Lightning's bar, whose carriage-return redraws flood a log file."""
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        import sys
+
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("train_loss", "val_loss")}
+        shown = ", ".join(f"{k} {v:.6g}" for k, v in sorted(metrics.items()))
+        print(f"epoch {trainer.current_epoch}: step {trainer.global_step}" + (f", {shown}" if shown else ""),
+              file=sys.stderr, flush=True)

@@ -33,9 +33,16 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from pipelines.progress import interactive
 from smoeweather.models.checkpoint_io import read_checkpoint
 from smoeweather.models.loader import canonical_task, check_checkpoint
-from smoeweather.training.callbacks import BatchSeed, LastCheckpoint, SamplesPerSecond, SaveResolvedConfig
+from smoeweather.training.callbacks import (
+    BatchSeed,
+    EpochLines,
+    LastCheckpoint,
+    SamplesPerSecond,
+    SaveResolvedConfig,
+)
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.init import init_weights
@@ -120,6 +127,9 @@ def build_trainer(
         *(extra_callbacks or []),
     ]
     tcfg = {"enable_model_summary": False, **cfg.get("trainer", {})}
+    if "enable_progress_bar" not in tcfg and not interactive():  # piped: a line per epoch, not a redrawn bar
+        tcfg["enable_progress_bar"] = False
+        callbacks.append(EpochLines())
     return L.Trainer(
         default_root_dir=output_dir, callbacks=callbacks, logger=CSVLogger(output_dir, name="logs"), **tcfg
     )
