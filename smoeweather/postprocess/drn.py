@@ -5,7 +5,8 @@ parameters (μ, σ) of its predictive distribution (a Gaussian, or a normal trun
 
 - predictors: the ensemble mean and standard deviation (ddof = 1) of the target, the ensemble means of optional
   extra forecast variables of the file (same lead and level), location covariates (sites: latitude, longitude,
-  altitude; grids: latitude, sin and cos of longitude), all standardised with the training data's mean and
+  altitude; grids: latitude, sin and cos of longitude, land-sea mask and orography when the source files hold
+  them), all standardised with the training data's mean and
   standard deviation, and a learned embedding of the location (station or grid point, ``embedding`` numbers);
 - network: one hidden layer of ``hidden`` ReLU units, two outputs; μ = ensemble mean + output₁ (in standardised
   units: the network learns the correction), σ = softplus(output₂) + 10⁻³;
@@ -41,6 +42,8 @@ import xarray as xr
 from smoeweather.postprocess.distributions import check_distribution, crps_torch
 
 KIND = "smoeweather_drn_model"
+STATIC = ("land_sea_mask", "orography", "geopotential_at_surface")
+"""Static maps of a gridded source read as location covariates when the files hold them."""
 SIGMA_FLOOR = 1e-3  # σ floor in standardised units
 
 
@@ -86,9 +89,31 @@ def _space(ds: xr.Dataset | xr.DataArray) -> tuple[str, ...]:
     raise ValueError(f"DRN: no location dimension ('site' or 'latitude'/'longitude') in {tuple(ds.dims)}")
 
 
+def with_static(forecast: xr.Dataset, paths: list[Any]) -> xr.Dataset:
+    """``forecast`` (gridded) with the :data:`STATIC` maps of its source files as coordinates, where present."""
+    from pathlib import Path
+
+    if "site" in forecast.dims:
+        return forecast
+    for p in paths:
+        p = Path(p)
+        if not (p.is_file() and p.suffix.lower() in (".nc", ".nc4")):
+            continue
+        with xr.open_dataset(p) as raw:
+            for c in STATIC:
+                if c in raw.variables and set(raw[c].dims) == {"latitude", "longitude"} and c not in forecast.coords:
+                    da = raw[c].load()
+                    if np.allclose(da["latitude"].values, forecast["latitude"].values) and np.allclose(
+                            da["longitude"].values, forecast["longitude"].values):
+                        forecast = forecast.assign_coords({c: (("latitude", "longitude"), da.transpose(
+                            "latitude", "longitude").values)})
+    return forecast
+
+
 def covariates(forecast: xr.Dataset) -> tuple[list[str], np.ndarray]:
     """(names, values (P, C)) of the location covariates (module doc); columns without any finite value are
-    left out, missing values set to the column mean."""
+    left out, missing values set to the column mean. Grids: also the :data:`STATIC` coordinates present
+    (:func:`with_static`)."""
     if "site" in forecast.dims:
         cols = {c: np.asarray(forecast[c].values, np.float64) for c in ("latitude", "longitude", "altitude")
                 if c in forecast.coords}
@@ -96,6 +121,9 @@ def covariates(forecast: xr.Dataset) -> tuple[list[str], np.ndarray]:
         lat, lon = np.meshgrid(forecast["latitude"].values, forecast["longitude"].values, indexing="ij")
         cols = {"latitude": lat.ravel(), "sin_longitude": np.sin(np.deg2rad(lon)).ravel(),
                 "cos_longitude": np.cos(np.deg2rad(lon)).ravel()}
+        for c in STATIC:
+            if c in forecast.coords and set(forecast[c].dims) == {"latitude", "longitude"}:
+                cols[c] = np.asarray(forecast[c].transpose("latitude", "longitude").values, np.float64).ravel()
     names, out = [], []
     for n, v in cols.items():
         if np.isfinite(v).any():
@@ -579,7 +607,7 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
         raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
     fc, tr = open_forecast_and_truth([Path(p) for p in forecast_paths], Path(truth) if truth else None, variables,
                                      table or {})
-    fc = ensembles.select_period(fc, train_period)
+    fc = with_static(ensembles.select_period(fc, train_period), list(forecast_paths))
     truth_at = _truth_at(fc, tr)
     if settings.distribution == "truncnormal":
         check_non_negative(truth_at, "--distribution truncnormal")
@@ -627,7 +655,7 @@ def apply_drn_files(model_path: Any, forecast_paths: list[Any], out: Any, *, app
         forecast, _ = open_forecast_and_truth(paths, None, None, table or {})
     else:
         forecast = ensembles.open_ensemble(paths)
-    forecast = ensembles.select_period(forecast, apply_period)
+    forecast = with_static(ensembles.select_period(forecast, apply_period), list(forecast_paths))
     where = " ".join(map(str, forecast_paths))
     if members is not None and members != forecast.sizes["member"]:
         raise ValueError(f"--members {members}: ECC-Q reorders the raw members, so N must equal the raw "
