@@ -515,9 +515,9 @@ def plot_routing(checkpoint: str | Path, out_dir: str | Path, land_sea: str | Pa
     within its member's expert group).
     Returns {"netcdf": [paths], "png": [paths], "gates": {name: {"n_distinct_sets", ...}}}.
     """
-    from smoeweather.training.checkpoint import load_trained
+    from smoeweather.models.loader import load_network
 
-    trained = load_trained(checkpoint)
+    trained = load_network(checkpoint)  # torch and the model code only, as smoe forecast loads it
     routings = gate_routings(trained.model, trained.metadata, trained.config, land_sea)
     if member is not None:
         mcfg = trained.config.get("model") or {}
