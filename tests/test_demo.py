@@ -14,7 +14,10 @@ def test_every_demo_command_parses_and_covers_the_chain(tmp_path: Path) -> None:
     parser = build_parser()
     verbs = [parser.parse_args(argv).command for argv in plan.commands]
     assert verbs == ["train", "train", "forecast", "forecast", "evaluate", "postprocess", "postprocess",
-                     "postprocess", "evaluate", "plot", "plot", "plot", "plot"]
+                     "postprocess", "evaluate", "plot", "plot", "plot", "plot", "plot", "plot"]
+    plots = [argv[1] for argv in plan.commands if argv[0] == "plot"]
+    assert plots == ["routing", "scores", "scorecard", "spectra", "forecast", "emos"]
+    assert "--spectra" in plan.commands[4]  # the models' evaluation also writes the zonal spectra
     pp = [argv[1] for argv in plan.commands if argv[0] == "postprocess"]
     assert pp == ["synthetic", "fit", "apply"]  # fit once, apply to the held-out year
     trains = [argv for argv in plan.commands if argv[0] == "train"]

@@ -56,6 +56,8 @@ DESCRIPTIONS: dict[str, str] = {
     "absolute error, lower is better) of both networks, persistence and day-of-year climatology, per lead",
     "scores/scores.nc": "the same scores as netCDF (method × field × lead × metric), for your own plots",
     "scores/scores.json": "the same scores as JSON",
+    "scores/wb2/": "the same scores in WeatherBench 2's results layout, one netCDF per method (metric × region "
+    "× lead_time, one variable per weather variable, estimator and ensemble size in the attributes)",
     "ensemble/synthetic_ens.zarr/": "a synthetic 10-member ensemble made from the world (biased, "
     "under-dispersive: a stand-in for a real ensemble forecast), every 72 h in 2002–2003",
     "ensemble/emos_gridpoint.nc": "the EMOS model fitted on 2002, one coefficient set (a, b, c, d) per grid "
@@ -68,10 +70,17 @@ DESCRIPTIONS: dict[str, str] = {
     "too narrow), RMSE of the mean",
     "ensemble/scores/scores.nc": "the same post-processing scores as netCDF",
     "ensemble/scores/scores.json": "the same post-processing scores as JSON",
+    "ensemble/scores/wb2/": "the same post-processing scores in WeatherBench 2's results layout, one netCDF per "
+    "method",
     "maps/routing/": "where the SMoE's experts act: per gate, the dominant expert at each grid point (blue: "
     "experts initialised on sea, brown: on land; grey: all other experts together), routing margin, usage "
     "histogram, the land-sea prior; routing as netCDF",
-    "maps/scores/": "RMSE and ACC against lead time, one line per method",
+    "maps/scores/": "RMSE and ACC against lead time, one line per method, one row per region (global, land, sea)",
+    "maps/scorecard/": "scorecards against the dense ResNet: per metric the % difference of the SMoE ResNet, "
+    "persistence and climatology for every variable, lead and region (blue: better than dense, red: worse; "
+    "hatched grey: not significant over the 2003 initialisations)",
+    "maps/spectra/": "zonal energy spectra at 30–60° latitude: forecast / truth energy per wavenumber for every "
+    "method and lead (1: the right energy at that scale, below 1: the forecast is smoother than the truth)",
     "maps/forecast/": "the SMoE's Z500 forecast at 72 h for 1 January 2003, the truth and their difference",
     "maps/emos/": "the EMOS coefficients as maps: a (bias, diverging around 0), b (slope on the ensemble "
     "mean, around 1), √c (spread floor) and d (1 = raw spread kept, above 1: the raw ensemble is too narrow)",
@@ -115,7 +124,7 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
         forecasts.append(f"{name}={fc}")
     scores = out / "scores"
     plan.commands.append(["evaluate", *forecasts, "--truth", str(store), "--climatology", str(store),
-                          "--climatology-years", *TRAIN_YEARS, "--out", str(scores)])
+                          "--climatology-years", *TRAIN_YEARS, "--spectra", "--out", str(scores)])
     plan.tables.append(scores / "scores.md")
 
     ens = out / "ensemble" / "synthetic_ens.zarr"
@@ -139,11 +148,15 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
     maps = out / "maps"
     plan.commands.append(["plot", "routing", str(ckpts["smoe_prior"]), "--out", str(maps / "routing")])
     plan.commands.append(["plot", "scores", str(scores / "scores.nc"), "--out", str(maps / "scores")])
+    plan.commands.append(["plot", "scorecard", str(scores / "scores.nc"), "--baseline", "dense", "--metrics", "rmse",
+                          "acc", "--out", str(maps / "scorecard")])
+    plan.commands.append(["plot", "spectra", str(scores / "scores.nc"), "--out", str(maps / "spectra")])
     plan.commands.append(["plot", "forecast", str(out / "forecasts" / "smoe_prior.zarr"), "--truth", str(store),
                           "--field", "geopotential_500", "--lead", "72h", "--init", TEST_INITS[0],
                           "--out", str(maps / "forecast")])
     plan.commands.append(["plot", "emos", str(model), "--out", str(maps / "emos")])
-    plan.pngs = [str(maps / "routing"), str(maps / "scores"), str(maps / "forecast"), str(maps / "emos")]
+    plan.pngs = [str(maps / "routing"), str(maps / "scores"), str(maps / "scorecard"), str(maps / "spectra"),
+                 str(maps / "forecast"), str(maps / "emos")]
     return plan
 
 

@@ -23,10 +23,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
 from smoeweather.metrics.scores import PER_INIT  # noqa: E402
 from smoeweather.metrics.significance import paired_difference_test  # noqa: E402
 from smoeweather.plotting.cartography import save_png  # noqa: E402
+from smoeweather.plotting.fields import pretty_units  # noqa: E402
 from smoeweather.plotting.scores import lead_hours, open_scores  # noqa: E402
 
 HIGHER_IS_BETTER = {"acc"}
@@ -96,13 +98,13 @@ def plot_scorecard(path: str | Path, out_dir: str | Path, baseline: str, methods
                 cell = table.sel(sel).isel(prediction_timedelta=i)
                 val[a, b] = float(cell["relative_difference"])
                 sig[a, b] = bool(cell["significant"])
-        sign = 1.0 if metric in HIGHER_IS_BETTER else -1.0  # colour = improvement: blue better, red worse
+        cmap = "RdBu" if metric in HIGHER_IS_BETTER else "RdBu_r"  # blue: better, red: worse
         lim = limit or float(min(50.0, max(1.0, np.nanmax(np.abs(val)) if np.isfinite(val).any() else 1.0)))
         fig_w = max(6.0, 1.6 + 0.95 * len(cols))
         fig_h = max(2.8, 1.8 + 0.42 * len(rows))
         fig, ax = plt.subplots(figsize=(fig_w, fig_h))
-        shown = np.where(sig, sign * val, np.nan)
-        im = ax.imshow(shown, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+        shown = np.where(sig, val, np.nan)
+        im = ax.imshow(shown, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
         for a in range(len(rows)):
             for b in range(len(cols)):
                 v = val[a, b]
@@ -112,30 +114,31 @@ def plot_scorecard(path: str | Path, out_dir: str | Path, baseline: str, methods
                     ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, facecolor="0.88", edgecolor="0.6",
                                            hatch="///", lw=0))
                 strong = sig[a, b] and abs(v) > 0.6 * lim
-                ax.text(b, a, f"{v:+.1f}", ha="center", va="center", fontsize=8,
-                        color="white" if strong else ("0.35" if not sig[a, b] else "black"))
+                box = None if sig[a, b] else dict(boxstyle="round,pad=0.15", facecolor="0.88", edgecolor="none")
+                ax.text(b, a, f"{v:+.1f}", ha="center", va="center", fontsize=8, bbox=box,
+                        color="white" if strong else ("0.3" if not sig[a, b] else "black"))
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"{m}: {f}" for m, f in rows], fontsize=8)
         ax.set_xticks(range(len(cols)))
         ax.set_xticklabels([f"{leads[i]:g} h" for _, i in cols], fontsize=8)
         if regions != [None]:
-            for k, r in enumerate(regions):
-                centre = k * len(leads) + (len(leads) - 1) / 2
-                ax.text(centre, -0.75, r, ha="center", va="bottom", fontsize=9, fontweight="bold")
-                if k:
-                    ax.axvline(k * len(leads) - 0.5, color="k", lw=1.2)
+            top = ax.secondary_xaxis("top")
+            top.set_xticks([k * len(leads) + (len(leads) - 1) / 2 for k in range(len(regions))])
+            top.set_xticklabels(regions, fontsize=9, fontweight="bold")
+            top.tick_params(length=0)
+            for k in range(1, len(regions)):
+                ax.axvline(k * len(leads) - 0.5, color="k", lw=1.2)
         for a in range(1, len(rows)):
             if rows[a][0] != rows[a - 1][0]:
                 ax.axhline(a - 0.5, color="k", lw=1.2)
         ax.set_xlim(-0.5, len(cols) - 0.5)
         ax.set_ylim(len(rows) - 0.5, -0.5)
         cb = fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
-        cb.set_label(("better ←  " if sign > 0 else "") + "% vs " + baseline
-                     + ("" if sign > 0 else "  (blue: better)"), fontsize=8)
+        cb.set_label(f"% difference to {baseline} (blue: better)", fontsize=8)
         better = "higher is better" if metric in HIGHER_IS_BETTER else "lower is better"
-        ax.set_title(f"{LABELS.get(metric, metric)}: % difference to {baseline} ({better}); hatched grey: not "
-                     f"significant (p ≥ {alpha:g}, paired t-test, autocorrelation allowed for)",
-                     fontsize=9, pad=22 if regions != [None] else 8, wrap=True)
+        ax.set_title(f"{LABELS.get(metric, metric)}: % difference to {baseline} ({better})\nhatched grey: not "
+                     f"significant (p ≥ {alpha:g}, paired t-test over inits, autocorrelation allowed for)",
+                     fontsize=9, pad=8)
         fig.tight_layout()
         paths.append(save_png(fig, out_dir / f"scorecard_{metric}.png"))
     if not paths:
@@ -182,20 +185,24 @@ def plot_spectra(path: str | Path, out_dir: str | Path, methods: Sequence[str] |
                     ax.plot(k[keep], y, label=m, color=colours[m], lw=1.4)
                 if kind == "ratio":
                     ax.axhline(1.0, color="k", lw=0.8, ls="--")
+                    ax.set_yscale("log")  # ratios of 1/10 and 10 are equally far from 1
                     ax.set_ylabel("forecast / truth energy")
                 else:
                     ax.plot(k[keep], t[keep], label="truth", color="k", lw=1.6, ls="--")
                     ax.set_yscale("log")
-                    u = units.get(f, "")
+                    u = pretty_units(units.get(f, ""))
                     ax.set_ylabel(f"energy [({u})² m]" if u else "energy")
                 ax.set_xscale("log")
+                ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
                 ax.set_xlabel("zonal wavenumber")
-                ax.set_title(f"{f}, {leads[b]:g} h", fontsize=10)
                 ax.grid(alpha=0.3, which="both")
-                if wavelength_km is not None and b == len(leads) - 1 and a == 0:
-                    kmax = int(k[keep].max())
-                    ax.annotate(f"k = {kmax}: {wavelength_km[k == kmax][0]:,.0f} km", xy=(0.98, 0.04),
-                                xycoords="axes fraction", ha="right", fontsize=7, color="0.3")
+                if wavelength_km is not None:  # wavelength at the band's mean circumference, on top
+                    c_km = float(wavelength_km[k == 1][0])
+                    top = ax.secondary_xaxis("top", functions=(lambda x, c=c_km: c / np.maximum(x, 1e-9),
+                                                               lambda x, c=c_km: c / np.maximum(x, 1e-9)))
+                    top.set_xlabel("wavelength [km]", fontsize=8)
+                    top.tick_params(labelsize=7)
+                ax.set_title(f"{f}, {leads[b]:g} h", fontsize=10)
         axes[0][0].legend(fontsize=8)
         what = "forecast / truth zonal energy spectrum" if kind == "ratio" else "zonal energy spectra"
         fig.suptitle(f"{what} (mean over initialisations{band})", fontsize=11)
