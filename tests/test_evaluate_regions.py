@@ -352,3 +352,16 @@ def test_cli_spectra_in_the_score_file(tmp_path: Path) -> None:
     np.testing.assert_allclose(s["spectrum"].sel({"method": "persistence", "field": "geopotential_500"}).isel(
         prediction_timedelta=0).values, want.values, rtol=1e3 * EPS64)
     assert main(["evaluate", str(fc), "--truth", str(store), "--regions", "europa", "--out", str(out)]) == 2
+
+
+def test_mask_file_region_equals_the_same_box(tmp_path: Path) -> None:
+    lat = xr.DataArray(LAT, dims="latitude", coords={"latitude": LAT})
+    lon = xr.DataArray(LON, dims="longitude", coords={"longitude": LON})
+    box = region_weights([parse_region("europe")], lat, lon).isel(region=0, drop=True)
+    inside = (box > 0).astype(np.float64).rename("my_mask")
+    inside.to_netcdf(tmp_path / "eu.nc")
+    from_file = region_weights([parse_region(f"eu={tmp_path / 'eu.nc'}")], lat, lon)
+    np.testing.assert_array_equal(from_file.isel(region=0).values, box.values)
+    (inside * 2).to_netcdf(tmp_path / "bad.nc")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        region_weights([parse_region(f"bad={tmp_path / 'bad.nc'}")], lat, lon)
