@@ -1,0 +1,112 @@
+"""Peak memory and time of `smoe evaluate` on a large ensemble forecast store, out of core.
+
+Writes (chunk by chunk, never whole in memory) a synthetic truth store (Z500 on a regular grid, 6-hourly, with
+a land-sea mask) and an M-member ensemble forecast store with daily inits and 2 leads, then runs
+`smoe evaluate` on them in a child process: default regions (global, land, sea), optionally --spectra,
+and reports wall time, the child's peak resident memory and the sizes of the stores.
+
+    python benchmarks/evaluate_memory.py --resolution 1.0 --members 51 --inits 365   # the 1° year (≈ 10 GB)
+    python benchmarks/evaluate_memory.py --resolution 5.625 --members 51 --inits 365 # ≈ 0.3 GB
+
+Memory is bounded when the peak stays far below the forecast store's size and does not grow with the number
+of initialisations (only the truth of one field at the valid times, inits × leads × grid, is held).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+
+def grid(resolution: float) -> tuple[np.ndarray, np.ndarray]:
+    n_lat = int(round(180 / resolution))
+    lat = -90 + resolution / 2 + resolution * np.arange(n_lat)
+    lon = resolution * np.arange(int(round(360 / resolution)))
+    return lat, lon
+
+
+def write_stores(root: Path, resolution: float, members: int, inits: int, leads_h: tuple[int, ...]
+                 ) -> tuple[Path, Path]:
+    lat, lon = grid(resolution)
+    days = inits + max(leads_h) // 24 + 2
+    times = np.arange(np.datetime64("2003-01-01", "ns"), np.datetime64("2003-01-01", "ns") + np.timedelta64(days, "D"),
+                      np.timedelta64(6, "h"))
+    shape = (len(times), 1, len(lat), len(lon))
+    z = 5.5e4 + 800.0 * da.random.RandomState(0).standard_normal(shape, chunks=(8, 1, len(lat), len(lon)))
+    lsm = (np.cos(np.deg2rad(3 * lon))[None, :] * np.cos(np.deg2rad(2 * lat))[:, None] > 0.3).astype(np.float32)
+    truth = xr.Dataset({"geopotential": (("time", "level", "latitude", "longitude"), z.astype(np.float32),
+                                         {"units": "m**2 s**-2"}),
+                        "land_sea_mask": (("latitude", "longitude"), lsm, {"units": "1"})},
+                       coords={"time": times, "level": [500], "latitude": lat, "longitude": lon})
+    truth_path = root / "truth.zarr"
+    truth.to_zarr(truth_path, zarr_format=2, mode="w")
+    init_t = times[::4][:inits]
+    leads = np.array(leads_h, dtype="timedelta64[h]").astype("timedelta64[ns]")
+    fshape = (inits, len(leads), members, 1, len(lat), len(lon))
+    per_init = members * len(lat) * len(lon) * 4
+    tchunk = max(1, int(64e6 // per_init))  # ~64 MB chunks
+    fz = 5.5e4 + 900.0 * da.random.RandomState(1).standard_normal(
+        fshape, chunks=(tchunk, 1, members, 1, len(lat), len(lon)))
+    fc = xr.Dataset({"geopotential": (("time", "prediction_timedelta", "member", "level", "latitude", "longitude"),
+                                      fz.astype(np.float32), {"units": "m**2 s**-2"})},
+                    coords={"time": init_t, "prediction_timedelta": leads, "member": np.arange(members),
+                            "level": [500], "latitude": lat, "longitude": lon},
+                    attrs={"forecast_kind": "ensemble", "method": "ens"})
+    fc_path = root / "ens.zarr"
+    fc.to_zarr(fc_path, zarr_format=2, mode="w")
+    return truth_path, fc_path
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resolution", type=float, default=5.625)
+    p.add_argument("--members", type=int, default=51)
+    p.add_argument("--inits", type=int, default=365)
+    p.add_argument("--spectra", action="store_true")
+    p.add_argument("--regions", nargs="+", default=["default"])
+    p.add_argument("--work", type=Path, default=None, help="folder for the stores (default: a temporary one)")
+    args = p.parse_args(argv)
+    root = Path(args.work or tempfile.mkdtemp(prefix="evaluate_memory_"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        t0 = time.perf_counter()
+        truth, fc = write_stores(root, args.resolution, args.members, args.inits, (24, 48))
+        t_write = time.perf_counter() - t0
+        cmd = [sys.executable, "-m", "smoeweather", "evaluate", f"ens={fc}", "--truth", str(truth), "--no-references",
+               "--regions", *args.regions, "--out", str(root / "scores"), *(["--spectra"] if args.spectra else [])]
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if done.returncode:
+            print(done.stderr[-3000:], file=sys.stderr)
+            return done.returncode
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB → MiB (Linux)
+        print(json.dumps({"resolution_deg": args.resolution, "members": args.members, "inits": args.inits,
+                          "leads": 2, "regions": args.regions, "spectra": args.spectra,
+                          "forecast_store_mib": round(du(fc) / 2**20, 1),
+                          "truth_store_mib": round(du(truth) / 2**20, 1),
+                          "evaluate_wall_s": round(wall, 1), "evaluate_peak_rss_mib": round(peak, 1),
+                          "write_s": round(t_write, 1)}))
+    finally:
+        if args.work is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
