@@ -73,6 +73,11 @@ def test_tiny_study_end_to_end_then_resume(world_store: str, tmp_path: Path) -> 
             assert r["scores"][lead]["geopotential_500"] > 10.0
             assert 0.0 < r["scores"][lead]["temperature_850"] < 100.0
     assert "Paired difference" in (out / "study.md").read_text()
+    # cost measured before training (a forecasting ResNet and its SMoE twin): more parameters and FLOPs for the SMoE
+    cost = result["cost"]["arms"]
+    assert cost["dense"]["train_step_ratio"] == 1.0 and result["environment"]["threads"] == 1
+    assert cost["smoe_all_prior"]["parameters"] > cost["dense"]["parameters"]
+    assert cost["smoe_all_prior"]["train_flops"] > cost["dense"]["train_flops"] > 0
     # the score is the latitude-weighted RMSE (sqrt after the time mean) of the written forecast vs the truth
     run = out / "runs/dense/seed1"
     fc = xr.open_zarr(run / "forecast.zarr")["geopotential"].sel(level=500, drop=True)

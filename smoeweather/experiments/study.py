@@ -399,7 +399,8 @@ def markdown(study: dict[str, Any]) -> str:
     summary, leads, targets = study["summary"], study["leads"], study["targets"]
     cols = [f"{t}@{lead}" for lead in leads for t in targets]
     score = study.get("score", "RMSE")
-    env = study.get("environment") or {}
+    env = {k: " / ".join(map(str, v)) if isinstance(v, list) else v
+           for k, v in (study.get("environment") or {}).items()}
     run_env = (f"Runs: {env.get('threads', '?')} thread(s) each, learning-rate schedule "
                f"{study.get('lr_schedule', 'config')}, CPU {env.get('cpu', '?')}, code {env.get('code_version', '?')}."
                if env else "")
@@ -669,8 +670,10 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
         "threads": study.threads,
         "lr_schedule": study.lr_schedule if study.lr_schedule == "config" else
         f"{study.lr_schedule} (warm-up {study.warmup_steps} steps, final lr × {study.min_lr_factor:g})",
-        # the environment every run recorded; more than one entry: the runs are not comparable bit for bit
-        "environment": distinct[0] if len(distinct) == 1 else None,
+        # what the runs recorded: one value per key when all runs agree, else the list of values (a shared
+        # checkout's code version moves with every commit; threads or CPU that differ break bit-for-bit equality)
+        "environment": {k: vals[0] if len(vals) == 1 else vals
+                        for k in keys if (vals := list(dict.fromkeys(e[k] for e in distinct)))},
         "environments": distinct,
         "cost": json.loads(cost_path.read_text()) if cost_path.is_file() else None,
         "steps": study.steps,
