@@ -10,7 +10,8 @@ parameters (μ, σ) of its predictive distribution (a Gaussian, or a normal trun
   standard deviation, and a learned embedding of the location (station or grid point, ``embedding`` numbers);
 - network: one hidden layer of ``hidden`` ReLU units, two outputs; μ = ensemble mean + output₁ (in standardised
   units: the network learns the correction), σ = softplus(output₂) + 10⁻³;
-- loss: the mean closed-form CRPS over the training cases (Adam, mini-batches);
+- loss: the mean closed-form CRPS over the training cases (Adam, mini-batches, learning rate decaying linearly
+  to 0 over the epochs of a fit);
 - ``seeds`` networks from different initialisations are trained and their (μ, σ) averaged (parameter
   averaging, as Rasp & Lerch).
 
@@ -53,10 +54,10 @@ class DRNSettings:
 
     hidden: int = 32
     embedding: int = 2
-    epochs: int = 30
+    epochs: int = 3
     seeds: int = 3
     batch_size: int = 256
-    learning_rate: float = 5e-3
+    learning_rate: float = 1e-2
     seed: int = 0
     distribution: str = "normal"
     extra_variables: tuple[str, ...] = ()
@@ -247,6 +248,8 @@ def _train(pool: _Pool, models: np.ndarray, s: DRNSettings, gen: torch.Generator
     n = ti.shape[1]
     bs = min(s.batch_size, n)
     rows = torch.arange(b_n)[:, None]
+    total = epochs * math.ceil(n / bs)
+    step = 0
     for _ in range(epochs):
         perm = torch.argsort(torch.rand((b_n, n), generator=gen), 1)
         for start in range(0, n, bs):
@@ -262,7 +265,10 @@ def _train(pool: _Pool, models: np.ndarray, s: DRNSettings, gen: torch.Generator
             loss = ((crps * m).sum(1) / m.sum(1).clamp_min(1.0)).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            for g in opt.param_groups:  # learning rate decaying linearly to 0 over the training
+                g["lr"] = s.learning_rate * (1.0 - step / total)
             opt.step()
+            step += 1
     return {k: v.detach() for k, v in params.items()}
 
 

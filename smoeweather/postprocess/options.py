@@ -33,10 +33,11 @@ def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
         d = p.add_argument_group("DRN (--method drn): distributional regression network")
         d.add_argument("--drn-hidden", type=int, default=32, help="hidden ReLU units (default 32)")
         d.add_argument("--drn-embedding", type=int, default=2, help="location embedding size (default 2)")
-        d.add_argument("--drn-epochs", type=int, default=30, help="training epochs (default 30)")
+        d.add_argument("--drn-epochs", type=int, default=3, help="training epochs (default 3)")
         d.add_argument("--drn-seeds", type=int, default=3, help="networks averaged, one per seed (default 3)")
         d.add_argument("--drn-batch-size", type=int, default=256, help="cases per mini-batch (default 256)")
-        d.add_argument("--drn-learning-rate", type=float, default=5e-3, help="Adam learning rate (default 5e-3)")
+        d.add_argument("--drn-learning-rate", type=float, default=1e-2,
+                       help="Adam learning rate, decaying linearly to 0 (default 1e-2)")
         d.add_argument("--drn-seed", type=int, default=0, help="random seed (default 0)")
         d.add_argument("--drn-extra", nargs="+", default=(), metavar="VAR",
                        help="extra predictors: ensemble means of these forecast variables")
