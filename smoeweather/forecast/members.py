@@ -21,8 +21,6 @@ import xarray as xr
 
 from pipelines.progress import progress_bar
 from smoeweather.data.weather import Field
-from smoeweather.forecast.output import HOUR, check_times
-from smoeweather.forecast.sources import check_fields, read_field
 from smoeweather.models.ensemble import model_kind, physical_members
 from smoeweather.models.loader import TrainedNetwork
 
@@ -30,19 +28,6 @@ from smoeweather.models.loader import TrainedNetwork
 def is_ensemble_model(trained: TrainedNetwork) -> bool:
     """Whether a weatherbench checkpoint holds an ensemble network (e3, deep_ensemble, gaussian)."""
     return trained.task == "weatherbench" and model_kind(trained.config.get("model", {})) != "deterministic"
-
-
-def _constants(ds: xr.Dataset, spec: Any, where: str) -> torch.Tensor:
-    H, W = len(spec.latitude), len(spec.longitude)
-    consts = []
-    for c in spec.constants:
-        if c == "latitude":
-            consts.append(np.broadcast_to(spec.latitude[:, None], (H, W)))
-        elif set(ds[c].dims) != {"latitude", "longitude"}:
-            raise ValueError(f"{where}: constant {c!r} must have dims (latitude, longitude), has {ds[c].dims}")
-        else:
-            consts.append(np.asarray(ds[c].transpose("latitude", "longitude").values, np.float32))
-    return torch.as_tensor(np.stack(consts).astype(np.float32)) if consts else torch.empty(0, H, W)
 
 
 def members_forecast(
@@ -60,20 +45,16 @@ def members_forecast(
 
     ``ds``: canonical data with deterministic inputs (no ``member`` dim); ``inits`` datetime64; ``leads_h`` hours.
     """
-    from smoeweather.forecast.model import ModelSpec, _on_model_grid
+    from smoeweather.forecast.model import constants_tensor, network_inputs, prepared_input
 
     kind = model_kind(trained.config["model"])
-    spec = ModelSpec(trained)
-    spec.check_leads(leads_h, str(trained.path))
-    check_fields(ds, spec.variables, where, spec.constants)
-    check_times(ds["time"].values, inits, spec.offsets_h, leads_h, where, need_truth)
-    ds = _on_model_grid(ds, spec, where)
+    spec, ds = prepared_input(trained, ds, inits, leads_h, where, need_truth)
     if any("member" in ds[v].dims for v, _ in spec.variables):
         name = trained.config["model"]["name"]
         raise ValueError(f"{where}: the inputs have a member dim; an ensemble network ({name})"
                          " makes its own members from deterministic initial conditions")
     H, W = len(spec.latitude), len(spec.longitude)
-    const = _constants(ds, spec, where)
+    const = constants_tensor(ds, spec, where)
     model = trained.model.to(device).eval()
     n_out = 2 if kind == "gaussian" else int(trained.config["model"].get("members", 4))
     out = np.empty((len(spec.targets), len(inits), len(leads_h), n_out, H, W), np.float32)
@@ -81,21 +62,9 @@ def members_forecast(
     # mc_dropout members are dropout draws: seeded (0) in a forked RNG, so a forecast is reproducible
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        for s in range(0, len(inits), batch_size):
-            batch = inits[s : s + batch_size]
-            times = np.concatenate([batch + o * HOUR for o in spec.offsets_h])
-            per_field = [read_field(ds, f, times).transpose("time", "latitude", "longitude").values
-                         .reshape(len(spec.offsets_h), len(batch), H, W) for f in spec.variables]
-            x = torch.as_tensor(np.stack(per_field, axis=2).astype(np.float32))  # (O, B, V, H, W)
-            x = x.permute(1, 0, 2, 3, 4).reshape(len(batch), -1, H, W)
-            x = torch.cat([x, const.expand(len(batch), -1, -1, -1)], dim=1)
-            for j, lead in enumerate(leads_h):
-                xi = x
-                if spec.continuous:
-                    xi = torch.cat([x, torch.full((len(batch), 1, H, W), lead / 100.0)], dim=1)
-                y = physical_members(model, xi.to(device), kind).float().cpu().numpy()  # (B, M|2, C, H, W)
-                out[:, s : s + len(batch), j] = y.transpose(2, 0, 1, 3, 4)
-            bar.update(len(batch))
+        for rows, j, _, x in network_inputs(spec, ds, const, inits, leads_h, 1, batch_size, bar):
+            y = physical_members(model, x.to(device), kind).float().cpu().numpy()  # (B, M|2, C, H, W)
+            out[:, rows, j] = y.transpose(2, 0, 1, 3, 4)
     bar.close()
     if kind == "gaussian":
         mu = {f: out[c, :, :, 0] for c, f in enumerate(spec.targets)}

@@ -9,7 +9,7 @@ training data's statistics, never with those of the data it is applied to.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,62 @@ def _on_model_grid(ds: xr.Dataset, spec: ModelSpec, where: str) -> xr.Dataset:
     return ds.isel(latitude=order_lat, longitude=order_lon)
 
 
+def constants_tensor(ds: xr.Dataset, spec: ModelSpec, where: str) -> torch.Tensor:
+    """The checkpoint's constant input planes (C, H, W) float32 from ``ds`` (``latitude`` is computed)."""
+    H, W = len(spec.latitude), len(spec.longitude)
+    consts = []
+    for c in spec.constants:
+        if c == "latitude":
+            consts.append(np.broadcast_to(spec.latitude[:, None], (H, W)))
+        elif set(ds[c].dims) != {"latitude", "longitude"}:
+            raise ValueError(f"{where}: constant {c!r} must have dims (latitude, longitude), has {ds[c].dims}")
+        else:
+            consts.append(np.asarray(ds[c].transpose("latitude", "longitude").values, np.float32))
+    return torch.as_tensor(np.stack(consts).astype(np.float32)) if consts else torch.empty(0, H, W)
+
+
+def prepared_input(trained: TrainedNetwork, ds: xr.Dataset, inits: np.ndarray, leads_h: Sequence[int], where: str,
+                   need_truth: bool = True) -> tuple[ModelSpec, xr.Dataset]:
+    """The checkpoint's :class:`ModelSpec` and ``ds`` checked against it (fields, times, leads) and put on its
+    grid; ValueError naming ``where`` for data the network cannot read."""
+    spec = ModelSpec(trained)
+    spec.check_leads(leads_h, str(trained.path))
+    check_fields(ds, spec.variables, where, spec.constants)
+    check_times(ds["time"].values, inits, spec.offsets_h, leads_h, where, need_truth)
+    return spec, _on_model_grid(ds, spec, where)
+
+
+def network_inputs(spec: ModelSpec, ds: xr.Dataset, const: torch.Tensor, inits: np.ndarray,
+                   leads_h: Sequence[int], n_mem: int, batch_size: int, bar: Any
+                   ) -> Iterator[tuple[slice, int, int, torch.Tensor]]:
+    """The one inference loop: (init slice, lead index, input member index, input (B, C, H, W) float32).
+
+    Inputs are read once per batch of ``batch_size`` inits; a ``member`` dim of the inputs is walked member by
+    member (``n_mem`` of them; 1 without one). ``bar`` advances by the batch's inits once per member."""
+    H, W = len(spec.latitude), len(spec.longitude)
+    for s in range(0, len(inits), batch_size):
+        batch = inits[s : s + batch_size]
+        # (B, O, V[, M], H, W): every input field at every offset, read once per batch
+        times = np.concatenate([batch + o * HOUR for o in spec.offsets_h])
+        per_field = []
+        for f in spec.variables:
+            da = read_field(ds, f, times)
+            arr = da.transpose("time", *(["member"] if "member" in da.dims else []), "latitude", "longitude").values
+            if "member" not in da.dims:
+                arr = np.repeat(arr[:, None], n_mem, axis=1)
+            per_field.append(arr.reshape(len(spec.offsets_h), len(batch), n_mem, H, W))
+        fields = np.stack(per_field, axis=2).astype(np.float32, copy=False)  # (O, B, V, M, H, W)
+        for m in range(n_mem):
+            x = torch.as_tensor(fields[:, :, :, m]).permute(1, 0, 2, 3, 4).reshape(len(batch), -1, H, W)
+            x = torch.cat([x, const.expand(len(batch), -1, -1, -1)], dim=1)
+            for j, lead in enumerate(leads_h):
+                xi = x
+                if spec.continuous:
+                    xi = torch.cat([x, torch.full((len(batch), 1, H, W), lead / 100.0)], dim=1)
+                yield slice(s, s + len(batch)), j, m, xi
+            bar.update(len(batch))
+
+
 def model_forecast(
     trained: TrainedNetwork,
     ds: xr.Dataset,
@@ -85,54 +141,20 @@ def model_forecast(
 
     ``ds``: canonical data (any prepared store / file); ``inits`` datetime64; ``leads_h`` hours.
     """
-    spec = ModelSpec(trained)
-    spec.check_leads(leads_h, str(trained.path))
-    check_fields(ds, spec.variables, where, spec.constants)
-    check_times(ds["time"].values, inits, spec.offsets_h, leads_h, where, need_truth)
-    ds = _on_model_grid(ds, spec, where)
+    spec, ds = prepared_input(trained, ds, inits, leads_h, where, need_truth)
     H, W = len(spec.latitude), len(spec.longitude)
     has_member = [v for v, _ in spec.variables if "member" in ds[v].dims]
     members = ds["member"].values if has_member else None
     n_mem = len(members) if members is not None else 1
-
-    consts = []
-    for c in spec.constants:
-        if c == "latitude":
-            consts.append(np.broadcast_to(spec.latitude[:, None], (H, W)))
-        elif set(ds[c].dims) != {"latitude", "longitude"}:
-            raise ValueError(f"{where}: constant {c!r} must have dims (latitude, longitude), has {ds[c].dims}")
-        else:
-            consts.append(np.asarray(ds[c].transpose("latitude", "longitude").values, np.float32))
-    const = torch.as_tensor(np.stack(consts).astype(np.float32)) if consts else torch.empty(0, H, W)
-
+    const = constants_tensor(ds, spec, where)
     model = trained.model.to(device).eval()
     out = {f: np.empty((len(inits), len(leads_h), n_mem, H, W), np.float32) for f in spec.targets}
-    starts = range(0, len(inits), batch_size)
     bar = progress_bar(len(inits) * n_mem, "smoe forecast", unit="init", enabled=progress)
     with torch.no_grad():
-        for s in starts:
-            batch = inits[s : s + batch_size]
-            # (B, O, V[, M], H, W): every input field at every offset, read once per batch
-            times = np.concatenate([batch + o * HOUR for o in spec.offsets_h])
-            per_field = []
-            for f in spec.variables:
-                da = read_field(ds, f, times)
-                arr = da.transpose("time", *(["member"] if "member" in da.dims else []), "latitude", "longitude").values
-                if "member" not in da.dims:
-                    arr = np.repeat(arr[:, None], n_mem, axis=1)
-                per_field.append(arr.reshape(len(spec.offsets_h), len(batch), n_mem, H, W))
-            fields = np.stack(per_field, axis=2)  # (O, B, V, M, H, W)
-            for m in range(n_mem):
-                x = torch.as_tensor(fields[:, :, :, m]).permute(1, 0, 2, 3, 4).reshape(len(batch), -1, H, W)
-                x = torch.cat([x, const.expand(len(batch), -1, -1, -1)], dim=1)
-                for j, lead in enumerate(leads_h):
-                    xi = x
-                    if spec.continuous:
-                        xi = torch.cat([x, torch.full((len(batch), 1, H, W), lead / 100.0)], dim=1)
-                    y = model(xi.to(device)).float().cpu().numpy()  # (B, C_out, H, W) physical units
-                    for c, f in enumerate(spec.targets):
-                        out[f][s : s + len(batch), j, m] = y[:, c]
-                bar.update(len(batch))
+        for rows, j, m, x in network_inputs(spec, ds, const, inits, leads_h, n_mem, batch_size, bar):
+            y = model(x.to(device)).float().cpu().numpy()  # (B, C_out, H, W) physical units
+            for c, f in enumerate(spec.targets):
+                out[f][rows, j, m] = y[:, c]
     bar.close()
     result = {f: (a if members is not None else a[:, :, 0]) for f, a in out.items()}
     return result, members, spec.latitude, spec.longitude
