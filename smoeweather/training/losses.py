@@ -14,10 +14,11 @@ import torch
 
 
 def latitude_weights(latitude_deg: torch.Tensor | np.ndarray | list[float]) -> torch.Tensor:
-    """cos φ normalised to mean 1 over the given latitudes: (H,) degrees north → (H,) float32."""
-    lat = torch.as_tensor(np.asarray(latitude_deg, dtype=np.float64))
-    w = torch.cos(torch.deg2rad(lat))
-    return (w / w.mean()).float()
+    """cos φ normalised to mean 1 over the given latitudes: (H,) degrees north → (H,) float32
+    (:func:`smoeweather.metrics.weights.latitude_weight_values`, the weights the scores use)."""
+    from smoeweather.metrics.weights import latitude_weight_values
+
+    return torch.as_tensor(latitude_weight_values(np.asarray(latitude_deg, dtype=np.float64))).float()
 
 
 def lat_weighted_mse(
