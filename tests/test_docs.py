@@ -84,6 +84,22 @@ def test_every_page_is_in_the_nav() -> None:
     assert pages == nav, f"not in the nav: {sorted(pages - nav)}; in the nav but missing: {sorted(nav - pages)}"
 
 
+def _nav_titles(node) -> list[str]:
+    if isinstance(node, dict):
+        return [t for k, v in node.items() for t in ([k] if isinstance(v, str) else _nav_titles(v))]
+    if isinstance(node, list):
+        return [t for item in node for t in _nav_titles(item)]
+    return []
+
+
+def test_page_titles_are_unique() -> None:
+    """No two pages share a title: neither in the navigation nor as their first heading."""
+    titles = _nav_titles(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert len(titles) == len(set(titles)), sorted(t for t in titles if titles.count(t) > 1)
+    headings = [p.read_text().splitlines()[0] for p in DOCS.rglob("*.md") if "hooks" not in p.parts]
+    assert len(headings) == len(set(headings)), sorted(h for h in headings if headings.count(h) > 1)
+
+
 def test_site_is_strict_and_offline() -> None:
     """Strict (warnings fail), no web fonts, no plugin that fetches from the network."""
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
