@@ -2,16 +2,17 @@
 
 A spectral dynamical core (``dinosaur-torch``, the PyTorch rewrite of Dinosaur, the core behind NeuralGCM;
 optional extra ``pip install -e .[gcm]``) integrates the dry primitive equations on sigma levels under
-Held–Suarez (1994) forcing made location- and season-dependent, as ``../shared/data/gcm_world/README.md``
-describes:
+Held–Suarez (1994) forcing made location- and season-dependent. The defaults are the configuration the
+published worlds were made with (JAX dinosaur; ``docs/guide/gcm-worlds.md`` lists it), set explicitly where
+the two cores' defaults differ:
 
 * surface (Rayleigh) drag ×2.5 over land, faster boundary-layer thermal relaxation over land;
 * a seasonal cycle: the equilibrium temperature gets a hemispheric asymmetry −ε(t)·sin φ with
   ε(t) = −6 K·cos(2π(doy − 172)/365.25), and over land an anomaly
   land·(3 K·cos 2φ + 24 K·sin φ·cos(2π(doy − 172)/365.25))·clip((σ − 0.3)/0.7, 0, 1): continents warm in
   summer and cool in winter;
-* smooth Gaussian mountains at Earth-like places, on the real land fraction shipped in
-  ``pipelines/resources`` (the same as the default world's).
+* six anisotropic Gaussian mountains at Earth-like places (:data:`MOUNTAINS`), spectrally filtered, on the
+  real land fraction shipped in ``pipelines/resources`` (bilinear to the model grid, spectrally smoothed).
 
 ``generate_world`` writes one file per model year in the layout of ``gcm_world`` (``gcm_5.625deg_yearN.nc``:
 ``geopotential``, ``temperature`` on 250/500/700/850/925 hPa, ``surface_pressure``, constants
