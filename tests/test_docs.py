@@ -163,3 +163,20 @@ def test_a_glued_list_fails_the_docs_build() -> None:
         hook.on_page_markdown(glued, page, None, None)
     for path in DOCS.rglob("*.md"):  # and the site as it is has none
         assert hook.glued_lists(path.read_text()) == [], path
+
+
+def test_xarray_styles_are_scoped_above_the_theme() -> None:
+    """xarray's notebook stylesheet is scoped under ``body .md-typeset`` so the theme's list rules do not
+    override its grid; the colour variables on :root/html/body stay global."""
+    spec = importlib.util.spec_from_file_location("xarray_repr", DOCS / "hooks" / "xarray_repr.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    css = ":root {\n  --xr-a: 1;\n}\n\nhtml[theme=dark],\nbody.vscode-dark {\n  --xr-a: 2;\n}\n\n" \
+          ".xr-sections {\n  display: grid;\n}\n\n.xr-a > input,\n.xr-b + label:before {\n  display: none;\n}\n"
+    out = hook.scope_selectors(css)
+    assert ":root {" in out and "html[theme=dark],\nbody.vscode-dark {" in out
+    assert "body .md-typeset .xr-sections {\n  display: grid;\n}" in out
+    assert "body .md-typeset .xr-a > input,\nbody .md-typeset .xr-b + label:before {" in out
+    page = type("Page", (), {"file": type("File", (), {"src_uri": "notebooks/q.ipynb"})()})()
+    html = "<style>/* CSS stylesheet for displaying xarray objects in notebooks */\n.xr-wrap {\n}</style>"
+    assert "body .md-typeset .xr-wrap" in hook.on_post_page(html, page, None)
