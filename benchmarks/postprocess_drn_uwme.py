@@ -117,6 +117,7 @@ def main() -> None:
     out["crps_K_february"] = {k: float(v[feb].mean()) for k, v in scores.items()}
     rng = np.random.default_rng(0)
     out["paired_vs_per_site_emos_K"] = {k: paired(v - scores[REF], ok, rng) for k, v in scores.items() if k != REF}
+    out["paired_vs_raw_K"] = {k: paired(v - scores[RAW], ok, rng) for k, v in scores.items() if k != RAW}
     out["paired_vs_per_site_emos_K_february"] = {k: paired(v - scores[REF], feb, rng) for k, v in scores.items()
                                                  if k != REF}
     RESULTS.mkdir(parents=True, exist_ok=True)
