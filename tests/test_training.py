@@ -508,3 +508,21 @@ def test_batch_larger_than_the_training_set_is_a_clear_error(stores: dict[str, s
     with pytest.raises(ValueError, match=r"data.batch_size=25 is larger than the 24 training samples"):
         train(cfg)
     assert train(tiny_config(HEAT, stores, tmp_path, ("data.batch_size=24",))).trainer.global_step == 1
+
+
+def test_tasks_register_themselves() -> None:
+    from smoeweather.training.registry import register_task, registered_tasks
+    from smoeweather.training.tasks import build
+
+    assert {"weatherbench", "postprocess", "heat", "vision"} <= set(registered_tasks())
+    assert registered_tasks()["weatherbench"].module_around is not None
+    assert registered_tasks()["heat"].module_around is None  # heat networks are rebuilt through their builder
+    from smoeweather.training import registry
+
+    register_task("toy_task", lambda cfg: ("data", cfg["marker"]))
+    try:
+        assert build({"task": "toy_task", "marker": 7}) == ("data", 7)
+    finally:
+        registry._TASKS.pop("toy_task")
+    with pytest.raises(ValueError, match=r"config task must be one of \(.*'vision'.*\), got 'nothing'"):
+        build({"task": "nothing"})

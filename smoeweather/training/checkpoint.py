@@ -28,6 +28,7 @@ from smoeweather.models.loader import (
     network_task,
     rebuild_network,
 )
+from smoeweather.training.registry import task as registered_task
 
 __all__ = ["TrainedModel", "load_trained"]
 
@@ -55,25 +56,6 @@ class TrainedModel:
         return list((self.metadata or {}).get("channel_names", []))
 
 
-def _training_module(task: str, meta: dict[str, Any], net: nn.Module) -> L.LightningModule:
-    """The Lightning module of ``task`` around a network rebuilt by
-    :func:`~smoeweather.models.loader.rebuild_network`."""
-    from smoeweather.training.tasks import module_kwargs
-
-    cfg = meta["config"]
-    metadata = {k: v for k, v in meta.items() if k != "format_version"}
-    targets = list(meta["target_names"])
-    if task == "weatherbench":
-        from smoeweather.training.ensemble_forecasting import build_forecasting_module
-
-        return build_forecasting_module(cfg, net, list(meta["latitude"]), targets, metadata=metadata,
-                                        **module_kwargs(cfg))
-    from smoeweather.training.postprocessing import PostprocessingModule
-
-    target_std = [float(meta["stats"][n.split("@")[0]][1]) for n in targets]
-    return PostprocessingModule(net, targets, target_std, metadata=metadata, **module_kwargs(cfg))
-
-
 def load_trained(path: str | Path, map_location: str | torch.device = "cpu") -> TrainedModel:
     """Rebuild and load a ``smoe train`` checkpoint (any task) with its training module.
 
@@ -93,14 +75,14 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu") -> 
     task = network_task(meta, str(path))
     if task is not None:
         task, meta, net = rebuild_network(ckpt, str(path), task)
-        module = _training_module(task, meta, net)
+        module = registered_task(task).module_around(meta, net)
     else:
-        from smoeweather.training.tasks import TASKS, build
-
         task = canonical_task(meta.get("task"), str(path))
-        if task not in TASKS:
-            raise CheckpointFormatError(f"{path}: unknown task {task!r}; expected one of {TASKS}")
-        _, module = build(dict(cfg, task=task))
+        try:
+            builder = registered_task(task).build
+        except ValueError as err:
+            raise CheckpointFormatError(f"{path}: unknown task {task!r}; {err}") from err
+        _, module = builder(dict(cfg, task=task))
         try:
             module.load_state_dict(ckpt["state_dict"])
         except RuntimeError as err:

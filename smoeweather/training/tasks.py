@@ -1,7 +1,8 @@
 """Task builders of ``smoe train``: config → (:class:`SplitDataModule`, LightningModule) per ``task``.
 
-``BUILDERS`` maps a task name to its builder (``weatherbench``, ``postprocess``, ``heat``, ``vision``; the old
-name ``ens10`` of ``postprocess`` is read with a DeprecationWarning, :data:`smoeweather.models.loader.TASK_ALIASES`);
+Each task registers itself (:mod:`smoeweather.training.registry`): ``weatherbench``, ``postprocess`` and ``heat``
+here, ``vision`` in :mod:`smoeweather.training.vision` (the old name ``ens10`` of ``postprocess`` is read with a
+DeprecationWarning, :data:`smoeweather.models.loader.TASK_ALIASES`);
 the config schema of each task lives in :mod:`smoeweather.training.schema`.
 """
 
@@ -20,11 +21,9 @@ from smoeweather.models.loader import canonical_task, complete_model_config, use
 from smoeweather.training.base import ROUTING_LOG_EVERY, SMoETrainingModule
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.init import NORMALISATION_BUFFERS
+from smoeweather.training.registry import register_task, task
 from smoeweather.training.regression import FieldRegressionModule
 from smoeweather.training.stores import base_dataset, ensure_store, land_sea_mask, year_splits
-from smoeweather.training.vision import build_vision
-
-TASKS = ("weatherbench", "postprocess", "heat", "vision")
 
 
 def module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -208,18 +207,34 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
     return data, module
 
 
-BUILDERS: dict[str, Callable[[dict[str, Any]], tuple[SplitDataModule, L.LightningModule]]] = {
-    "weatherbench": build_weatherbench,
-    "postprocess": build_postprocess,
-    "heat": build_heat,
-    "vision": build_vision,
-}
+def _forecasting_module(meta: dict[str, Any], net: nn.Module) -> L.LightningModule:
+    """The weather task's training module around a network rebuilt from a checkpoint's metadata."""
+    from smoeweather.training.ensemble_forecasting import build_forecasting_module
+
+    cfg = meta["config"]
+    metadata = {k: v for k, v in meta.items() if k != "format_version"}
+    return build_forecasting_module(cfg, net, list(meta["latitude"]), list(meta["target_names"]),
+                                    metadata=metadata, **module_kwargs(cfg))
+
+
+def _postprocessing_module(meta: dict[str, Any], net: nn.Module) -> L.LightningModule:
+    """The post-processing task's training module around a network rebuilt from a checkpoint's metadata."""
+    from smoeweather.training.postprocessing import PostprocessingModule
+
+    cfg = meta["config"]
+    metadata = {k: v for k, v in meta.items() if k != "format_version"}
+    targets = list(meta["target_names"])
+    target_std = [float(meta["stats"][n.split("@")[0]][1]) for n in targets]
+    return PostprocessingModule(net, targets, target_std, metadata=metadata, **module_kwargs(cfg))
+
+
+register_task("weatherbench", build_weatherbench, _forecasting_module)
+register_task("postprocess", build_postprocess, _postprocessing_module)
+register_task("heat", build_heat)
 
 
 def build(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
     """(data module, Lightning module) for ``cfg['task']`` (a deprecated alias is replaced, with a warning)."""
-    task = canonical_task(cfg.get("task"))
-    cfg = dict(cfg, task=task) if task is not None else cfg
-    if task not in BUILDERS:
-        raise ValueError(f"config task must be one of {TASKS}, got {task!r}")
-    return BUILDERS[task](cfg)
+    name = canonical_task(cfg.get("task"))
+    cfg = dict(cfg, task=name) if name is not None else cfg
+    return task(name).build(cfg)

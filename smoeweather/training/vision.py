@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from smoeweather.config import Block
 from smoeweather.training.base import ROUTING_LOG_EVERY, SMoETrainingModule
+from smoeweather.training.registry import register_task
 from smoeweather.training.schema import common, register_task_schema
 
 VISION_DATA = Block({
@@ -120,3 +121,6 @@ def build_vision(cfg: dict[str, Any]) -> tuple[Any, ClassificationModule]:
         routing_log_every=int(t.get("routing_log_every", ROUTING_LOG_EVERY)),
     )
     return data, module
+
+
+register_task("vision", build_vision)
