@@ -183,12 +183,13 @@ def test_gridded_drn_through_the_cli(tmp_path: Path) -> None:
     as a covariate; the output has the forecast's grid, the model file the training grid."""
     train = gcm_ens_like(tmp_path / "a.nc", 2005, 0)
     new = gcm_ens_like(tmp_path / "b.nc", 2006, 1)
-    _cli("fit", "--method", "drn", "--forecast", train, *FAST, "--drn-extra", "temperature", "--out",
-         tmp_path / "g.nc")
-    model, _ = read_drn_model(tmp_path / "g.nc")
-    assert "land_sea_mask" in list(model["geopotential_feature"].values)
-    assert "temperature_mean" in list(model["geopotential_feature"].values)
-    assert model["geopotential_embedding"].dims[-3:] == ("latitude", "longitude", "embedding")
+    _cli("fit", "--method", "drn", "--forecast", train, *FAST, "--variables", "temperature", "--drn-extra",
+         "geopotential", "--out", tmp_path / "g.nc")
+    model, attrs = read_drn_model(tmp_path / "g.nc")
+    assert attrs["fields"] == "temperature"  # the extra predictor is read, not fitted
+    assert "land_sea_mask" in list(model["temperature_feature"].values)
+    assert "geopotential_mean" in list(model["temperature_feature"].values)
+    assert model["temperature_embedding"].dims[-3:] == ("latitude", "longitude", "embedding")
     _cli("apply", "--drn", tmp_path / "g.nc", "--forecast", new, "--out", tmp_path / "g.zarr", "--members", "6")
     pp = xr.open_zarr(tmp_path / "g.zarr")
     raw = ensembles.open_ensemble([new])

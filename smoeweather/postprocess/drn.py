@@ -287,11 +287,12 @@ def _fallback_embeddings(emb: torch.Tensor, counts: np.ndarray, minimum: int) ->
 
 def fit_drn(forecast: xr.Dataset, truth_at: xr.Dataset, settings: DRNSettings,
             window: tuple[pd.DatetimeIndex, np.ndarray, np.ndarray] | None = None,
-            progress: bool = False) -> xr.Dataset:
+            progress: bool = False, targets: list[str] | None = None) -> xr.Dataset:
     """DRN weights of every variable, lead [and level] of ``forecast`` (in memory) against ``truth_at`` (the
     truth at init + lead, same dims without ``member``), as a Dataset in the model-file layout
     (:func:`write_drn_model`). ``window``: (dates, idx, valid) of :func:`.rolling.window_index` (one set of
-    networks per date), else one set on every init."""
+    networks per date), else one set on every init. ``targets``: the variables to fit (default: all; the
+    others can still be extra predictors)."""
     s = settings.check()
     sp = _space(forecast)
     out = xr.Dataset()
@@ -299,7 +300,7 @@ def fit_drn(forecast: xr.Dataset, truth_at: xr.Dataset, settings: DRNSettings,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for name in forecast.data_vars:
+        for name in targets or list(forecast.data_vars):
             levels = list(forecast["level"].values) if "level" in forecast[name].dims else [None]
             per_lead = []
             for lead in forecast["prediction_timedelta"].values:
@@ -611,10 +612,12 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
     if window is None and (lag is not None or dates is not None):
         raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
-    fc, tr = open_forecast_and_truth([Path(p) for p in forecast_paths], Path(truth) if truth else None, variables,
+    wanted = list(dict.fromkeys([*variables, *settings.extra_variables])) if variables else None
+    fc, tr = open_forecast_and_truth([Path(p) for p in forecast_paths], Path(truth) if truth else None, wanted,
                                      table or {})
+    targets = list(variables) if variables else list(fc.data_vars)
     fc = with_static(ensembles.select_period(fc, train_period), list(forecast_paths))
-    truth_at = _truth_at(fc, tr)
+    truth_at = _truth_at(fc[targets], tr)
     if settings.distribution == "truncnormal":
         check_non_negative(truth_at, "--distribution truncnormal")
     win = None
@@ -629,11 +632,11 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
         attrs.update(window=str(window), lag=str(lag_td), dates=f"{d[0]} .. {d[-1]}",
                      window_rule="inits s with t - lag - window < s <= t - lag")
     t0 = time.perf_counter()
-    model = fit_drn(fc.load(), truth_at.load(), settings, window=win, progress=progress)
+    model = fit_drn(fc.load(), truth_at.load(), settings, window=win, progress=progress, targets=targets)
     sources = " ".join(map(str, forecast_paths))
     attrs.update(forecast=sources, truth=str(truth or sources), fit_seconds=round(time.perf_counter() - t0, 1),
                  train_period=" ".join(map(str, train_period)) if train_period else "all")
-    path = write_drn_model(model, fc, out, attrs, overwrite=overwrite)
+    path = write_drn_model(model, fc[targets], out, attrs, overwrite=overwrite)
     kind = "sites" if "site" in fc.dims else "grid points"
     rolling = f", {len(win[0])} forecast dates" if win is not None else ""
     return (f"{path}: DRN ({settings.hidden} hidden, embedding {settings.embedding}, {settings.seeds} seed(s), "
