@@ -24,7 +24,8 @@ weights for that many epochs (cheaper per date; the networks then remember older
 Locations: a location with fewer than ``min_location_cases`` valid cases in a training window, and a site of a
 new forecast that the model never saw, get the mean of the trained embeddings (the fallback; never refused).
 
-Deterministic for a seed (``seed``) at a given torch thread count: training runs single-threaded.
+Deterministic for a seed (``seed``) at a given torch thread count: training runs single-threaded. Progress: a bar
+over the epochs of every variable, lead and level on a terminal, one line at its start and end when piped.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def _pool(feats: np.ndarray, y: np.ndarray, windows: list[np.ndarray]) -> _Pool:
 
 
 def _train(pool: _Pool, models: np.ndarray, s: DRNSettings, gen: torch.Generator, epochs: int,
-           params: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+           params: dict[str, torch.Tensor] | None = None, tick: Any = None) -> dict[str, torch.Tensor]:
     """Train networks b = 0..B−1, network b on the cases of window ``models[b]``, all at once (module doc)."""
     b_n, f_n, p_n = len(models), pool.feats.shape[-1], pool.feats.shape[1]
     d = torch.from_numpy(models)
@@ -269,6 +270,8 @@ def _train(pool: _Pool, models: np.ndarray, s: DRNSettings, gen: torch.Generator
                 g["lr"] = s.learning_rate * (1.0 - step / total)
             opt.step()
             step += 1
+        if tick is not None:
+            tick()
     return {k: v.detach() for k, v in params.items()}
 
 
@@ -293,6 +296,8 @@ def fit_drn(forecast: xr.Dataset, truth_at: xr.Dataset, settings: DRNSettings,
     (:func:`write_drn_model`). ``window``: (dates, idx, valid) of :func:`.rolling.window_index` (one set of
     networks per date), else one set on every init. ``targets``: the variables to fit (default: all; the
     others can still be extra predictors)."""
+    from pipelines.progress import progress_bar
+
     s = settings.check()
     sp = _space(forecast)
     out = xr.Dataset()
@@ -306,7 +311,6 @@ def fit_drn(forecast: xr.Dataset, truth_at: xr.Dataset, settings: DRNSettings,
             for lead in forecast["prediction_timedelta"].values:
                 per_level = []
                 for level in levels:
-                    t0 = time.perf_counter()
                     fnames, feats = predictors(forecast, name, lead, level, s.extra_variables)
                     y = truth_at[name].sel(prediction_timedelta=lead)
                     if level is not None:
@@ -317,13 +321,14 @@ def fit_drn(forecast: xr.Dataset, truth_at: xr.Dataset, settings: DRNSettings,
                     else:
                         windows = [i[v] for i, v in zip(window[1], window[2])]
                     pool = _pool(feats, yv, windows)
-                    per_level.append(_fit_group(pool, windows, s, gen, fnames))
-                    if progress:
-                        where = f"{pd.Timedelta(lead) // pd.Timedelta('1h')}h" + (f", level {level}" if level
-                                                                                   is not None else "")
-                        print(f"DRN fit of {name} ({where}): {len(windows)} date(s) x {s.seeds} seed(s), "
-                              f"{int(pool.mask.sum())} cases, {time.perf_counter() - t0:.1f} s", file=sys.stderr,
-                              flush=True)
+                    where = f"{pd.Timedelta(lead) // pd.Timedelta('1h')}h" + (f", level {level}" if level
+                                                                               is not None else "")
+                    warm = s.warm_start_epochs is not None and len(windows) > 1
+                    total = s.epochs + (len(windows) - 1) * s.warm_start_epochs if warm else s.epochs
+                    with progress_bar(total, f"DRN fit of {name} ({where}, {len(windows)} date(s) x {s.seeds} "
+                                      f"seed(s), {int(pool.mask.sum())} cases)", unit="epoch",
+                                      enabled=progress) as bar:
+                        per_level.append(_fit_group(pool, windows, s, gen, fnames, tick=lambda b=bar: b.update(1)))
                 per_lead.append(per_level if levels[0] is not None else per_level[0])
             out.update(_group_dataset(name, per_lead, forecast, levels, window, sp))
     finally:
@@ -341,17 +346,17 @@ def _attr(v: Any) -> Any:
 
 
 def _fit_group(pool: _Pool, windows: list[np.ndarray], s: DRNSettings, gen: torch.Generator,
-               fnames: list[str]) -> dict[str, Any]:
+               fnames: list[str], tick: Any = None) -> dict[str, Any]:
     """Trained weights (D, S, ...) numpy of one group, with the standardisation (D, F) and feature names."""
     d_n = len(windows)
     if s.warm_start_epochs is None or d_n == 1:
         models = np.repeat(np.arange(d_n), s.seeds)
-        p = _train(pool, models, s, gen, s.epochs)
+        p = _train(pool, models, s, gen, s.epochs, tick=tick)
     else:  # date after date, each from the previous date's weights
         parts, prev = [], None
         for k in range(d_n):
             prev = _train(pool, np.full(s.seeds, k), s, gen, s.epochs if prev is None else s.warm_start_epochs,
-                          prev)
+                          prev, tick=tick)
             parts.append(prev)
         p = {k: torch.cat([q[k] for q in parts]) for k in parts[0]}
         models = np.repeat(np.arange(d_n), s.seeds)
