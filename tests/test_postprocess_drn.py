@@ -86,6 +86,10 @@ def test_drn_cli_sites_matches_numpy_and_learns_station_biases(tmp_path: Path) -
              "2004-02-20", "--out", tmp_path / f"{m}.zarr", "--members", "5", "--quantiles", "0.25", "0.75")
     model, attrs = read_drn_model(tmp_path / "drn.nc")
     assert attrs["method"] == "drn" and int(attrs["seeds"]) == 2 and "mean of the trained" in attrs["new_locations"]
+    # weights and plain metadata only: a netCDF of float32 arrays and scalar/string attributes (no pickled objects)
+    assert (tmp_path / "drn.nc").read_bytes()[:4] in (b"CDF\x01", b"CDF\x02", b"\x89HDF")
+    assert all(isinstance(v, str | int | float | np.number) for v in model.attrs.values())
+    assert all(model[v].dtype == np.float32 for v in model.data_vars)
     fc, obs = read_site_table(tmp_path / "t.csv")
     fc = fc.sel(time=slice("2004-01-31", "2004-02-20"))
     pp = xr.open_zarr(tmp_path / "drn.zarr").isel(prediction_timedelta=0).load()
