@@ -7,8 +7,8 @@ each; default: all the generated days):
 - latitude-weighted persistence RMSE at 24, 48, 72 and 120 h;
 - climatology RMSE: against the window's own mean state at each grid point (both worlds), and — where a world
   has two or more years — against its day-of-year climatology (the published value).
-gcm-ens files: raw-ensemble CRPS (standard estimator, mean |X − y| − ½ mean |X − X'|), spread/skill (spread
-= √ mean member variance, skill = RMSE of the ensemble mean) at 24 and 48 h, Z500 and T850, latitude-weighted;
+gcm-ens files: raw-ensemble CRPS (standard estimator, mean |X − y| − ½ mean |X − X'|; scores latitude-weighted),
+spread/skill (spread = √ mean member variance, skill = RMSE of the ensemble mean) at 24 and 48 h, Z500 and T850;
 and the CRPS gain of per-grid-point EMOS (N(a + b·mean, c² + d²·var) fitted by minimum CRPS) fitted on one set
 of inits and applied to another: 2005 → 2006 for the published streams, and first half → second half of one
 stream (both worlds) where only one generated stream exists.
@@ -134,21 +134,33 @@ def _pairs(ds: xr.Dataset, var: str, level: int, lead_h: int) -> tuple[np.ndarra
     return fc.values.astype(np.float64), truth.values.astype(np.float64)
 
 
+def _moment_fit(mean: np.ndarray, var: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per-grid-point least squares: y ≈ a + b·mean, then residual² ≈ c² + d²·var (the starting point)."""
+    def ols(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        xm, tm = x.mean(0), t.mean(0)
+        slope = ((x - xm) * (t - tm)).mean(0) / np.maximum(((x - xm) ** 2).mean(0), 1e-12)
+        return tm - slope * xm, slope
+
+    a, b = ols(mean, y)
+    c2, d2 = ols(var, (y - a - b * mean) ** 2)
+    d2 = np.clip(d2, 0.01, None)
+    c2 = np.clip(c2, 1e-6, None)
+    return a, b, np.sqrt(c2), np.sqrt(d2)
+
+
 def emos_gridpoint(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
-                   steps: int = 300) -> np.ndarray:
-    """Per-grid-point EMOS fitted by minimum Gaussian CRPS on ``train``; CRPS (init, lat, lon) on ``test``."""
+                   steps: int = 40) -> np.ndarray:
+    """Per-grid-point EMOS fitted by minimum Gaussian CRPS on ``train`` (L-BFGS from the least-squares fit);
+    CRPS (init, lat, lon) on ``test``."""
     import torch
 
-    torch.manual_seed(0)
+    torch.set_num_threads(1)
     (xm, y), (xm_t, y_t) = train, test
     scale = float(np.std(y)) or 1.0
     t = lambda a: torch.as_tensor(a / scale, dtype=torch.float64)  # noqa: E731
     mean, sd, yy = t(xm.mean(-1)), t(xm.std(-1, ddof=1)), t(y)
-    shape = mean.shape[1:]
-    a = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
-    b = torch.ones(shape, dtype=torch.float64, requires_grad=True)
-    c = torch.full(shape, 0.01, dtype=torch.float64, requires_grad=True)
-    d = torch.ones(shape, dtype=torch.float64, requires_grad=True)
+    start = _moment_fit(mean.numpy(), sd.numpy() ** 2, yy.numpy())
+    a, b, c, d = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in start)
     opt = torch.optim.LBFGS([a, b, c, d], max_iter=steps, line_search_fn="strong_wolfe")
 
     def loss() -> Any:
@@ -170,10 +182,12 @@ def _wmean(field: np.ndarray, lat: np.ndarray) -> float:
     return float((field.mean(0) * w).sum())
 
 
-def ens_stats(streams: Sequence[Path]) -> dict[str, float]:
+def ens_stats(streams: Sequence[Path | xr.Dataset], inits: int | None = None) -> dict[str, float]:
     """Raw CRPS and spread/skill of the first stream; EMOS gain first half → second half of the first stream
-    and, with two streams, first stream → second stream."""
-    dss = [xr.open_dataset(p).load() for p in streams]
+    and, with two streams, first stream → second stream. ``inits`` keeps the first stream's first inits."""
+    dss = [s if isinstance(s, xr.Dataset) else xr.open_dataset(s).load() for s in streams]
+    if inits is not None:
+        dss[0] = dss[0].isel(time=slice(0, inits))
     lat = dss[0]["latitude"].values
     out: dict[str, float] = {"inits": dss[0].sizes["time"]}
     for name, var, level in VARS:
@@ -181,21 +195,20 @@ def ens_stats(streams: Sequence[Path]) -> dict[str, float]:
             xm, y = _pairs(dss[0], var, level, lead)
             key = f"{name} {lead} h"
             out[f"{key} raw CRPS"] = _wmean(crps_ensemble(xm, y), lat)
-            out[f"{key} raw CRPS (unweighted)"] = float(crps_ensemble(xm, y).mean())
             skill = math.sqrt(_wmean((xm.mean(-1) - y) ** 2, lat))
             spread = math.sqrt(_wmean(xm.var(-1, ddof=1), lat))
             out[f"{key} spread/skill"] = spread / skill
             half = xm.shape[0] // 2
             raw = crps_ensemble(xm[half:], y[half:])
             emos = emos_gridpoint((xm[:half], y[:half]), (xm[half:], y[half:]))
-            out[f"{key} EMOS CRPS gain, half → half (%)"] = 100 * (1 - emos.mean() / raw.mean())
+            out[f"{key} EMOS CRPS gain, half → half (%)"] = 100 * (1 - _wmean(emos, lat) / _wmean(raw, lat))
             if len(dss) > 1:
                 xm2, y2 = _pairs(dss[1], var, level, lead)
                 raw2 = crps_ensemble(xm2, y2)
                 emos2 = emos_gridpoint((xm, y), (xm2, y2))
-                out[f"{key} raw CRPS, stream 2 (unweighted)"] = float(raw2.mean())
-                out[f"{key} EMOS CRPS, stream 1 → 2 (unweighted)"] = float(emos2.mean())
-                out[f"{key} EMOS CRPS gain, stream 1 → 2 (%)"] = 100 * (1 - emos2.mean() / raw2.mean())
+                out[f"{key} raw CRPS, stream 2"] = _wmean(raw2, lat)
+                out[f"{key} EMOS CRPS, stream 1 → 2"] = _wmean(emos2, lat)
+                out[f"{key} EMOS CRPS gain, stream 1 → 2 (%)"] = 100 * (1 - _wmean(emos2, lat) / _wmean(raw2, lat))
     return out
 
 
@@ -249,13 +262,9 @@ def main() -> None:
         result["ens"] = {"generated": gen, "files": [p.name for p in args.ens]}
         if args.shared_ens:
             n = args.ens_inits or int(gen["inits"])
-            cut = args.out.with_name(args.out.stem + "_shared_cut.nc")
-            with xr.open_dataset(args.shared_ens[0]) as s:
-                last = s["time"].values[n - 1] + np.timedelta64(48, "h")
-                s.isel(time=slice(0, n)).sel(valid_time=slice(None, last)).to_netcdf(cut)
-            like = ens_stats([cut])
-            cut.unlink()
-            full = ens_stats(args.shared_ens)
+            shared = [xr.open_dataset(p).load() for p in args.shared_ens]
+            like = ens_stats(shared[:1], inits=n)
+            full = ens_stats(shared)
             result["ens"].update(shared_same_inits=like, shared_full=full)
             lines += _table(f"gcm-ens: the first {n} inits of one stream", gen, like, args.label,
                             f"published 2005, first {n} inits")
