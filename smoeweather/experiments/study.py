@@ -37,6 +37,7 @@ Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.c
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
@@ -236,8 +237,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """``git describe --always --dirty`` of the package's checkout, else the installed package version."""
+    """``git describe --always --dirty`` of the package's checkout when first asked in this process (the code
+    this process loaded, even if the checkout moves on while it runs), else the installed package version."""
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
