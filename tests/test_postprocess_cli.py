@@ -12,13 +12,15 @@ import properscoring
 import pytest
 import scores.continuous
 import xarray as xr
+from emos_reference import fit_groups_lbfgs
 from scipy.special import ndtri
 
 from smoeweather.cli import main
 from smoeweather.data import ensembles
 from smoeweather.metrics.probabilistic import crps_ensemble, crps_gaussian, quantile_loss
+from smoeweather.postprocess import emos
 from smoeweather.postprocess.ecc import ecc_levels, ecc_members, gaussian_quantiles, ranks
-from smoeweather.postprocess.emos import _fit_groups_lbfgs, _fit_groups_newton, apply_emos, fit_emos
+from smoeweather.postprocess.emos import apply_emos, fit_emos, fit_groups_newton
 
 LAT = np.linspace(-78.75, 78.75, 8)
 LON = np.arange(12) * 30.0
@@ -220,8 +222,8 @@ def _mean_crps(coef: np.ndarray, m: np.ndarray, v: np.ndarray, y: np.ndarray) ->
 
 def test_newton_fit_reaches_lbfgs_crps_and_recovers_coefficients() -> None:
     m, v, y, w, coef = _gaussian_groups(64, 150, seed=0)
-    new, ok = _fit_groups_newton(m, v, y, w)
-    ref = _fit_groups_lbfgs(m, v, y, w, iterations=300)
+    new, ok = fit_groups_newton(m, v, y, w)
+    ref = fit_groups_lbfgs(m, v, y, w, iterations=300)
     assert ok.all()
     c_new, c_ref = _mean_crps(new, m, v, y), _mean_crps(ref, m, v, y)
     # every group at its own minimum: not above the reference's CRPS beyond float64 summation of 150 terms
@@ -231,7 +233,7 @@ def test_newton_fit_reaches_lbfgs_crps_and_recovers_coefficients() -> None:
     assert np.all(new[:, 2:] >= 0)
     # recovery: 4000 samples per group; tolerances 6 standard errors of a minimum-CRPS estimate
     m, v, y, w, coef = _gaussian_groups(16, 4000, seed=1)
-    new, ok = _fit_groups_newton(m, v, y, w)
+    new, ok = fit_groups_newton(m, v, y, w)
     assert ok.all()
     sd = np.sqrt(coef[:, 2] + coef[:, 3] * v.mean(1))
     se_b = sd / (3.0 * np.sqrt(4000))
@@ -251,19 +253,24 @@ def test_newton_bounds_and_degenerate_groups() -> None:
     y = m + 0.7 * rng.standard_normal((3, 300))
     w = np.ones((3, 300))
     w[2] = 0.0
-    coef, ok = _fit_groups_newton(m, v, y, w)
+    coef, ok = fit_groups_newton(m, v, y, w)
     assert ok[:2].all() and np.isfinite(coef[:2]).all()
     assert 0.0 <= coef[0, 3] < 0.05 and coef[0, 2] == pytest.approx(0.49, rel=0.2)
     assert coef[1, 2] == pytest.approx(0.49, rel=0.2)
 
 
-def test_fit_emos_global_is_the_same_minimum_with_both_solvers(streams: tuple[Path, Path]) -> None:
+def test_fit_emos_global_is_the_same_minimum_as_the_reference_solver(
+    streams: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     old, _ = streams
     fc = ensembles.open_ensemble(old).load()
     truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, old)).load()
     crps = {}
     for solver in ("newton", "lbfgs"):
-        p = fit_emos(fc, truth, per_gridpoint=False, solver=solver)
+        if solver == "lbfgs":  # the same groups and weights, solved by the independent reference
+            monkeypatch.setattr(emos, "fit_groups_newton", lambda m, v, y, w, iterations: (
+                fit_groups_lbfgs(m, v, y, w, iterations=300), np.ones(m.shape[0], bool)))
+        p = fit_emos(fc, truth, per_gridpoint=False)
         mu, sigma = apply_emos(p, fc)
         crps[solver] = crps_gaussian(mu, sigma, truth)["temperature"].mean(("time", "latitude", "longitude"))
     # relative: float64 sums over ~2,000 samples, and L-BFGS's own stop (tolerance_change 1e-12)

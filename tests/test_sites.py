@@ -16,7 +16,7 @@ from conftest import SHARED_DATA
 
 from smoeweather.cli import main
 from smoeweather.data.sites import open_sites, read_site_table, write_sites
-from smoeweather.postprocess.emos import _fit_groups_newton, fit_blocks
+from smoeweather.postprocess.emos import fit_blocks, fit_groups_newton
 from smoeweather.postprocess.model_file import read_model
 
 MEMBERS = ["CMCG", "ETA", "GASP", "GFS", "JMA", "NGPS", "TCWB", "UKMO"]
@@ -120,7 +120,7 @@ def test_member_weights_recovered_and_mean_form_matches_the_grid_solver() -> Non
     np.testing.assert_allclose(fit_blocks(reduce)[0], coef, rtol=1e-9, atol=1e-9)
     m = x.mean(1)
     mean_form = {"X": np.stack([np.ones(n), m], -1)[None], "v": var[None], "y": y[None], "w": np.ones((1, n))}
-    ref, _ = _fit_groups_newton(m[None], var[None], y[None], np.ones((1, n)))
+    ref, _ = fit_groups_newton(m[None], var[None], y[None], np.ones((1, n)))
     np.testing.assert_allclose(fit_blocks(lambda fn: fn(mean_form))[0], ref, rtol=1e-8, atol=1e-10)
 
 

@@ -48,10 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--train-period", nargs=2, metavar=("A", "B"),
                    help="init times used for fitting (dates or years, inclusive; default: all)")
     f.add_argument("--variables", nargs="+", help="ensemble variables to fit (default: all)")
-    f.add_argument("--iterations", type=int, default=None,
-                   help="max Newton iterations per fit (default 50; 300 L-BFGS iterations with --solver lbfgs)")
-    f.add_argument("--solver", choices=["newton", "lbfgs"], default="newton",
-                   help="newton: batched per-group Newton (default); lbfgs: the earlier reference solver")
+    f.add_argument("--iterations", type=int, default=None, help="max Newton iterations per fit (default 50)")
     f.add_argument("--out", type=Path, required=True, help="model file (netCDF, e.g. emos.nc)")
     add_scale_arguments(f, "fit")  # --scheduler, site tables, --predictors, --per-site, --window/--lag
 
@@ -131,39 +128,40 @@ def _crossval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fit(args: argparse.Namespace) -> int:
-    from smoeweather.data import ensembles
-    from smoeweather.postprocess.emos import fit_emos
-    from smoeweather.postprocess.model_file import write_model
+def _table_options(args: argparse.Namespace) -> dict[str, object]:
+    """The site-table column options (``--table-*``) as :func:`smoeweather.data.sites.open_sites` takes them."""
+    return {"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
+            "members": args.table_members}
 
+
+def _drn_settings(args: argparse.Namespace) -> object:
+    """The :class:`~smoeweather.postprocess.drn.DRNSettings` of the ``--drn-*`` options (checked)."""
+    from smoeweather.postprocess.drn import DRNSettings
+
+    return DRNSettings(hidden=args.drn_hidden, embedding=args.drn_embedding, epochs=args.drn_epochs,
+                       seeds=args.drn_seeds, batch_size=args.drn_batch_size, learning_rate=args.drn_learning_rate,
+                       seed=args.drn_seed, distribution=args.distribution, extra_variables=tuple(args.drn_extra),
+                       warm_start_epochs=args.drn_warm_start).check()
+
+
+def _fit(args: argparse.Namespace) -> int:
     if args.method == "drn":
         from smoeweather.postprocess.drn import fit_drn_files
-        from smoeweather.postprocess.options import drn_settings
 
         if args.predictors != "mean" or args.per_gridpoint:
             raise ValueError("--method drn: --predictors members and --per-site/--per-gridpoint are EMOS options "
                              "(the DRN reads the ensemble mean and spread, and its location embedding is per site)")
-        print(fit_drn_files(args.forecast, args.out, drn_settings(args), truth=args.truth, variables=args.variables,
+        print(fit_drn_files(args.forecast, args.out, _drn_settings(args), truth=args.truth, variables=args.variables,
                             train_period=args.train_period, window=args.window, lag=args.lag, dates=args.dates,
                             table=_table_options(args), overwrite=args.overwrite, progress=not args.quiet))
         return 0
-    if args.solver == "newton" or args.window is not None or args.predictors != "mean":
-        from smoeweather.postprocess.pipeline import fit  # out of core on dask, sites, rolling
+    from smoeweather.postprocess.pipeline import fit  # out of core on dask; grids and sites; rolling windows
 
-        print(fit(args))
-        return 0
-    if args.out.exists() and not args.overwrite:
-        raise FileExistsError(f"{args.out} already exists (pass --overwrite to replace it)")
-    forecast = ensembles.select_period(ensembles.open_ensemble(args.forecast, args.variables), args.train_period)
-    truth = ensembles.truth_at_valid_times(forecast, ensembles.open_truth(args.truth, args.forecast))
-    forecast = forecast.load()
-    params = fit_emos(forecast, truth.load(), per_gridpoint=args.per_gridpoint, iterations=args.iterations,
-                      solver=args.solver)
-    sources = " ".join(map(str, args.forecast))
-    attrs = {"forecast": sources, "truth": str(args.truth or sources),
-             "train_period": " ".join(map(str, args.train_period)) if args.train_period else "all"}
-    out = write_model(params, forecast, args.out, attrs, overwrite=args.overwrite)
-    print(f"{out}: {params.attrs['groups']} EMOS fit(s), {params.attrs['groups_not_converged']} not converged")
+    print(fit(args.forecast, args.out, truth_path=args.truth, variables=args.variables,
+              train_period=args.train_period, predictors=args.predictors, per_gridpoint=args.per_gridpoint,
+              window=args.window, lag=args.lag, dates=args.dates, distribution=args.distribution,
+              iterations=args.iterations, table=_table_options(args), scheduler=args.scheduler,
+              progress=not args.quiet, overwrite=args.overwrite))
     return 0
 
 
@@ -187,7 +185,7 @@ def apply_model(args: argparse.Namespace) -> tuple[str, Path]:
 
 def _apply(args: argparse.Namespace) -> int:
     from smoeweather.data import ensembles
-    from smoeweather.postprocess.ecc import check_quantile_levels, ecc_members, gaussian_quantiles
+    from smoeweather.postprocess.ecc import check_quantile_levels
 
     # every check before anything is computed or written
     method, args.model = apply_model(args)
@@ -214,42 +212,21 @@ def _apply(args: argparse.Namespace) -> int:
     if method == "emos":  # out of core on dask, streamed to zarr; sites and rolling windows
         from smoeweather.postprocess.pipeline import apply
 
-        for p in apply(args, members_out, quantiles_out, levels):
+        for p in apply(args.model, args.forecast, args.out, apply_period=args.apply_period, members_out=members_out,
+                       members=args.members, quantiles_out=quantiles_out, levels=levels, table=_table_options(args),
+                       scheduler=args.scheduler, progress=not args.quiet, overwrite=args.overwrite):
             print(p)
         return 0
+    from smoeweather.postprocess.neural import apply_checkpoint
+    from smoeweather.postprocess.pipeline import check_member_count, distribution_products
+
     forecast = ensembles.select_period(ensembles.open_ensemble(args.forecast), args.apply_period)
-    if args.members is not None and args.members != forecast.sizes["member"]:
-        raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
-                         f"ensemble's member count ({forecast.sizes['member']} in {' '.join(map(str, args.forecast))})")
-    if method == "network":
-        from smoeweather.postprocess.neural import apply_checkpoint
-
-        mu, sigma, attrs = apply_checkpoint(args.model, forecast, batch_size=args.batch_size)
-    else:
-        from smoeweather.postprocess.emos import apply_emos
-        from smoeweather.postprocess.model_file import check_forecast, read_model
-
-        params, mattrs = read_model(args.model)
-        forecast = check_forecast(mattrs, forecast, str(args.model), " ".join(map(str, args.forecast)))
-        mu, sigma = apply_emos(params, forecast.load())
-        attrs = {"method": "emos" + ("_gridpoint" if int(mattrs["per_gridpoint"]) else "_global"),
-                 "model": str(args.model), "model_train_period": mattrs.get("train_period"),
-                 "members": int(forecast.sizes["member"])}
-    attrs = {**attrs, "forecast": " ".join(map(str, args.forecast))}
+    sources = " ".join(map(str, args.forecast))
+    check_member_count(args.members, forecast, sources)
+    mu, sigma, attrs = apply_checkpoint(args.model, forecast, batch_size=args.batch_size)
     mu, sigma = mu.load(), sigma.load()
-    products = []
-    if members_out is not None:
-        raw = forecast[list(mu.data_vars)]
-        if "level" in mu.dims:
-            raw = raw.sel(level=mu["level"].values)
-        ens = ecc_members(mu, sigma, raw.load(), args.members)
-        products.append((ens, members_out, "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
-                                                        "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}))
-    if quantiles_out is not None:
-        products.append((gaussian_quantiles(mu, sigma, levels), quantiles_out, "quantiles",
-                         {**attrs, "method": f"{attrs['method']}_quantiles"}))
-    print(ensembles.write_store(ensembles.gaussian_dataset(mu, sigma), args.out, "gaussian", attrs,
-                             overwrite=args.overwrite))
+    products = distribution_products(mu, sigma, forecast.load(), {**attrs, "forecast": sources}, "normal",
+                                     args.out, members_out, args.members, quantiles_out, levels)
     for ds, path, kind, a in products:
         print(ensembles.write_store(ds, path, kind, a, overwrite=args.overwrite))
     return 0

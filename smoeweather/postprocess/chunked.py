@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from smoeweather.postprocess.emos import COEFFICIENTS, Block, _fit_groups_newton, fit_blocks
+from smoeweather.postprocess.emos import COEFFICIENTS, Block, fit_blocks, fit_groups_newton
 from smoeweather.postprocess.options import PREDICTORS
 
 SPACE_DIMS = ("latitude", "longitude", "site")
@@ -185,7 +185,7 @@ def _fit_local(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray,
     if enough.any():
         sub = {n: a[enough] for n, a in b.items()}
         if k == 2 and distribution == "normal":  # the mean/spread form: the same solver as the in-memory fit_emos
-            c, ok = _fit_groups_newton(sub["X"][..., 1], sub["v"], sub["y"], sub["w"], iterations=iterations)
+            c, ok = fit_groups_newton(sub["X"][..., 1], sub["v"], sub["y"], sub["w"], iterations=iterations)
         else:
             c, ok = fit_blocks(lambda fn: fn(sub), iterations=iterations, distribution=distribution)
         coef[enough] = np.concatenate([c, ok[:, None].astype(np.float64)], 1)

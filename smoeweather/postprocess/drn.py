@@ -608,7 +608,7 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
     from pathlib import Path
 
     from smoeweather.data import ensembles
-    from smoeweather.postprocess.pipeline import _truth_at, check_non_negative, open_forecast_and_truth
+    from smoeweather.postprocess.pipeline import check_non_negative, open_forecast_and_truth, truth_on_valid_times
     from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
 
     settings.check()
@@ -622,7 +622,7 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
                                      table or {})
     targets = list(variables) if variables else list(fc.data_vars)
     fc = with_static(ensembles.select_period(fc, train_period), list(forecast_paths))
-    truth_at = _truth_at(fc[targets], tr)
+    truth_at = truth_on_valid_times(fc[targets], tr)
     if settings.distribution == "truncnormal":
         check_non_negative(truth_at, "--distribution truncnormal")
     win = None

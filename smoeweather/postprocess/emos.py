@@ -7,7 +7,7 @@ fit, over the grid with latitude weights). One coefficient set per variable, lea
 point with ``per_gridpoint=True``. Every fit is done in standardised units of its own truth (so one
 tolerance suits Z500 and T850).
 
-Solver (``solver="newton"``, the default): every group (variable × lead × level [× grid point]) is its own
+Solver: every group (variable × lead × level [× grid point]) is its own
 4-parameter problem, solved by a batched damped Newton method on all groups at once:
 
 - closed-form start: a, b by weighted least squares of the truth on the ensemble mean; c, d by regressing
@@ -20,8 +20,8 @@ Solver (``solver="newton"``, the default): every group (variable × lead × leve
 - a backtracking Armijo line search per group (each group its own step length), and converged groups leave
   the active set: the cost follows the groups still moving.
 
-``solver="lbfgs"`` is the earlier implementation (one torch L-BFGS over the sum of all groups, shared line
-search, c = softplus(γ), d = softplus(δ)); kept as the reference for tests and ``benchmarks/postprocess.py``.
+An independent reference solver (one torch L-BFGS over the sum of all groups) lives in the tests
+(``tests/emos_reference.py``); ``benchmarks/postprocess.py`` times against it.
 """
 
 from __future__ import annotations
@@ -37,10 +37,8 @@ import torch
 import xarray as xr
 
 from smoeweather.metrics.weights import latitude_weights
-from smoeweather.training.losses import gaussian_crps
 
 COEFFICIENTS = ("a", "b", "c", "d")
-SOLVERS = ("newton", "lbfgs")
 C_FLOOR = 1e-6  # floor of c in units of the truth's variance (σ ≥ 10⁻³ of the truth's standard deviation)
 _BLOCK = 1 << 18  # group × sample elements per Newton block (2 MB per float64 temporary: cache-friendly)
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
@@ -72,45 +70,6 @@ def _to_physical(coef: np.ndarray, loc: np.ndarray, scale: np.ndarray) -> np.nda
     σ² = scale²·c' + d'·var."""
     a_, b_, c_, d_ = coef.T
     return np.stack([loc + scale * a_ - b_ * loc, b_, scale**2 * c_, d_], axis=1)
-
-
-def _fit_groups_lbfgs(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
-    """Reference solver: one L-BFGS over the summed CRPS of all groups.
-
-    Coefficients (G, 4) in physical units from (G, S) mean/variance/truth and (G, S) weights (0 = skip).
-    """
-    data, loc, scale = _standardise(m, v, y, w)
-    t = {k: torch.from_numpy(a) for k, a in data.items()}
-    g = m.shape[0]
-    resid = (t["y"] - t["m"]) * t["w"]
-    a = resid.sum(1).clone().requires_grad_(True)  # start: bias-corrected raw ensemble
-    b = torch.ones(g, dtype=torch.float64, requires_grad=True)
-    inv_softplus = float(np.log(np.expm1(0.1)))
-    gamma = torch.full((g,), inv_softplus, dtype=torch.float64, requires_grad=True)
-    delta = torch.full((g,), float(np.log(np.expm1(1.0))), dtype=torch.float64, requires_grad=True)
-    params = [a, b, gamma, delta]
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe",
-                            tolerance_grad=1e-9, tolerance_change=1e-12, history_size=20)
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        mu = a[:, None] + b[:, None] * t["m"]
-        var = torch.nn.functional.softplus(gamma)[:, None] + torch.nn.functional.softplus(delta)[:, None] * t["v"]
-        loss = (gaussian_crps(mu, torch.sqrt(var), t["y"]) * t["w"]).sum()
-        loss.backward()
-        return loss
-
-    # these element-wise problems are small: one thread avoids oversubscription stalls on shared CPUs
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        opt.step(closure)
-    finally:
-        torch.set_num_threads(threads)
-    with torch.no_grad():
-        coef = np.stack([a.numpy(), b.numpy(), torch.nn.functional.softplus(gamma).numpy(),
-                         torch.nn.functional.softplus(delta).numpy()], axis=1)
-    return _to_physical(coef, loc, scale)
 
 
 def _features(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -257,7 +216,7 @@ def _newton_block(data: dict[str, np.ndarray], iterations: int, tol: float) -> t
     return coef, converged.numpy()
 
 
-def _fit_groups_newton(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray, iterations: int = 50,
+def fit_groups_newton(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray, iterations: int = 50,
                        tol: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
     """Per-group damped Newton (module doc): coefficients (G, 4) in physical units and convergence flags (G,).
 
@@ -293,7 +252,6 @@ def fit_emos(
     iterations: int | None = None,
     member_dim: str = "member",
     sample_dims: Sequence[str] = ("time",),
-    solver: str = "newton",
 ) -> xr.Dataset:
     """EMOS coefficients: per variable a DataArray with dim ``coefficient`` (a, b, c, d) and the group dims
     (``prediction_timedelta``, [``level``], and ``latitude``/``longitude`` if ``per_gridpoint``).
@@ -301,12 +259,10 @@ def fit_emos(
     ``forecast`` (ensemble) and ``truth`` (at valid times, see
     :func:`~smoeweather.data.ensembles.truth_at_valid_times`) share their non-member dims. Units: a, μ in
     the field's units; b, d dimensionless; c in units².
-    ``iterations``: Newton iterations per group (default 50) or L-BFGS iterations (default 300).
+    ``iterations``: Newton iterations per group (default 50).
     attrs: method, per_gridpoint, solver, iterations, groups, groups_not_converged.
     """
-    if solver not in SOLVERS:
-        raise ValueError(f"EMOS solver must be one of {SOLVERS}, got {solver!r}")
-    iterations = iterations if iterations is not None else (50 if solver == "newton" else 300)
+    iterations = iterations if iterations is not None else 50
     mean, var = ensemble_moments(forecast, member_dim)
     out = {}
     n_groups = n_bad = 0
@@ -325,11 +281,8 @@ def fit_emos(
         else:
             w = np.ones(m.shape)
         arrays = [np.asarray(a, np.float64).reshape(g, s) for a in (m.values, v.values, y.values, w)]
-        if solver == "newton":
-            coef, ok = _fit_groups_newton(*arrays, iterations=iterations)
-            n_bad += int((~ok).sum())
-        else:
-            coef = _fit_groups_lbfgs(*arrays, iterations=iterations)
+        coef, ok = fit_groups_newton(*arrays, iterations=iterations)
+        n_bad += int((~ok).sum())
         n_groups += g
         out[name] = xr.DataArray(coef.reshape(*shape, 4), dims=(*groups, "coefficient"),
                                  coords={**{d: m[d] for d in groups}, "coefficient": list(COEFFICIENTS)},
@@ -338,7 +291,7 @@ def fit_emos(
         warnings.warn(f"EMOS: {n_bad} of {n_groups} fits did not converge in {iterations} Newton iterations",
                       stacklevel=2)
     params = xr.Dataset(out)
-    params.attrs = {"method": "emos", "per_gridpoint": int(per_gridpoint), "solver": solver,
+    params.attrs = {"method": "emos", "per_gridpoint": int(per_gridpoint), "solver": "newton",
                     "iterations": iterations, "groups": n_groups, "groups_not_converged": n_bad}
     return params
 

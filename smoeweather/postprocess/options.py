@@ -49,13 +49,3 @@ def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
                        help="with --window: the window ends this long before each date (default: the longest lead)")
         p.add_argument("--dates", nargs=2, metavar=("START", "END"),
                        help="with --window: forecast dates to fit (default: every date with a full window)")
-
-
-def drn_settings(args: argparse.Namespace) -> object:
-    """The :class:`~smoeweather.postprocess.drn.DRNSettings` of the ``--drn-*`` options (checked)."""
-    from smoeweather.postprocess.drn import DRNSettings
-
-    return DRNSettings(hidden=args.drn_hidden, embedding=args.drn_embedding, epochs=args.drn_epochs,
-                       seeds=args.drn_seeds, batch_size=args.drn_batch_size, learning_rate=args.drn_learning_rate,
-                       seed=args.drn_seed, distribution=args.distribution, extra_variables=tuple(args.drn_extra),
-                       warm_start_epochs=args.drn_warm_start).check()

@@ -7,7 +7,6 @@ a failed run leaves no output behind (atomic writes, the staging folder removed)
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,11 +21,6 @@ from smoeweather.io import atomic_path
 from smoeweather.postprocess import chunked
 from smoeweather.postprocess.distributions import check_distribution
 from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
-
-
-def _table_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
-            "members": args.table_members}
 
 
 def open_forecast_and_truth(paths: Sequence[Path], truth: Path | None, variables: Sequence[str] | None,
@@ -58,64 +52,88 @@ def check_non_negative(truth: xr.Dataset, option: str) -> None:
                              "such as wind speed; use --distribution normal for this variable")
 
 
-def _truth_at(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
+def truth_on_valid_times(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
     """Truth at init + lead, lazy (dask) when the truth is; sites: NaN where a station has no observation."""
     if "site" in forecast.dims:
         return ensembles.truth_at_valid_times(forecast, truth, gaps="nan")
     return ensembles.truth_at_valid_times(forecast, chunked.as_dask(truth))
 
 
-def fit(args: argparse.Namespace) -> str:
-    """``smoe postprocess fit --method emos``: write the model file; returns a one-line summary."""
+def fit(
+    forecast_paths: Sequence[Path],
+    out: Path,
+    *,
+    truth_path: Path | None = None,
+    variables: Sequence[str] | None = None,
+    train_period: Sequence[str] | None = None,
+    predictors: str = "mean",
+    per_gridpoint: bool = False,
+    window: str | None = None,
+    lag: str | None = None,
+    dates: Sequence[str] | None = None,
+    distribution: str = "normal",
+    iterations: int | None = None,
+    table: dict[str, Any] | None = None,
+    scheduler: str | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> str:
+    """Fit EMOS (``smoe postprocess fit --method emos``) and write the model file ``out``; returns a summary line.
+
+    ``forecast_paths``: gridded ensemble stores/files or one site file/table (``table``: its column options,
+    :func:`smoeweather.data.sites.open_sites`); ``truth_path``: truth on valid times (default: the forecast's
+    own); ``train_period``: inclusive init range; ``predictors``: ``mean`` or ``members``; ``per_gridpoint``:
+    one fit per grid point or site; ``window``/``lag``/``dates``: rolling training windows (``25D``, ``2D``);
+    ``distribution``: ``normal`` or ``truncnormal``; ``scheduler``: where dask runs
+    (:func:`pipelines.compute.dask_client`)."""
     from smoeweather.postprocess.model_file import write_model
 
-    if args.out.exists() and not args.overwrite:
-        raise FileExistsError(f"{args.out} already exists (pass --overwrite to replace it)")
-    if getattr(args, "solver", "newton") != "newton":
-        raise ValueError(f"--solver {args.solver}: the out-of-core fit uses the batched Newton solver; the "
-                         "L-BFGS reference is available in the Python API (emos.fit_emos)")
-    if args.window is None and (args.lag is not None or args.dates is not None):
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    if window is None and (lag is not None or dates is not None):
         raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
-    distribution = check_distribution(getattr(args, "distribution", "normal"))
-    forecast, truth = open_forecast_and_truth(args.forecast, args.truth, args.variables, _table_options(args))
-    forecast = ensembles.select_period(forecast, args.train_period)
-    truth_at = _truth_at(forecast, truth)
+    distribution = check_distribution(distribution)
+    forecast, truth = open_forecast_and_truth(forecast_paths, truth_path, variables, table or {})
+    forecast = ensembles.select_period(forecast, train_period)
+    truth_at = truth_on_valid_times(forecast, truth)
     if distribution == "truncnormal":
         check_non_negative(truth_at, "--distribution truncnormal")
-    window = None
-    if args.window is not None:
-        win = parse_duration(args.window, "--window")
+    rolling_window = None
+    if window is not None:
+        win = parse_duration(window, "--window")
         leads = forecast["prediction_timedelta"].values
-        lag = parse_duration(args.lag, "--lag") if args.lag is not None else np.max(leads)
+        lag_td = parse_duration(lag, "--lag") if lag is not None else np.max(leads)
         import pandas as pd
 
-        lag = pd.Timedelta(lag)
-        dates = window_dates(forecast["time"].values, win, lag, args.dates)
-        idx, valid = window_index(forecast["time"].values, dates, win, lag)
-        window = (dates, idx, valid)
-    members = [str(m) for m in forecast["member"].values] if args.predictors == "members" else None
+        lag_td = pd.Timedelta(lag_td)
+        fit_dates = window_dates(forecast["time"].values, win, lag_td, dates)
+        idx, valid = window_index(forecast["time"].values, fit_dates, win, lag_td)
+        rolling_window = (fit_dates, idx, valid)
+    members = [str(m) for m in forecast["member"].values] if predictors == "members" else None
     names = list(forecast.data_vars)
-    with chunked.scheduler(args.scheduler) as client, chunked.staging_dir(args.out) as tmp:
-        arrays = chunked.training_arrays(chunked.as_dask(forecast), chunked.as_dask(truth_at), args.predictors)
-        factor = window[1].shape[0] * window[1].shape[1] // max(forecast.sizes["time"], 1) if window else 1
-        staged = chunked.stage(arrays, tmp / "training.zarr", client, not args.quiet, max(1, factor))
-        params = chunked.fit_staged(staged, names, bool(args.per_gridpoint), client, not args.quiet,
-                                    window=window, members=members, iterations=args.iterations or 50,
+    with chunked.scheduler(scheduler) as client, chunked.staging_dir(out) as tmp:
+        arrays = chunked.training_arrays(chunked.as_dask(forecast), chunked.as_dask(truth_at), predictors)
+        factor = (rolling_window[1].shape[0] * rolling_window[1].shape[1] // max(forecast.sizes["time"], 1)
+                  if rolling_window else 1)
+        staged = chunked.stage(arrays, tmp / "training.zarr", client, progress, max(1, factor))
+        params = chunked.fit_staged(staged, names, bool(per_gridpoint), client, progress,
+                                    window=rolling_window, members=members, iterations=iterations or 50,
                                     distribution=distribution)
     for n in names:
         params[n].attrs["units"] = forecast[n].attrs.get("units", "")
-    sources = " ".join(map(str, args.forecast))
-    attrs = {"forecast": sources, "truth": str(args.truth or sources), "predictors": args.predictors,
-             "train_period": " ".join(map(str, args.train_period)) if args.train_period else "all",
+    sources = " ".join(map(str, forecast_paths))
+    attrs = {"forecast": sources, "truth": str(truth_path or sources), "predictors": predictors,
+             "train_period": " ".join(map(str, train_period)) if train_period else "all",
              "distribution": distribution}
-    if window is not None:
-        attrs.update(window=str(args.window), lag=str(lag), window_rule="inits s with t - lag - window < s <= t - lag",
-                     dates=f"{window[0][0]} .. {window[0][-1]}")
-    out = write_model(params, forecast, args.out, attrs, overwrite=args.overwrite)
-    kind = "per site" if "site" in forecast.dims and args.per_gridpoint else (
-        "per grid point" if args.per_gridpoint else "global")
-    rolling = f", {len(window[0])} forecast dates" if window is not None else ""
-    return (f"{out}: {params.attrs['groups']} EMOS fit(s) ({kind}, {args.predictors}{rolling}), "
+    if rolling_window is not None:
+        attrs.update(window=str(window), lag=str(lag_td),
+                     window_rule="inits s with t - lag - window < s <= t - lag",
+                     dates=f"{rolling_window[0][0]} .. {rolling_window[0][-1]}")
+    written = write_model(params, forecast, out, attrs, overwrite=overwrite)
+    kind = "per site" if "site" in forecast.dims and per_gridpoint else (
+        "per grid point" if per_gridpoint else "global")
+    rolling = f", {len(rolling_window[0])} forecast dates" if rolling_window is not None else ""
+    return (f"{written}: {params.attrs['groups']} EMOS fit(s) ({kind}, {predictors}{rolling}), "
             f"{params.attrs['groups_not_converged']} not converged")
 
 
@@ -153,34 +171,54 @@ def write_stores(products: Sequence[tuple[xr.Dataset, Path, str, dict[str, Any]]
     return [p for _, p, _, _ in products]
 
 
-def apply(args: argparse.Namespace, members_out: Path | None, quantiles_out: Path | None,
-          levels: np.ndarray | None) -> list[Path]:
-    """``smoe postprocess apply --emos MODEL.nc``: the Gaussian store, ECC-Q members and quantiles (checks of the
-    caller done: output paths, --members N against the forecast)."""
+def apply(
+    model: Path,
+    forecast_paths: Sequence[Path],
+    out: Path,
+    *,
+    apply_period: Sequence[str] | None = None,
+    members_out: Path | None = None,
+    members: int | None = None,
+    quantiles_out: Path | None = None,
+    levels: np.ndarray | None = None,
+    table: dict[str, Any] | None = None,
+    scheduler: str | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> list[Path]:
+    """Calibrate a forecast with an EMOS model file (``smoe postprocess apply --emos``): the (μ, σ) store ``out``,
+    with ``members`` ECC-Q members to ``members_out`` and the quantiles ``levels`` to ``quantiles_out``; streamed
+    out of core. The caller has checked the output paths."""
     from smoeweather.postprocess.emos import apply_emos
     from smoeweather.postprocess.model_file import check_forecast, read_model
 
-    params, mattrs = read_model(args.model)
-    forecast, _ = open_forecast_and_truth(args.forecast, None, None, _table_options(args)) if any(
-        is_site_source(p) for p in args.forecast) else (ensembles.open_ensemble(args.forecast), None)
-    forecast = ensembles.select_period(forecast, args.apply_period)
-    if args.members is not None and args.members != forecast.sizes["member"]:
-        raise ValueError(f"--members {args.members}: ECC-Q reorders the raw members, so N must equal the raw "
-                         f"ensemble's member count ({forecast.sizes['member']} in {' '.join(map(str, args.forecast))})")
-    forecast = check_forecast(mattrs, forecast, str(args.model), " ".join(map(str, args.forecast)))
+    params, mattrs = read_model(model)
+    sources = " ".join(map(str, forecast_paths))
+    forecast, _ = open_forecast_and_truth(forecast_paths, None, None, table or {}) if any(
+        is_site_source(p) for p in forecast_paths) else (ensembles.open_ensemble(forecast_paths), None)
+    forecast = ensembles.select_period(forecast, apply_period)
+    check_member_count(members, forecast, sources)
+    forecast = check_forecast(mattrs, forecast, str(model), sources)
     forecast = chunked.as_dask(forecast)
     params = _align_sites(params, mattrs, forecast)
     mu, sigma = apply_emos(params, forecast)  # lazy; refuses dates without coefficients, mismatched members
     local = int(mattrs["per_gridpoint"])
     where = "site" if "site" in forecast.dims else "gridpoint"
-    attrs = {"method": "emos" + (f"_{where}" if local else "_global"), "model": str(args.model),
+    attrs = {"method": "emos" + (f"_{where}" if local else "_global"), "model": str(model),
              "model_train_period": mattrs.get("train_period"), "members": int(forecast.sizes["member"]),
              "predictors": mattrs.get("predictors", "mean"), "window": mattrs.get("window"),
-             "forecast": " ".join(map(str, args.forecast))}
+             "forecast": sources}
     products = distribution_products(mu, sigma, forecast, attrs, str(mattrs.get("distribution", "normal")),
-                                     args.out, members_out, args.members, quantiles_out, levels)
-    with chunked.scheduler(args.scheduler) as client:
-        return write_stores(products, client, not args.quiet, args.overwrite)
+                                     out, members_out, members, quantiles_out, levels)
+    with chunked.scheduler(scheduler) as client:
+        return write_stores(products, client, progress, overwrite)
+
+
+def check_member_count(members: int | None, forecast: xr.Dataset, sources: str) -> None:
+    """ValueError unless ``members`` (ECC-Q members asked for) is None or the raw ensemble's member count."""
+    if members is not None and members != forecast.sizes["member"]:
+        raise ValueError(f"--members {members}: ECC-Q reorders the raw members, so N must equal the raw "
+                         f"ensemble's member count ({forecast.sizes['member']} in {sources})")
 
 
 def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Dataset, attrs: dict[str, Any],
@@ -198,7 +236,10 @@ def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Datase
     attrs = {**attrs, "distribution": distribution, "predictive_distribution": LONG_NAMES[distribution]}
     products = [(ensembles.gaussian_dataset(mu, sigma), out, "gaussian", attrs)]
     if members_out is not None:
-        ens = ecc_members(mu, sigma, forecast[list(mu.data_vars)], members, distribution=distribution)
+        raw = forecast[list(mu.data_vars)]
+        if "level" in mu.dims:  # a network may calibrate fewer levels than the raw ensemble holds
+            raw = raw.sel(level=mu["level"].values)
+        ens = ecc_members(mu, sigma, raw, members, distribution=distribution)
         products.append((ens, members_out, "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
                                                         "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}))
     if quantiles_out is not None:
