@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--members", type=int, default=51)
     p.add_argument("--inits", type=int, default=365)
     p.add_argument("--spectra", action="store_true")
-    p.add_argument("--regions", nargs="+", default=["default"])
+    p.add_argument("--regions", nargs="+", default=["default"],
+                   help="--regions of smoe evaluate; 'none': leave the option out (code without regions)")
     p.add_argument("--work", type=Path, default=None, help="folder for the stores (default: a temporary one)")
     args = p.parse_args(argv)
     root = Path(args.work or tempfile.mkdtemp(prefix="evaluate_memory_"))
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         truth, fc = write_stores(root, args.resolution, args.members, args.inits, (24, 48))
         t_write = time.perf_counter() - t0
         cmd = [sys.executable, "-m", "smoeweather", "evaluate", f"ens={fc}", "--truth", str(truth), "--no-references",
-               "--regions", *args.regions, "--out", str(root / "scores"), *(["--spectra"] if args.spectra else [])]
+               *([] if args.regions == ["none"] else ["--regions", *args.regions]), "--out", str(root / "scores"),
+               *(["--spectra"] if args.spectra else [])]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0

@@ -141,9 +141,9 @@ def parse_regions(specs: Sequence[str] | str | None) -> list[Region]:
 
 def _in_lon_band(lon: np.ndarray, band: Band) -> np.ndarray:
     lo, hi = band
-    width = (hi - lo) % 360.0 if hi - lo < 360.0 else 360.0
     if hi - lo >= 360.0:
         return np.ones(lon.shape, bool)
+    width = (hi - lo) % 360.0  # a band with lo > hi (e.g. 350:10) wraps through 0°
     return (lon - lo + _TOL) % 360.0 <= width + 2 * _TOL
 
 
