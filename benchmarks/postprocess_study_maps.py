@@ -64,7 +64,7 @@ def crps_maps(study: Path) -> tuple[dict[str, dict[str, np.ndarray]], xr.DataArr
     for arm in ARMS:
         runs = [r for r in record["runs"] if r["variant"] == arm]
         for r in runs:
-            mu, sigma, _ = apply_checkpoint(r["best_checkpoint"], test_fc)
+            mu, sigma, _ = apply_checkpoint(study / r["best_checkpoint"], test_fc)  # relative to the study folder
             for name, level in TARGETS:
                 add(arm, {f"{name}_{level}": probabilistic.crps_gaussian(
                     _sel(mu, name, level), _sel(sigma, name, level), _sel(test_truth, name, level))})

@@ -65,7 +65,7 @@ def paired(runs: list[dict[str, Any]], a: str, b: str, key: tuple[str, str]) -> 
     seeds = sorted(s for (v, s) in by_seed if v == a and (b, s) in by_seed)
     if not seeds:
         return None
-    from smoeweather.experiments.study import t_interval
+    from smoeweather.metrics.significance import t_interval
 
     return t_interval([by_seed[(a, s)] - by_seed[(b, s)] for s in seeds])
 

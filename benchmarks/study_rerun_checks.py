@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.experiments.study import t_interval
+from smoeweather.metrics.significance import t_interval
 
 
 def _runs(study: dict[str, Any], arm: str) -> dict[int, dict[str, Any]]:

@@ -276,7 +276,7 @@ def test_postprocess_study_in_two_shards(streams: dict[str, Path], tmp_path: Pat
     run = next(r for r in result["runs"] if r["variant"] == "unet" and r["seed"] == 1)
     cfg = yaml.safe_load((out / "runs/unet/seed1/config.yaml").read_text())
     fc, truth, _ = split_forecast(cfg["data"], "test")
-    mu, sigma, _ = apply_checkpoint(run["best_checkpoint"], fc)
+    mu, sigma, _ = apply_checkpoint(out / run["best_checkpoint"], fc)  # relative to the study folder
     lead = np.timedelta64(48, "h").astype("timedelta64[ns]")
     pick = {"level": 850, "prediction_timedelta": lead}
     crps = properscoring.crps_gaussian(truth["temperature"].sel(pick).values, mu["temperature"].sel(pick).values,

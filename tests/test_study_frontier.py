@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from smoeweather.experiments.study import THREAD_ENV, load_study, run_study, t_interval
+from smoeweather.experiments.study import THREAD_ENV, load_study, run_study
+from smoeweather.metrics.significance import t_interval
 from smoeweather.plotting.frontier import Arm, frontier_table, pair_to_frontier, plot_frontier
 from smoeweather.training.base import cosine_lr_factor
 from tests.test_postprocess_cli import gcm_ens_like

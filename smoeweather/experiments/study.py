@@ -29,7 +29,8 @@ Variant config paths are relative to the study file. Layout of ``--out DIR``::
 Reproducibility: every run pins its thread count (``threads``, default 1: float sums then always add in one
 order, so one seed gives one number on one machine) and records it with the CPU model and code version
 (:func:`environment`). Verdicts: paired differences (same seed) get a 95 % Student-t interval with n − 1
-degrees of freedom (:func:`t_interval`); bold in ``study.md`` means the interval excludes zero.
+degrees of freedom (:func:`~smoeweather.metrics.significance.t_interval`); bold in ``study.md`` means the
+interval excludes zero.
 
 Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.ckpt`` continues from it
 (Lightning restores optimizer, step and epoch), any other run starts fresh.
@@ -38,11 +39,9 @@ Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.c
 from __future__ import annotations
 
 import functools
-import math
 import os
 import platform
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ import yaml
 
 from smoeweather.config import ConfigError, apply_overrides, load_config
 from smoeweather.io import write_json, write_text
+from smoeweather.metrics.significance import t_interval
 
 STUDY_TASKS = ("weatherbench", "postprocess", "ens10")
 POSTPROCESS_TASKS = ("postprocess", "ens10")
@@ -239,20 +239,11 @@ def cpu_model() -> str:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """``git describe --always --dirty`` of the package's checkout when first asked in this process (the code
-    this process loaded, even if the checkout moves on while it runs), else the installed package version."""
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
-                             capture_output=True, text=True, timeout=10, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        from importlib.metadata import PackageNotFoundError, version
+    """:func:`pipelines.provenance.code_version` when first asked in this process (the code this process loaded,
+    even if the checkout moves on while it runs)."""
+    from pipelines.provenance import code_version as current
 
-        try:
-            return f"smoeweather {version('smoeweather')}"
-        except PackageNotFoundError:
-            return "unknown"
+    return current()
 
 
 def environment(threads: dict[str, int]) -> dict[str, Any]:
@@ -262,26 +253,6 @@ def environment(threads: dict[str, int]) -> dict[str, Any]:
     return {**threads, "cpu": cpu_model(), "cpu_count": os.cpu_count(), "code_version": code_version(),
             "torch": torch.__version__, "python": platform.python_version(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-# ---- intervals -------------------------------------------------------------------------------------
-def t_interval(values: Any, level: float = 0.95) -> dict[str, Any]:
-    """Mean, standard error std/√n (ddof 1), and the ``level`` Student-t interval with n − 1 degrees of
-    freedom of ``values`` (e.g. paired differences); ``excludes_zero``: the interval lies on one side of 0.
-    With n < 2 the SE and the interval are NaN."""
-    from scipy import stats
-
-    d = np.asarray(values, np.float64)
-    n = len(d)
-    mean = float(d.mean()) if n else float("nan")
-    if n < 2:
-        return {"mean": mean, "se": float("nan"), "n": n, "lo": float("nan"), "hi": float("nan"),
-                "t": float("nan"), "level": level, "excludes_zero": False}
-    se = float(d.std(ddof=1) / math.sqrt(n))
-    t = float(stats.t.ppf(0.5 + level / 2, n - 1))
-    lo, hi = mean - t * se, mean + t * se
-    return {"mean": mean, "se": se, "n": n, "lo": lo, "hi": hi, "t": t, "level": level,
-            "excludes_zero": bool(lo > 0 or hi < 0)}
 
 
 # ---- scoring ---------------------------------------------------------------------------------------
@@ -354,7 +325,8 @@ def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targe
               reference: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per variant, lead and target: mean ± std over seeds (ddof 1) and the paired difference to
     ``baseline`` over the seeds both have: mean, standard error std(d)/√n, n and the 95 % Student-t
-    interval ``lo``…``hi`` (n − 1 dof, :func:`t_interval`; d < 0: better). With ``reference`` (name, {lead:
+    interval ``lo``…``hi`` (n − 1 dof,
+    :func:`~smoeweather.metrics.significance.t_interval`; d < 0: better). With ``reference`` (name, {lead:
     {target: value}}) of a seed-free method, also the difference to it (``diff_to_reference``, same fields)."""
     by_variant: dict[str, dict[int, dict[str, Any]]] = {}
     for r in runs:
@@ -512,7 +484,9 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     if routing:  # SMoE runs: how far the routing moved from its initialisation by the best checkpoint
         extra["routing"] = routing
     monitor = getattr(getattr(result.trainer, "checkpoint_callback", None), "best_model_score", None)
-    record = {"variant": variant.name, "seed": seed, "steps": steps, "best_checkpoint": portable(best),
+    # the checkpoint relative to the study folder: study files hold no machine paths, and `out / path` finds it
+    record = {"variant": variant.name, "seed": seed, "steps": steps,
+              "best_checkpoint": os.path.relpath(Path(best).resolve(), Path(out).resolve()),
               "scoring": mode, "scores": scores, "extra": extra, "references": refs,
               "train_seconds": train_seconds if resume is None else None,
               "val_loss": None if monitor is None else float(monitor),  # the selection score (validation only)

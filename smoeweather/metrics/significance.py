@@ -14,6 +14,9 @@ this is the ordinary paired t-test (``scipy.stats.ttest_rel``).
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import xarray as xr
 from scipy import stats
@@ -78,3 +81,20 @@ def paired_difference_test(a: xr.DataArray, b: xr.DataArray, dim: str = "time") 
 
 
 __all__ = ["effective_sample_size", "paired_difference_test"]
+
+
+def t_interval(values: Any, level: float = 0.95) -> dict[str, Any]:
+    """Mean, standard error std/√n (ddof 1), and the ``level`` Student-t interval with n − 1 degrees of
+    freedom of ``values`` (e.g. paired differences); ``excludes_zero``: the interval lies on one side of 0.
+    With n < 2 the SE and the interval are NaN."""
+    d = np.asarray(values, np.float64)
+    n = len(d)
+    mean = float(d.mean()) if n else float("nan")
+    if n < 2:
+        return {"mean": mean, "se": float("nan"), "n": n, "lo": float("nan"), "hi": float("nan"),
+                "t": float("nan"), "level": level, "excludes_zero": False}
+    se = float(d.std(ddof=1) / math.sqrt(n))
+    t = float(stats.t.ppf(0.5 + level / 2, n - 1))
+    lo, hi = mean - t * se, mean + t * se
+    return {"mean": mean, "se": se, "n": n, "lo": lo, "hi": hi, "t": t, "level": level,
+            "excludes_zero": bool(lo > 0 or hi < 0)}

@@ -93,8 +93,8 @@ def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | 
 
 def pair_to_frontier(arm: Arm, dense: list[Arm], pairing: str = "interpolate") -> dict[str, Any]:
     """``arm`` − the dense frontier at ``arm.cost``, per seed (seeds that ``arm`` and the dense arms used all
-    have), with its 95 % t-interval (:func:`smoeweather.experiments.study.t_interval`) and the method."""
-    from smoeweather.experiments.study import t_interval
+    have), with its 95 % t-interval (:func:`smoeweather.metrics.significance.t_interval`) and the method."""
+    from smoeweather.metrics.significance import t_interval
 
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {pairing!r}")
@@ -139,7 +139,7 @@ def _cost_text(cost: str, value: float) -> str:
 def frontier_markdown(arms: list[Arm], rows: list[dict[str, Any]], cost: str, metric: str, pairing: str,
                       studies: list[dict[str, Any]]) -> str:
     """The arm table (score ± t-interval half-width, cost) and the paired table against the dense frontier."""
-    from smoeweather.experiments.study import t_interval
+    from smoeweather.metrics.significance import t_interval
 
     names = ", ".join(f"`{s['name']}`" for s in studies)
     lines = [f"# Skill against cost: {metric}, cost = {COSTS[cost][1]}", "", f"Studies: {names}."]
@@ -172,7 +172,7 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from smoeweather.experiments.study import t_interval
+    from smoeweather.metrics.significance import t_interval
 
     styles = {"dense": ("tab:blue", "o", "dense"), "smoe": ("tab:red", "s", "SMoE"),
               "ensemble": ("tab:green", "^", "ensemble")}
