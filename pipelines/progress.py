@@ -49,7 +49,8 @@ class StageLines:
         if not self._closed:
             self._closed = True
             seconds = time.perf_counter() - self._start
-            print(f"{self.desc}: done, {self.n:g} {self.unit} in {seconds:.1f} s", file=self.stream, flush=True)
+            count = f", {self.n:g} {self.unit}" if self.n else ""
+            print(f"{self.desc}: done{count} in {seconds:.1f} s", file=self.stream, flush=True)
 
     def __enter__(self) -> StageLines:
         return self
