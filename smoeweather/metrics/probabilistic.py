@@ -405,19 +405,12 @@ def _energy_terms_np(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     Returns (..., R, 2): [:, 0] skill (1/M) Σⱼ ‖xⱼ − y‖, [:, 1] spread (1/(M(M − 1))) Σⱼ≠ₖ ‖xⱼ − xₖ‖, the
     latter from the Gram matrix of the members' deviations from their mean (Σ w (a − b)² = G_aa + G_bb −
-    2G_ab, O(M²P) per region in one matrix product, no (M, M, P) array). The products run on one BLAS thread:
-    dask already runs one task per core, and small matrix products on several BLAS threads of a busy machine
-    were measured 60× slower.
-    """
-    try:
-        from threadpoolctl import threadpool_limits  # installed with scikit-learn
-    except ImportError:  # pragma: no cover
-        from contextlib import nullcontext
+    2G_ab, O(M²P) per region in one matrix product, no (M, M, P) array).
 
-        def threadpool_limits(*_: object) -> nullcontext:  # type: ignore[misc]
-            return nullcontext()
-    with threadpool_limits(1, "blas"):
-        return _energy_terms_block(x, y, w)
+    The BLAS thread count is left alone: changing it per task (threadpoolctl) from several dask worker threads
+    at once is not thread-safe in OpenBLAS and crashed a long test process.
+    """
+    return _energy_terms_block(x, y, w)
 
 
 def _energy_terms_block(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
