@@ -520,11 +520,9 @@ def write_drn_model(model: xr.Dataset, forecast: xr.Dataset, out: Any, attrs: di
                     overwrite: bool = False) -> Any:
     """Write ``model`` (of :func:`fit_drn`, fitted on ``forecast``) as a netCDF: weights as float32 variables,
     plain attributes (no pickled objects; :func:`read_drn_model` opens it with xarray). Atomic."""
-    from pathlib import Path
 
     from smoeweather.data.ensembles import code_version
     from smoeweather.data.sites import site_coord_names, station_ids
-    from smoeweather.io import atomic_path
 
     ds = model.copy()
     for v in ds.data_vars:
@@ -555,12 +553,9 @@ def write_drn_model(model: xr.Dataset, forecast: xr.Dataset, out: Any, attrs: di
                          "gets the mean of the trained embeddings",
         **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
     }
-    for v in ds.variables.values():
-        v.encoding = {}
-    out = Path(out)
-    with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.to_netcdf(tmp)
-    return out
+    from smoeweather.postprocess.model_file import write_model_dataset
+
+    return write_model_dataset(ds, out, overwrite)
 
 
 def _names(model: xr.Dataset) -> list[str]:

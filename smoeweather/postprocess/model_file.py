@@ -79,12 +79,7 @@ def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs
         + ", ensemble mean and variance (ddof=1) over members",
         **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
     }
-    for v in ds.variables.values():
-        v.encoding = {}
-    out = Path(out)
-    with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.to_netcdf(tmp)
-    return out
+    return write_model_dataset(ds, out, overwrite)
 
 
 def read_model(path: str | Path) -> tuple[xr.Dataset, dict[str, Any]]:
@@ -165,3 +160,13 @@ def _check_sites(attrs: dict[str, Any], forecast: xr.Dataset, model: str, where:
             raise ValueError(f"{where} has {len(lacking)} site(s) the per-site model {model} has no coefficients "
                              f"for, first {lacking[:5]}; fit on those sites or use a global fit")
     return forecast
+
+
+def write_model_dataset(ds: xr.Dataset, out: str | Path, overwrite: bool = False) -> Path:
+    """Write a model file's Dataset as netCDF atomically (encodings dropped: plain CF values); EMOS and DRN."""
+    for v in ds.variables.values():
+        v.encoding = {}
+    out = Path(out)
+    with atomic_path(out, overwrite=overwrite) as tmp:
+        ds.to_netcdf(tmp)
+    return out
