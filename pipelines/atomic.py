@@ -81,3 +81,33 @@ def write_text(path: str | Path, text: str) -> None:
     """Write a text file atomically."""
     with atomic_path(path, overwrite=True) as tmp:
         tmp.write_text(text)
+
+
+def string_char_encoding(ds: Any) -> dict[str, dict[str, Any]]:
+    """Encodings that store every string variable and coordinate of ``ds`` as a netCDF char array.
+
+    xarray's default for strings in netCDF4 files is the variable-length string type, and netCDF-C (all
+    netCDF4 wheels to date) crashes the process with a segmentation fault when such a file is opened again
+    while an earlier handle to it is still open (Unidata/netcdf4-python#1444, pydata/xarray#8289): a notebook
+    that holds ``scores.nc`` open and then runs ``smoe plot scores`` on it would die. Char arrays (``S1`` plus
+    a string-length dimension, UTF-8) read back as the same strings and do not trigger it.
+    """
+    enc: dict[str, dict[str, Any]] = {}
+    for name, var in ds.variables.items():
+        kind = var.dtype.kind
+        if kind in "US" or (kind == "O" and var.size and isinstance(var.values.flat[0], (str, bytes))):
+            enc[str(name)] = {"dtype": "S1"}
+    return enc
+
+
+def write_netcdf(ds: Any, path: str | Path, overwrite: bool = True,
+                 encoding: dict[str, dict[str, Any]] | None = None, **to_netcdf: Any) -> Path:
+    """Write the xarray Dataset ``ds`` to ``path`` as netCDF4, atomically, strings as char arrays
+    (:func:`string_char_encoding`); ``encoding`` adds per-variable encodings (e.g. zlib) on top."""
+    enc = string_char_encoding(ds)
+    for name, e in (encoding or {}).items():
+        enc[name] = {**enc.get(name, {}), **e}
+    path = Path(path)
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        ds.to_netcdf(tmp, encoding=enc, **to_netcdf)
+    return path

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from pipelines.atomic import write_netcdf
 from pipelines.errors import DataError
 from pipelines.world import grid as wb_grid
 from pipelines.world import land_fraction
@@ -394,10 +395,7 @@ def _coords(model: GCM) -> dict[str, Any]:
 
 def _write(ds: xr.Dataset, path: Path) -> None:
     """Atomic netCDF write (float32, zlib): a failed run leaves no half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    enc = {v: {"zlib": True, "complevel": 4} for v in ds.data_vars}
-    ds.to_netcdf(tmp, encoding=enc)
-    tmp.replace(path)
+    write_netcdf(ds, path, encoding={v: {"zlib": True, "complevel": 4} for v in ds.data_vars})
 
 
 def _check_out(out: Path, names: Sequence[str], overwrite: bool) -> None:

@@ -504,19 +504,17 @@ def wb2_results(scores: xr.Dataset) -> dict[str, xr.Dataset]:
 
 def write_scores(scores: xr.Dataset, out_dir: str | Path) -> Path:
     """``out_dir``/scores.nc, scores.json, scores.md and wb2/METHOD.nc (each written atomically)."""
-    from smoeweather.io import atomic_path, write_json, write_text
+    from smoeweather.io import write_json, write_netcdf, write_text
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "scores.nc", overwrite=True) as tmp:
-        scores.to_netcdf(tmp)
+    write_netcdf(scores, out_dir / "scores.nc")
     write_json(out_dir / "scores.json", scores_json(scores))
     write_text(out_dir / "scores.md", scores_markdown(scores))
     (out_dir / "wb2").mkdir(exist_ok=True)
     for method, ds in wb2_results(scores).items():
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in method)
-        with atomic_path(out_dir / "wb2" / f"{safe}.nc", overwrite=True) as tmp:
-            ds.to_netcdf(tmp)
+        write_netcdf(ds, out_dir / "wb2" / f"{safe}.nc")
     if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
         from smoeweather.plotting.ensembles import plot_rank_histograms
 

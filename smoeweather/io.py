@@ -6,6 +6,6 @@ The implementation lives in ``pipelines`` because data flows one way (pipelines 
 
 from __future__ import annotations
 
-from pipelines.atomic import atomic_path, replace_atomically, write_json, write_text
+from pipelines.atomic import atomic_path, replace_atomically, write_json, write_netcdf, write_text
 
-__all__ = ["atomic_path", "replace_atomically", "write_json", "write_text"]
+__all__ = ["atomic_path", "replace_atomically", "write_json", "write_netcdf", "write_text"]

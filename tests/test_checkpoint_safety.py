@@ -153,7 +153,7 @@ def test_convert_trusted_old_checkpoint(setup: dict[str, Path], capsys: pytest.C
     assert "loads as data" in capsys.readouterr().out
     import xarray as xr
 
-    fc = xr.open_dataset(setup["source"])
+    fc = xr.load_dataset(setup["source"])
     a = apply_checkpoint(setup["good"], fc)
     b = apply_checkpoint(new, fc)
     for x, y in zip(a[:2], b[:2], strict=True):

@@ -81,7 +81,7 @@ def test_e3_forecast_evaluate_and_routing_per_member(e3: Path, world: str, tmp_p
     assert float(z.std("member").mean()) > 0  # the members differ
     out = tmp_path / "scores"
     _smoe("evaluate", str(fc_path), "--truth", world, "--out", str(out))
-    scores = xr.open_dataset(out / "scores.nc")
+    scores = xr.load_dataset(out / "scores.nc")
     method = fc.attrs["method"]
     # fair CRPS against properscoring's ECDF CRPS corrected to the fair estimator, latitude-weighted
     truth = _truth(world, fc, "geopotential", 500)
@@ -122,7 +122,7 @@ def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world: str, tmp_
     assert xr.open_zarr(paths[0]).sizes["member"] == 2
     out = tmp_path / "scores"
     _smoe("evaluate", *map(str, paths), "--truth", world, "--out", str(out))
-    scores = xr.open_dataset(out / "scores.nc")
+    scores = xr.load_dataset(out / "scores.nc")
     methods = [str(m) for m in scores["method"].values]
     for p in paths:
         name = xr.open_zarr(p).attrs["method"]

@@ -139,7 +139,7 @@ def test_persistence_of_a_linear_trend_closed_form(linear_store: Path, tmp_path:
     assert js["units"]["temperature_850"] == "K" and js["scores"]["persistence"]["rmse"]["geopotential_500"]["72h"]
     assert (tmp_path / "scores" / "scores.md").read_text().count("persistence") >= 2
     # the written file round-trips
-    np.testing.assert_allclose(xr.open_dataset(tmp_path / "scores" / "scores.nc")["rmse"].values, s["rmse"].values)
+    np.testing.assert_allclose(xr.load_dataset(tmp_path / "scores" / "scores.nc")["rmse"].values, s["rmse"].values)
 
 
 def test_valid_time_matching_and_no_overlap_error(linear_store: Path, tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ def test_cli_default_regions_land_and_sea_closed_form(tmp_path: Path) -> None:
                       fields=["geopotential_500"], leads_h=("24h", "48h"), out=tmp_path / "p.zarr")
     out = tmp_path / "scores"
     assert main(["evaluate", str(fc), "--truth", str(store), "--no-references", "--out", str(out)]) == 0
-    s = xr.open_dataset(out / "scores.nc")
+    s = xr.load_dataset(out / "scores.nc")
     assert s["rmse"].dims == ("method", "field", "prediction_timedelta", "region")
     assert s["region"].values.tolist() == ["global", "land", "sea"]
     lat_w = np.cos(np.deg2rad(LAT))[:, None] * np.ones(64)
@@ -184,7 +184,7 @@ def test_cli_default_regions_land_and_sea_closed_form(tmp_path: Path) -> None:
     assert md.index("### region: global") < md.index("### region: land") < md.index("### region: sea")
     assert len(s["time"]) == 7 and s["per_init_mse"].sizes["time"] == 7
     # WeatherBench 2 results layout, one file per method
-    wb2 = xr.open_dataset(out / "wb2" / "persistence.nc")
+    wb2 = xr.load_dataset(out / "wb2" / "persistence.nc")
     assert wb2["geopotential"].dims == ("metric", "region", "lead_time", "level")
     assert "rmse_sqrt_before_time_avg" in wb2["metric"].values and wb2.attrs["ensemble_size"] == 1
     np.testing.assert_allclose(wb2["geopotential"].sel(metric="rmse_sqrt_before_time_avg", level=500).values,
@@ -342,7 +342,7 @@ def test_cli_spectra_in_the_score_file(tmp_path: Path) -> None:
     out = tmp_path / "scores"
     assert main(["evaluate", str(fc), "--truth", str(store), "--no-references", "--spectra", "--regions", "global",
                  "--out", str(out)]) == 0
-    s = xr.open_dataset(out / "scores.nc")
+    s = xr.load_dataset(out / "scores.nc")
     assert s["spectrum"].dims == ("method", "field", "prediction_timedelta", "wavenumber")
     assert s["truth_spectrum"].dims == ("field", "prediction_timedelta", "wavenumber")
     # persistence's spectrum is the truth's at the init: the truth's spectrum at valid times shifted by the lead

@@ -230,7 +230,7 @@ def test_cli_forecast_evaluate_end_to_end_and_independent_script(dense: str, wor
     assert ds.attrs["checkpoint_sha256"] == hashlib.sha256(Path(dense).read_bytes()).hexdigest()
     assert ds.attrs["data_source"] == str(Path(world).resolve()) and ds.attrs["code_version"].startswith("0.")
     method = ds.attrs["method"]
-    scores = xr.open_dataset(out / "scores.nc")
+    scores = xr.load_dataset(out / "scores.nc")
     r = subprocess.run([sys.executable, "-c", INDEPENDENT_RMSE, str(fc), world], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     import json

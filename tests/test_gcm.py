@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 def world(tmp_path_factory: pytest.TempPathFactory) -> xr.Dataset:
     out = tmp_path_factory.mktemp("gcm_world")
     assert main(["data", "gcm-world", "--out", str(out), "--years", "1", "--days", "2", *FAST]) == 0
-    return xr.open_dataset(out / "gcm_5.625deg_year1.nc")
+    return xr.load_dataset(out / "gcm_5.625deg_year1.nc")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def ens(tmp_path_factory: pytest.TempPathFactory) -> xr.Dataset:
     out = tmp_path_factory.mktemp("gcm_ens")
     assert main(["data", "gcm-ens", "--out", str(out), "--year", "2005", "--days", "2", "--members", "3",
                  "--every-days", "2", *FAST]) == 0
-    return xr.open_dataset(out / "gcm_ens_2005.nc")
+    return xr.load_dataset(out / "gcm_ens_2005.nc")
 
 
 def _layout(ds: xr.Dataset) -> dict:

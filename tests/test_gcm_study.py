@@ -45,7 +45,7 @@ def test_generated_gcm_ens_runs_the_postprocess_study(tmp_path: Path) -> None:
     # the raw ensemble's CRPS on the test split (its one init, 2006-01-05), from the generated file itself
     import properscoring
 
-    ds = xr.open_dataset(files[1])
+    ds = xr.load_dataset(files[1])
     init = np.datetime64("2006-01-05")
     lead = np.timedelta64(48, "h").astype("timedelta64[ns]")
     fc = ds["geopotential"].sel(time=init, prediction_timedelta=lead, level=500).values  # (member, lat, lon)

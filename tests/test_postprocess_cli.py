@@ -107,7 +107,7 @@ def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_pa
     out = tmp_path / "scores"
     assert main(["evaluate", f"raw={new}", f"emos={pp}", f"ecc={tmp_path / 'pp_members.zarr'}",
                  f"q={tmp_path / 'pp_quantiles.zarr'}", "--truth", str(new), "--out", str(out)]) == 0
-    sc = xr.open_dataset(out / "scores.nc")
+    sc = xr.load_dataset(out / "scores.nc")
     crps = sc["crps"].sel(field="temperature_850")
     assert (crps.sel({"method": "emos"}) < crps.sel({"method": "raw"})).all()
     assert np.isfinite(sc["crps"].sel({"method": "ecc"})).all()
@@ -135,9 +135,9 @@ def test_refusals_name_the_mismatch_and_write_nothing(streams: tuple[Path, Path]
         "lead": gcm_ens_like(tmp_path / "lead.nc", 2006, 3, leads=(24, 72)),
         "members": gcm_ens_like(tmp_path / "members.nc", 2006, 3, members=5),
     }
-    xr.open_dataset(new).drop_vars(["temperature", "truth_temperature"]).to_netcdf(tmp_path / "field.nc")
+    xr.load_dataset(new).drop_vars(["temperature", "truth_temperature"]).to_netcdf(tmp_path / "field.nc")
     other["field"] = tmp_path / "field.nc"
-    xr.open_dataset(new).sel(level=[500]).to_netcdf(tmp_path / "level.nc")
+    xr.load_dataset(new).sel(level=[500]).to_netcdf(tmp_path / "level.nc")
     other["level"] = tmp_path / "level.nc"
     words = {"grid": "longitude grid", "lead": "lead(s) [72]", "members": "5 members", "field": "['temperature']",
              "level": "level(s) [850]"}

@@ -82,7 +82,7 @@ def test_open_ensemble_convention_and_several_files(streams: dict[str, Path]) ->
     assert fc.sizes["time"] == 48 and fc.attrs["forecast_kind"] == "ensemble"
     truth = ensembles.open_truth(None, [streams["a"], streams["b"]])
     at_valid = ensembles.truth_at_valid_times(fc, truth)
-    raw = xr.open_dataset(streams["b"])
+    raw = xr.load_dataset(streams["b"])
     t0 = raw["time"].values[3] + np.timedelta64(48, "h")
     np.testing.assert_array_equal(at_valid["temperature"].sel(time=raw["time"].values[3]).isel(prediction_timedelta=1),
                                   raw["truth_temperature"].sel(valid_time=t0))
@@ -202,7 +202,7 @@ def test_checkpoint_applies_to_another_stream(streams: dict[str, Path], tmp_path
                 assert "prior_category" in r, nc
                 h = r.sizes["latitude"]
                 heights.add(h)
-                pooled = (xr.open_dataset(streams["a"])["land_sea_mask"].values
+                pooled = (xr.load_dataset(streams["a"])["land_sea_mask"].values
                           .reshape(h, 8 // h, 2 * h, 8 // h).mean((1, 3)) >= 0.5)
                 np.testing.assert_array_equal(r["prior_category"].values, pooled.astype(int))
                 # trained 6 steps from a coherent prior init: routing still follows the prior everywhere

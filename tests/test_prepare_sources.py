@@ -40,7 +40,7 @@ FIELDS = [("geopotential", 500), ("temperature", 850)]
 
 def _cfgrib(path: Path) -> xr.Dataset:
     """The GRIB file as cfgrib reads it (no index file written), latitude ascending."""
-    ds = xr.open_dataset(path, engine="cfgrib", backend_kwargs={"indexpath": ""})
+    ds = xr.load_dataset(path, engine="cfgrib", backend_kwargs={"indexpath": ""})
     return ds.sortby("latitude").load()
 
 
@@ -189,7 +189,7 @@ def test_real_cmip6_ta_native_grid_or_clear_error(shared_data: Path, tmp_path: P
     assert not (tmp_path / "ta.zarr").exists()
     out = prepare("cmip6", shared_data / TA_CMIP6, tmp_path / "ta.zarr", grid=None, time_chunk=64, **FAST)
     ds, stats = open_store(out)
-    raw = xr.open_dataset(shared_data / TA_CMIP6)
+    raw = xr.load_dataset(shared_data / TA_CMIP6)
     assert ds["temperature"].shape == (1827, 2, 2, 3) and list(ds["level"].values) == [850, 1000]
     want = raw["ta"].sortby("lat").sel(plev=[85000.0, 100000.0]).values
     np.testing.assert_allclose(ds["temperature"].values, want, rtol=EPS32)  # at most one float32 rounding

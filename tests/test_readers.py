@@ -280,7 +280,7 @@ def test_real_members_5625_netcdf(shared_data):
         shared_data / "era5_members_z500_t850_5.625deg.nc",
         levels={"geopotential": [500], "temperature": [850]},
     )
-    raw = xr.open_dataset(shared_data / "era5_members_z500_t850_5.625deg.nc")
+    raw = xr.load_dataset(shared_data / "era5_members_z500_t850_5.625deg.nc")
     np.testing.assert_array_equal(
         ds["geopotential"].sel(level=500).values, raw["z500"].transpose("time", "number", "lat", "lon").values
     )
@@ -296,7 +296,7 @@ def test_real_members_5625_netcdf(shared_data):
 
 @pytest.mark.shared_data
 def test_eraint_descending_latitude_and_180_longitude(shared_data):
-    raw = xr.open_dataset(shared_data / "eraint_uvz.nc")
+    raw = xr.load_dataset(shared_data / "eraint_uvz.nc")
     assert raw["latitude"].values[0] == 90 and raw["longitude"].values.min() == -180
     ds = canonicalize(raw, source="cds")
     assert_canonical(ds)
@@ -318,7 +318,7 @@ def test_cmip5_tas_365_day_conservative_mean(shared_data):
     assert_canonical(ds)
     assert ds.sizes == {"time": 12, "latitude": 32, "longitude": 64}
     assert ds.attrs["calendar_original"] == "365_day" and ds["time"].dtype.kind == "M"
-    raw = xr.open_dataset(path, decode_times=False)["tas"]
+    raw = xr.load_dataset(path, decode_times=False)["tas"]
     src_mean = float((raw * cell_area_weights(raw["lat"].values).values[:, None]).mean())
     out_mean = float((ds["2m_temperature"] * cell_area_weights(ds["latitude"])).mean())
     assert abs(out_mean - src_mean) < 0.5
@@ -330,7 +330,7 @@ def test_cmip5_tas_365_day_conservative_mean(shared_data):
 def test_cmip6_ta_plev_pa_to_hpa(shared_data):
     ds = open_source("cmip6", shared_data / TA_CMIP6)
     assert list(ds["level"].values) == [850, 1000] and ds.sizes["time"] == 1827
-    raw = xr.open_dataset(shared_data / TA_CMIP6)
+    raw = xr.load_dataset(shared_data / TA_CMIP6)
     np.testing.assert_array_equal(ds["temperature"].sel(level=850).values, raw["ta"].sel(plev=85000.0).values)
     assert ds.attrs["source_id"] == "MPI-ESM1-2-HR"
 
@@ -363,7 +363,7 @@ def test_cmip6_360_day_keeps_cftime_and_mismatching_grids(tmp_path):
         select_years(ds, [1851])
     other = tmp_path / "b" / paths[1].name
     other.parent.mkdir()
-    xr.open_dataset(paths[1]).isel(lat=slice(0, 6)).to_netcdf(other)
+    xr.load_dataset(paths[1]).isel(lat=slice(0, 6)).to_netcdf(other)
     with pytest.raises(DataError, match=r"latitude differs from .* \(6 vs 12 values\); expected one grid"):
         open_source("cmip6", [paths[0], other])
 

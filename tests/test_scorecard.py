@@ -111,7 +111,7 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_scorecard_table_relative_difference_and_significance(scored: Path) -> None:
-    s = xr.open_dataset(scored / "scores.nc")
+    s = xr.load_dataset(scored / "scores.nc")
     t = scorecard_table(s, "rmse", "persistence")
     want = 100 * (s["rmse"] / s["rmse"].sel({"method": "persistence"}) - 1)
     np.testing.assert_allclose(t["relative_difference"].values, want.values, rtol=1e3 * EPS64, atol=1e3 * EPS64)
@@ -123,7 +123,7 @@ def test_scorecard_table_relative_difference_and_significance(scored: Path) -> N
 
 
 def test_cli_scorecard_and_spectra_pngs(scored: Path, tmp_path: Path) -> None:
-    s = xr.open_dataset(scored / "scores.nc")
+    s = xr.load_dataset(scored / "scores.nc")
     ratio = (s["spectrum"] / s["truth_spectrum"]).sel({"method": "smooth", "field": "geopotential_500"})
     k = np.arange(1, 9)
     # the world's waves k = 1 … 8 (amplitude ~300/k m² s⁻² on 5e4, stored as float32: ~3e-3/(300/8) relative)

@@ -35,7 +35,7 @@ import xarray as xr
 
 from pipelines.provenance import code_version  # noqa: F401 - re-exported: stores, model files
 from pipelines.readers.forecast_nc import LEAD_NAMES, MEMBER_NAMES, TRUTH_SUFFIX, open_forecast_nc, open_forecast_truth
-from smoeweather.io import atomic_path
+from smoeweather.io import atomic_path, write_netcdf
 
 HOUR = np.timedelta64(1, "h")
 """One hour: leads are whole hours everywhere (``int(td // HOUR)``)."""
@@ -503,11 +503,10 @@ def write_store(ds: xr.Dataset, out: str | Path, kind: str, attrs: dict[str, Any
     (format 2, consolidated, ``time_chunk`` inits per chunk, None = one chunk)."""
     ds = store_dataset(ds, kind, attrs)
     out = Path(out)
+    if out.suffix in (".nc", ".nc4"):
+        return write_netcdf(ds, out, overwrite=overwrite)
     with atomic_path(out, overwrite=overwrite) as tmp:
-        if out.suffix in (".nc", ".nc4"):
-            ds.to_netcdf(tmp)
-        else:
-            if time_chunk is not None:
-                ds = ds.chunk({"time": time_chunk})
-            ds.to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)  # format 2, as the prepared stores
+        if time_chunk is not None:
+            ds = ds.chunk({"time": time_chunk})
+        ds.to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)  # format 2, as the prepared stores
     return out

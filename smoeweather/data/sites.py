@@ -133,6 +133,17 @@ def station_ids(ids: Sequence[object] | np.ndarray) -> np.ndarray:
     return np.array(values, dtype=f"<U{max([1, *map(len, values)])}")
 
 
+def unicode_strings(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with every string variable and coordinate as fixed-width unicode (:func:`station_ids`): netCDF
+    char arrays and variable-length strings both read back as ``object`` arrays."""
+    names = [n for n, v in ds.variables.items() if v.dtype.kind in "OS" and v.size
+             and isinstance(v.values.flat[0], (str, bytes))]
+    return ds.assign({n: (ds[n].dims, station_ids(ds[n].values).reshape(ds[n].shape), ds[n].attrs)
+                      for n in names if n in ds.data_vars}).assign_coords(
+        {n: (ds[n].dims, station_ids(ds[n].values).reshape(ds[n].shape), ds[n].attrs) for n in names
+         if n in ds.coords})
+
+
 def site_coords(ids: Sequence[str], lat: np.ndarray, lon: np.ndarray, alt: np.ndarray) -> dict[str, tuple]:
     """Coordinates on ``site`` with CF attributes (station_id, latitude, longitude, altitude)."""
     return {"site": ("site", np.arange(len(ids))),
@@ -148,7 +159,7 @@ def site_coords(ids: Sequence[str], lat: np.ndarray, lon: np.ndarray, alt: np.nd
 
 def write_sites(forecast: xr.Dataset, truth: xr.Dataset, out: str | Path, overwrite: bool = False) -> Path:
     """Write a site forecast and its observations (valid times) as a CF DSG ``timeSeries`` netCDF (atomically)."""
-    from smoeweather.io import atomic_path
+    from smoeweather.io import write_netcdf
 
     valid = forecast["time"] + forecast["prediction_timedelta"]
     names = site_coord_names(forecast)
@@ -166,10 +177,7 @@ def write_sites(forecast: xr.Dataset, truth: xr.Dataset, out: str | Path, overwr
     ds["member"] = ds["member"].astype(str)
     ds.attrs = {"Conventions": "CF-1.8", "featureType": "timeSeries", "forecast_kind": "ensemble",
                 "title": "ensemble forecasts and observations at sites (smoeweather.data.sites)"}
-    out = Path(out)
-    with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.to_netcdf(tmp)
-    return out
+    return write_netcdf(ds, out, overwrite=overwrite)
 
 
 def open_sites(path: str | Path, **table_options: object) -> tuple[xr.Dataset, xr.Dataset]:

@@ -41,7 +41,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from smoeweather.io import atomic_path  # noqa: E402
+from smoeweather.io import write_netcdf  # noqa: E402
 from smoeweather.nn.gates import TensorRoutingGate  # noqa: E402
 from smoeweather.nn.smoe import SpatialMoE2d  # noqa: E402
 from smoeweather.plotting.cartography import draw_field, global_axes, save_png  # noqa: E402
@@ -345,14 +345,6 @@ def routing_dataset(r: GateRouting, provenance: dict[str, str] | None = None) ->
         attrs["prior_source"] = r.prior_source or ""
         attrs["prior_strength"] = r.prior_strength if r.prior_strength is not None else np.nan
     return xr.Dataset(data, coords=coords, attrs=attrs)
-
-
-def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write ``ds`` as netCDF4 atomically."""
-    path = Path(path)
-    with atomic_path(path, overwrite=True) as tmp:
-        ds.to_netcdf(tmp, format="NETCDF4")
-    return path
 
 
 # ---- figures -----------------------------------------------------------------------------------------------

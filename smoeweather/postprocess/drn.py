@@ -567,13 +567,13 @@ def read_drn_model(path: Any) -> tuple[xr.Dataset, dict[str, Any]]:
     ValueError for a file of another kind."""
     from pathlib import Path
 
-    from smoeweather.data.sites import station_ids
+    from smoeweather.data.sites import station_ids, unicode_strings
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"DRN model {path} does not exist")
     with xr.open_dataset(path) as raw:
-        ds = raw.load()
+        ds = unicode_strings(raw.load())
     if ds.attrs.get("kind") != KIND:
         raise ValueError(f"{path} is not a DRN model file of `smoe postprocess fit --method drn` (attribute "
                          f"kind={KIND!r}; an EMOS model file is applied with --emos)")

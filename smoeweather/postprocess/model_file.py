@@ -19,8 +19,8 @@ import pandas as pd
 import xarray as xr
 
 from smoeweather.data.ensembles import check_grid
-from smoeweather.data.sites import site_coord_names, station_ids
-from smoeweather.io import atomic_path
+from smoeweather.data.sites import site_coord_names, station_ids, unicode_strings
+from smoeweather.io import write_netcdf
 from smoeweather.postprocess.emos import COEFFICIENTS
 
 KIND = "smoeweather_emos_model"
@@ -88,7 +88,7 @@ def read_model(path: str | Path) -> tuple[xr.Dataset, dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"EMOS model {path} does not exist")
     with xr.open_dataset(path) as raw:
-        ds = raw.load()
+        ds = unicode_strings(raw.load())
     if ds.attrs.get("kind") != KIND:
         raise ValueError(f"{path} is not an EMOS model file of `smoe postprocess fit` (attribute kind={KIND!r})")
     params = {}
@@ -166,7 +166,4 @@ def write_model_dataset(ds: xr.Dataset, out: str | Path, overwrite: bool = False
     """Write a model file's Dataset as netCDF atomically (encodings dropped: plain CF values); EMOS and DRN."""
     for v in ds.variables.values():
         v.encoding = {}
-    out = Path(out)
-    with atomic_path(out, overwrite=overwrite) as tmp:
-        ds.to_netcdf(tmp)
-    return out
+    return write_netcdf(ds, out, overwrite=overwrite)
