@@ -108,7 +108,8 @@ def source_fingerprint(source: Source) -> dict[str, Any] | None:
     return _fingerprint_files(paths)
 
 
-def _stored_fingerprint(store: Path) -> Any:
+def stored_fingerprint(store: str | Path) -> Any:
+    """The source fingerprint recorded in an existing store (None when it has none)."""
     try:
         raw = zarr.open_group(str(store), mode="r").attrs.get(FINGERPRINT_ATTR)
     except Exception:  # noqa: BLE001 - unreadable: no fingerprint
@@ -214,7 +215,7 @@ def write_store(
     fingerprint = json.loads(json.dumps(fingerprint)) if fingerprint is not None else None
     if out.exists() and not overwrite:
         if stored_args(out) == args:
-            if _stored_fingerprint(out) == fingerprint:
+            if stored_fingerprint(out) == fingerprint:
                 print(f"{out}: up to date (same arguments and unchanged source; pass --overwrite to rebuild)")
                 return out
             raise FileExistsError(

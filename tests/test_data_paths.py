@@ -42,3 +42,42 @@ def test_train_in_a_clone_without_data_says_how_to_make_it(tmp_path: Path, monke
     err = capsys.readouterr().err
     assert "config key data.source: data file data/gcm_ens/gcm_ens_2005.nc does not exist" in err
     assert "smoe data gcm-ens --out data/gcm_ens --year 2005 --seed 2" in err
+
+
+def _gcm_file(path: Path, offset: float) -> Path:
+    """A two-day GCM-world-like file: Z500 and T850 on a 4 × 8 grid, 6-hourly, plus a land-sea mask."""
+    import numpy as np
+    import xarray as xr
+
+    time = np.arange(np.datetime64("2001-01-01T00", "ns"), np.datetime64("2001-01-03T00", "ns"),
+                     np.timedelta64(6, "h"))
+    shape = (len(time), 1, 4, 8)
+    ds = xr.Dataset({"geopotential": (("time", "level", "latitude", "longitude"),
+                                      np.full(shape, 5e4 + offset, np.float32)),
+                     "temperature": (("time", "level", "latitude", "longitude"), np.full(shape, 280.0, np.float32)),
+                     "land_sea_mask": (("latitude", "longitude"), np.zeros((4, 8), np.float32))},
+                    coords={"time": time, "level": [500], "latitude": [-67.5, -22.5, 22.5, 67.5],
+                            "longitude": np.arange(8) * 45.0})
+    ds.to_netcdf(path)
+    return path
+
+
+def test_a_store_made_from_other_sources_is_not_reused(tmp_path: Path) -> None:
+    """data.store is a cache of data.sources: after the source files change (a new `smoe data gcm-world` run),
+    training refuses the stale store and says how to rebuild it, instead of training on the old data."""
+    import xarray as xr
+
+    from smoeweather.training.stores import ensure_store
+
+    src = _gcm_file(tmp_path / "gcm_5.625deg_year1.nc", 0.0)
+    dcfg = {"store": str(tmp_path / "store.zarr"), "sources": [str(src)], "statistics_years": [2001, 2001]}
+    assert ensure_store(dcfg) == dcfg["store"] and ensure_store(dcfg) == dcfg["store"]  # made, then reused
+    with xr.open_zarr(dcfg["store"]) as ds:
+        assert float(ds["geopotential"].mean()) == 5e4
+    _gcm_file(src, 100.0)  # the file is regenerated with other values
+    with pytest.raises(FileExistsError, match=r"data.store .*store.zarr was made from data.sources that have "
+                                              r"changed since.*Delete .*store.zarr to rebuild"):
+        ensure_store(dcfg)
+    other = _gcm_file(tmp_path / "other.nc", 0.0)
+    with pytest.raises(FileExistsError, match="with other data.sources"):
+        ensure_store({**dcfg, "sources": [str(other)]})

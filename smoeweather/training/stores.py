@@ -19,6 +19,9 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
     """Path of ``dcfg['store']``, creating it first when missing and ``world``/``sources`` say how."""
     store = Path(dcfg["store"])
     if store.exists():
+        if dcfg.get("sources") and not dcfg.get("world"):
+            _check_store_matches_sources(store, _source_args(dcfg), [str(Path(f).expanduser()) for f in
+                                                                     dcfg["sources"]])
         return str(store)
     if dcfg.get("world"):
         from pipelines.world import generate_world
@@ -30,7 +33,7 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
             world["train_years"] = tuple(world["train_years"])
         generate_world(store, progress=False, **world)
     elif dcfg.get("sources"):
-        from pipelines.prepare import write_store
+        from pipelines.prepare import source_fingerprint, write_store
         from smoeweather.data.paths import check_data_files
 
         files = [str(Path(f).expanduser()) for f in dcfg["sources"]]
@@ -53,11 +56,12 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
         write_store(
             make,
             store,
-            args={"kind": "netcdf", "sources": files, "train_years": train_years},
+            args=_source_args(dcfg),
             train_years=tuple(train_years) if train_years else None,
             source=", ".join(files),
             scheduler="threads",
             progress=False,
+            fingerprint={"source": source_fingerprint(files)},
         )
     else:
         raise FileNotFoundError(
@@ -65,6 +69,35 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
             "data.sources to create it (see `smoe data world` / `smoe data prepare`)"
         )
     return str(store)
+
+
+def _source_args(dcfg: dict[str, Any]) -> dict[str, Any]:
+    """What a store made from ``data.sources`` records of how it was made (compared on every later use)."""
+    return {"kind": "netcdf", "sources": [str(Path(f).expanduser()) for f in dcfg["sources"]],
+            "train_years": dcfg.get("statistics_years")}
+
+
+def _check_store_matches_sources(store: Path, args: dict[str, Any], files: list[str]) -> None:
+    """Raise when the existing ``store`` was made from other ``data.sources`` (or before they last changed):
+    it is a cache of those files, and reusing it would silently train on the old data (e.g. after
+    ``smoe data gcm-world`` wrote new files over the ones the store was made from)."""
+    import json
+
+    from pipelines.prepare import source_fingerprint, stored_args, stored_fingerprint
+
+    recorded = stored_args(store)
+    if recorded is None:
+        return  # a store made by `smoe data prepare` or by hand: the user's own, used as it is
+    how = ("with other data.sources or statistics years" if recorded != json.loads(json.dumps(args)) else
+           None)
+    if how is None and Path(files[0]).exists():
+        if stored_fingerprint(store) != {"source": source_fingerprint(files)}:
+            how = "from data.sources that have changed since (file sizes, contents or times differ)"
+    if how:
+        raise FileExistsError(
+            f"data.store {store} was made {how}: it is a cache of {recorded.get('sources')}, the config "
+            f"now reads {files}. Delete {store} to rebuild it from data.sources, or set data.store to "
+            "another path")
 
 
 def time_subset(dataset: Any, period: list[str] | tuple[str, str]) -> Subset:
