@@ -68,7 +68,8 @@ def test_tiny_study_end_to_end_then_resume(world_store: str, tmp_path: Path) -> 
     for r in result["runs"]:
         assert r["steps"] == STEPS
         for lead in ("72h", "120h"):
-            assert set(r["scores"][lead]) == {"geopotential_500", "temperature_850"}
+            assert set(r["scores"][lead]) == {f"{t}{region}" for t in ("geopotential_500", "temperature_850")
+                                              for region in ("", "/land", "/sea")}
             # physical units: Z500 errors are geopotential (m² s⁻²), far above normalised O(1) values
             assert r["scores"][lead]["geopotential_500"] > 10.0
             assert 0.0 < r["scores"][lead]["temperature_850"] < 100.0
@@ -90,6 +91,17 @@ def test_tiny_study_end_to_end_then_resume(world_store: str, tmp_path: Path) -> 
     got = next(r for r in result["runs"] if (r["variant"], r["seed"]) == ("dense", 1))["scores"]["72h"]
     # float32 forecast values (~5e4 m² s⁻²) and errors: relative 1e-5 covers the float32 rounding
     assert got["geopotential_500"] == pytest.approx(float(np.sqrt(mse)), rel=1e-5)
+    # land and sea: the same mean weighted by cos(lat) × land fraction, and by cos(lat) × (1 − land fraction)
+    land = xr.open_zarr(world_store)["land_sea_mask"].astype("f8")
+    assert 0 < float(land.mean()) < 1
+    for region, frac in (("land", land), ("sea", 1 - land)):
+        mse_r = ((f - t) ** 2).weighted(w * frac).mean(["latitude", "longitude"]).mean("time")
+        assert got[f"geopotential_500/{region}"] == pytest.approx(float(np.sqrt(mse_r)), rel=1e-5)
+    assert set(result["summary_regions"]["smoe_all_prior"]) == {
+        f"{t}/{r}@{lead}" for t in ("geopotential_500", "temperature_850") for r in ("land", "sea")
+        for lead in ("72h", "120h")}
+    assert "diff_to_baseline" in result["summary_regions"]["smoe_all_prior"]["geopotential_500/land@72h"]
+    assert "By region (land, sea" in (out / "study.md").read_text()
     assert result["references"]["persistence"]["72h"]["geopotential_500"] > 0
     # equal-step budget: the resolved run config has no wall-clock or early-stop limit
     cfg = yaml.safe_load((out / "runs/smoe_all_prior/seed1/config.yaml").read_text())

@@ -56,6 +56,7 @@ from smoeweather.io import write_json, write_text
 from smoeweather.metrics.significance import t_interval
 
 STUDY_TASKS = ("weatherbench", "postprocess", "ens10")
+REGIONS = ("land", "sea")  # forecast studies also score these (keys TARGET/land, TARGET/sea) when they can
 POSTPROCESS_TASKS = ("postprocess", "ens10")
 
 LR_SCHEDULES = ("cosine", "plateau", "config")
@@ -261,7 +262,9 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
     """RMSE (physical units) via :func:`smoeweather.forecast.run_forecast` (initialisations every 12 h of the
     test period whose longest lead verifies inside it) and :func:`smoeweather.evaluate.evaluate`
     against the data store; returns ({"72h": {target: rmse}}, {"persistence": {"72h": {target: rmse}}}).
-    The forecast and ``scores.{nc,json,md}`` stay in ``work``."""
+    When the store has a ``land_sea_mask`` the scores also hold ``TARGET/land`` and ``TARGET/sea`` (land and
+    sea regions weighted by the land fraction, :mod:`smoeweather.metrics.regions`): what a land-sea routed
+    SMoE claims to learn. The forecast and ``scores.{nc,json,md}`` stay in ``work``."""
     from smoeweather.evaluate import evaluate
     from smoeweather.forecast import run_forecast
 
@@ -273,7 +276,12 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
     end = np.datetime64(str(period[1])) - np.timedelta64(max(leads_h), "h")
     fc = run_forecast(dcfg["store"], checkpoint=str(checkpoint), init=(str(period[0]), str(end)), every="12h",
                       leads_h=tuple(leads_h), out=work / "forecast.zarr", progress=False)
-    scores = evaluate({"model": Path(fc)}, dcfg["store"], out_dir=work / "scores")
+    import xarray as xr
+
+    with xr.open_zarr(dcfg["store"]) as store:
+        regions = list(REGIONS) if "land_sea_mask" in store else []
+    scores = evaluate({"model": Path(fc)}, dcfg["store"], out_dir=work / "scores",
+                      regions=["global", *regions] if regions else None)
     out: dict[str, dict[str, dict[str, float]]] = {"model": {}, "persistence": {}}
     # positional lookups: plain index arrays, independent of how the coordinates are indexed
     methods = [str(m) for m in scores["method"].values]
@@ -282,12 +290,17 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
     missing = [t for t in targets if t not in fields] + [h for h in leads_h if h not in leads]
     if missing:
         raise ValueError(f"{checkpoint}: the evaluation has no scores for {missing}")
-    rmse = scores["rmse"].transpose("method", "field", "prediction_timedelta").values
+    by_region = {"": scores["rmse"].sel(region="global") if regions else scores["rmse"]}
+    by_region |= {f"/{r}": scores["rmse"].sel(region=r) for r in regions}
     for method in out:
         if method in methods:
             m = methods.index(method)
-            out[method] = {f"{h}h": {t: float(rmse[m, fields.index(t), leads.index(h)]) for t in targets}
-                           for h in leads_h}
+            out[method] = {f"{h}h": {} for h in leads_h}
+            for suffix, da in by_region.items():
+                rmse = da.transpose("method", "field", "prediction_timedelta").values
+                for h in leads_h:
+                    out[method][f"{h}h"] |= {f"{t}{suffix}": float(rmse[m, fields.index(t), leads.index(h)])
+                                            for t in targets}
     model = out.pop("model")
     return model, {k: v for k, v in out.items() if v}
 
@@ -404,6 +417,20 @@ def markdown(study: dict[str, Any]) -> str:
                 continue
             cells.append(_interval_cell(d))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    regional = study.get("summary_regions") or {}
+    rcols = [c for c in next(iter(regional.values()), {})]
+    if rcols:
+        lines += ["", f"By region ({', '.join(REGIONS)}, weighted by the land fraction): mean ± std over seeds, "
+                  f"then the paired difference to `{study['baseline']}` [95 % Student-t interval] (n).", "",
+                  "| variant | " + " | ".join(rcols) + " |", "|---" * (len(rcols) + 1) + "|"]
+        for variant, entry in regional.items():
+            cells = [f"{_fmt(entry[c]['mean'])} ± {_fmt(entry[c]['std'], 2)} ({entry[c]['n']})" for c in rcols]
+            lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+        for variant, entry in regional.items():
+            if variant != study["baseline"]:
+                cells = [_interval_cell(entry[c]["diff_to_baseline"]) if "diff_to_baseline" in entry[c] else "–"
+                         for c in rcols]
+                lines.append(f"| {variant} − {study['baseline']} | " + " | ".join(cells) + " |")
     ref = study.get("reference_baseline")
     if ref:
         lines += ["", f"Difference to the reference `{ref}` (variant − reference per seed): mean [95 % Student-t "
@@ -605,6 +632,12 @@ def finished_records(study: StudyConfig, out: Path) -> list[dict[str, Any]]:
     return records
 
 
+def region_targets(runs: list[dict[str, Any]], leads: list[str], targets: list[str]) -> list[str]:
+    """``TARGET/REGION`` score keys (:data:`REGIONS`) that every run has at every lead, region-major."""
+    keys = [f"{t}/{r}" for r in REGIONS for t in targets]
+    return [k for k in keys if runs and all(k in r["scores"].get(lead, {}) for r in runs for lead in leads)]
+
+
 def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
     """Assemble and atomically write ``study.json`` and ``study.md`` from finished run records."""
     leads = [f"{lead}h" for lead in study.leads_h]
@@ -667,6 +700,7 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
         "references": {k: v for k, v in refs.items() if ":" not in k},
         "reference_baseline": ref_name if reference else None,
         "summary": summarise(runs, study.baseline, leads, study.targets, reference),
+        "summary_regions": summarise(runs, study.baseline, leads, region_targets(runs, leads, study.targets)),
         "extra_means": extra_means,
     }
     text = markdown(study_json)
