@@ -42,6 +42,7 @@ import xarray as xr
 
 from pipelines.atomic import write_netcdf
 from pipelines.errors import DataError
+from pipelines.gcm_restart import EVERY_DAYS, Restart, restore_state, unstack
 from pipelines.world import grid as wb_grid
 from pipelines.world import land_fraction
 
@@ -398,9 +399,10 @@ def _write(ds: xr.Dataset, path: Path) -> None:
     write_netcdf(ds, path, encoding={v: {"zlib": True, "complevel": 4} for v in ds.data_vars})
 
 
-def _check_out(out: Path, names: Sequence[str], overwrite: bool) -> None:
+def _check_out(out: Path, names: Sequence[str], overwrite: bool, written: Sequence[str] = ()) -> None:
+    """Refuse to replace existing output files unless ``overwrite`` (``written``: this resumed run's own)."""
     out.mkdir(parents=True, exist_ok=True)
-    existing = [n for n in names if (out / n).exists()]
+    existing = [n for n in names if (out / n).exists() and n not in written]
     if existing and not overwrite:
         raise FileExistsError(f"{out}: {existing} exist; pass --overwrite to replace them")
 
@@ -453,21 +455,35 @@ def _attrs(model: GCM, kind: str, seed: int, spin_up_days: float, config: dict[s
 
 
 def _spin_up(model: GCM, seed: int, start: pd.Timestamp, days: float, progress: bool, what: str,
-             log: Callable[[str], None] | None = None) -> Any:
+             log: Callable[[str], None] | None = None, restart: Restart | None = None,
+             saved: dict[str, Any] | None = None) -> Any:
+    """Spin ``model`` up for ``days`` from the seeded rest state (or from a ``saved`` restart in the spin-up)."""
     import time
 
+    if saved is not None and saved["position"]["phase"] == "run":  # spun up before the interruption
+        model.start_doy = float(start.day_of_year - 1)
+        return restore_state(saved, model.m["pe"].State)
     model.start_doy = float(start.day_of_year - 1) - days  # sim_time 0 is `days` before `start`
-    state = model.rest_state(seed)
     n = int(round(days))
+    first = 0
+    if saved is not None and saved["position"]["phase"] == "spin-up":
+        state, first = restore_state(saved, model.m["pe"].State), int(saved["position"]["day"])
+        if log is not None:
+            log(f"{what}: resuming the spin-up at day {first} of {n} from {restart.path if restart else ''}")
+    else:
+        state = model.rest_state(seed)
     t0 = time.perf_counter()
     with _progress(n, f"{what}: spin-up", progress) as bar:
-        for i in range(n):
+        bar.update(first)
+        for i in range(first, n):
             state = model.advance(state, 4 * model.steps_per_6h)
             bar.update(1)
-            if i == 0 and n > 1 and log is not None:
+            if i == first and n - first > 1 and log is not None:
                 rate = time.perf_counter() - t0
                 log(f"{what}: spin-up measured at {rate:.1f} s per simulated day: about "
-                    f"{rate * (n - 1) / 60:.0f} min more before the first output")
+                    f"{rate * (n - first - 1) / 60:.0f} min more before the first output")
+            if restart is not None and (i + 1) % EVERY_DAYS == 0 and i + 1 < n:
+                restart.save({"phase": "spin-up", "day": i + 1}, state, {})
     model.start_doy = float(start.day_of_year - 1)
     state = dataclasses.replace(state, sim_time=0.0)
     return state
@@ -481,31 +497,47 @@ def generate_world(out: str | Path, years: int = 2, days_per_year: int = 365, se
     """Simulate the GCM world and write ``out/gcm_5.625deg_yearN.nc`` (N = 1 … ``years``), 6-hourly.
 
     One continuous run (year N + 1 follows year N) after ``spin_up_days`` of spin-up. ``days_per_year``
-    shortens each file (tests, previews). Returns the written paths.
+    shortens each file (tests, previews). An interrupted run resumes from its restart file
+    (:mod:`pipelines.gcm_restart`) when started again with the same settings. Returns the written paths.
     """
     out = Path(out)
     if years < 1 or days_per_year < 1:
         raise ValueError(f"--years {years} / --days {days_per_year}: expected positive numbers")
     names = [f"gcm_5.625deg_year{n}.nc" for n in range(1, years + 1)]
-    _check_out(out, names, overwrite)
-    model = GCM(WorldPhysics(), truncation=truncation, dt_minutes=dt_minutes)
-    start_ts = pd.Timestamp(start)
-    state = _spin_up(model, seed, start_ts, spin_up_days, progress, "gcm-world", log)
     config = dict(truncation=truncation, dt_minutes=dt_minutes, seed=seed, spin_up_days=spin_up_days,
                   years=years, days_per_year=days_per_year, levels=list(levels), start=start,
                   mountains=[list(x) for x in MOUNTAINS])
-    paths = []
-    t0 = start_ts
+    restart = Restart(out / ".gcm_world.restart.npz", _restart_key(config, WorldPhysics()))
+    saved = restart.load()
+    written = list(saved["position"].get("written", [])) if saved else []
+    _check_out(out, names, overwrite, written)
+    model = GCM(WorldPhysics(), truncation=truncation, dt_minutes=dt_minutes)
+    start_ts = pd.Timestamp(start)
+    state = _spin_up(model, seed, start_ts, spin_up_days, progress, "gcm-world", log, restart, saved)
+    first_year, first_step = 1, 0
+    if saved is not None and saved["position"]["phase"] == "run":
+        first_year, first_step = int(saved["position"]["year"]), int(saved["position"]["step"])
+        if log is not None:
+            log(f"gcm-world: resuming year {first_year} at day {first_step // 4} from {restart.path}")
+    paths = [out / n for n in names[: first_year - 1]]
+    t0 = start_ts + pd.Timedelta(days=days_per_year * (first_year - 1))
     for n, name in enumerate(names, 1):
+        if n < first_year:
+            continue
         times = pd.date_range(t0, periods=4 * days_per_year, freq="6h")
-        z, t, ps = [], [], []
+        resumed = saved is not None and n == first_year and first_step > 0
+        z, t, ps = ([unstack(saved, k) for k in ("z", "t", "ps")] if resumed else ([], [], []))
         with _progress(days_per_year, f"gcm-world: year {n}/{years}", progress) as bar:
-            for i in range(len(times)):
+            bar.update(first_step // 4 if resumed else 0)
+            for i in range(first_step if resumed else 0, len(times)):
                 f = model.fields(state, levels)
                 z.append(f["geopotential"]), t.append(f["temperature"]), ps.append(f["surface_pressure"])
                 state = model.advance(state, model.steps_per_6h)
                 if i % 4 == 3:
                     bar.update(1)
+                    if (i + 1) % (4 * EVERY_DAYS) == 0 and i + 1 < len(times):
+                        restart.save({"phase": "run", "year": n, "step": i + 1, "written": written}, state,
+                                     {"z": z, "t": t, "ps": ps})
         dims = ("time", "level", "latitude", "longitude")
         ds = xr.Dataset(
             {"geopotential": (dims, np.stack(z).astype("float32"),
@@ -519,7 +551,11 @@ def generate_world(out: str | Path, years: int = 2, days_per_year: int = 365, se
         )
         _write(ds, out / name)
         paths.append(out / name)
+        written.append(name)
         t0 = times[-1] + pd.Timedelta(hours=6)
+        if n < years:
+            restart.save({"phase": "run", "year": n + 1, "step": 0, "written": written}, state, {})
+    restart.remove()
     return paths
 
 
@@ -534,7 +570,8 @@ def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: 
     A truth run (``seed``) after ``spin_up_days``; every ``every_days`` days from 1 January of ``year``, a
     ``members``-member ensemble starts from the truth plus 0.05 K temperature noise (total wavenumber ≥ 3)
     and runs ``leads_h`` with the imperfect physics (:meth:`WorldPhysics.imperfect`). The truth is stored
-    daily at 00 UTC (``valid_time``) for verification at init + lead.
+    daily at 00 UTC (``valid_time``) for verification at init + lead. An interrupted run resumes from its
+    restart file (:mod:`pipelines.gcm_restart`) when started again with the same settings.
     """
     out = Path(out)
     if days < max(leads_h) / 24 or members < 2 or every_days < 1:
@@ -544,17 +581,28 @@ def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: 
         raise ValueError(f"leads {list(leads_h)} h: expected whole days")
     name = f"gcm_ens_{year}.nc"
     _check_out(out, [name], overwrite)
+    config = dict(truncation=truncation, dt_minutes=dt_minutes, seed=seed, members=members, every_days=every_days,
+                  leads_h=list(leads_h), days=days, spin_up_days=spin_up_days, levels=list(levels))
+    restart = Restart(out / f".{name}.restart.npz", _restart_key(config, WorldPhysics(), WorldPhysics().imperfect()))
+    saved = restart.load()
     truth = GCM(WorldPhysics(), truncation=truncation, dt_minutes=dt_minutes)
     forecast = GCM(WorldPhysics().imperfect(), truncation=truncation, dt_minutes=dt_minutes)
     start = pd.Timestamp(f"{year}-01-01")
-    state = _spin_up(truth, seed, start, spin_up_days, progress, "gcm-ens", log)
+    state = _spin_up(truth, seed, start, spin_up_days, progress, "gcm-ens", log, restart, saved)
     forecast.start_doy = truth.start_doy
     steps_day = 4 * truth.steps_per_6h
     n_truth = days + max(leads_h) // 24  # days 0 … days − 1 + the longest lead (302 for 300 days, as gcm_ens)
     inits = list(range(0, days, every_days))
     tz, tt, fz, ft = [], [], [], []
+    first = 0
+    if saved is not None and saved["position"]["phase"] == "run":
+        first = int(saved["position"]["day"])
+        tz, tt, fz, ft = (unstack(saved, k) for k in ("tz", "tt", "fz", "ft"))
+        if log is not None:
+            log(f"gcm-ens {year}: resuming at day {first} of {n_truth} from {restart.path}")
     with _progress(n_truth, f"gcm-ens {year}", progress) as bar:
-        for d in range(n_truth):
+        bar.update(first)
+        for d in range(first, n_truth):
             f = truth.fields(state, levels)
             tz.append(f["geopotential"]), tt.append(f["temperature"])
             if d in inits:
@@ -569,13 +617,13 @@ def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: 
                 ft.append(np.stack([b["temperature"] for b in by_lead]))
             state = truth.advance(state, steps_day)
             bar.update(1)
+            if (d + 1) % EVERY_DAYS == 0 and d + 1 < n_truth:
+                restart.save({"phase": "run", "day": d + 1}, state, {"tz": tz, "tt": tt, "fz": fz, "ft": ft})
             if on_day is not None:
                 on_day(d)
     valid = pd.date_range(start, periods=n_truth, freq="D")
     fdims = ("time", "prediction_timedelta", "member", "level", "latitude", "longitude")
     tdims = ("valid_time", "level", "latitude", "longitude")
-    config = dict(truncation=truncation, dt_minutes=dt_minutes, seed=seed, members=members, every_days=every_days,
-                  leads_h=list(leads_h), days=days, spin_up_days=spin_up_days, levels=list(levels))
     ds = xr.Dataset(
         {"geopotential": (fdims, np.stack(fz).astype("float32"), {"units": "m**2 s**-2"}),
          "temperature": (fdims, np.stack(ft).astype("float32"), {"units": "K"}),
@@ -593,7 +641,17 @@ def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: 
                "lead_times": f"{', '.join(map(str, sorted(leads_h)))} h; truth daily at 00 UTC"},
     )
     _write(ds, out / name)
+    restart.remove()
     return out / name
+
+
+def _restart_key(config: dict[str, Any], *physics: WorldPhysics) -> dict[str, Any]:
+    """What a restart must match to be resumed: the run's settings, its physics and the core's version."""
+    from importlib.metadata import version
+
+    return {"config": config, "physics": [dataclasses.asdict(p) for p in physics],
+            "core": f"dinosaur-torch {version('dinosaur-torch')}", "mountains": [list(x) for x in MOUNTAINS],
+            "filters": [FILTER, list(OROGRAPHY_FILTER), list(LAND_FILTER)]}
 
 
 def check_core() -> None:

@@ -26,7 +26,8 @@ def _add_gcm_verbs(verbs: argparse._SubParsersAction) -> None:
         "OUT/gcm_5.625deg_yearN.nc (the layout the configs read: 6-hourly Z and T on 250-925 hPa, surface "
         "pressure, land-sea mask, orography). The defaults make the published gcm_world configuration (T31, "
         "20-minute step, 200 days of spin-up before the first output: about 40 min on one core before anything "
-        "is written; --preview skips most of it). Times: docs/guide/gcm-worlds.md.",
+        "is written; --preview skips most of it). An interrupted run resumes where it stopped when the same command "
+        "is run again (a restart file every 10 simulated days). Times: docs/guide/gcm-worlds.md.",
     )
     world.add_argument("--out", required=True, type=Path, help="output folder")
     world.add_argument("--years", type=int, default=2, help="model years, one file each (default 2)")
@@ -49,7 +50,8 @@ def _add_gcm_verbs(verbs: argparse._SubParsersAction) -> None:
         "ensemble of an imperfect forecast model (almost no land coupling) at 24 h and 48 h lead, written "
         "as OUT/gcm_ens_YEAR.nc in the layout the post-processing configs read. The defaults make the published "
         "gcm_ens configuration (T21, 30-minute step, 200 days of spin-up before the first forecast; --preview "
-        "skips most of it). Times: docs/guide/gcm-worlds.md.",
+        "skips most of it). An interrupted run resumes where it stopped when the same command is run again. "
+        "Times: docs/guide/gcm-worlds.md.",
     )
     ens.add_argument("--out", required=True, type=Path, help="output folder")
     ens.add_argument("--year", type=int, default=2005, help="calendar label of the stream (default 2005)")
