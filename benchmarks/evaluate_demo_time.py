@@ -84,7 +84,8 @@ def main() -> int:
         f"{result['load_average'][0]:.1f} at the end.\n\n"
         "| run | what | median wall s |\n|---|---|---:|\n"
         f"| baseline | `smoe evaluate` at {a.baseline_commit} (global only) | {med['baseline']:.1f} |\n"
-        f"| new | `smoe evaluate` (global, land, sea) `--spectra` + `plot scorecard` + `plot spectra` | {med['new']:.1f} |\n\n"
+        "| new | `smoe evaluate` (global, land, sea) `--spectra` + `plot scorecard` + `plot spectra` | "
+        f"{med['new']:.1f} |\n\n"
         f"Ratio new / baseline: **{result['ratio_new_to_baseline']:.2f}** (target ≤ 2).\n")
     print(a.out.read_text())
     return 0
