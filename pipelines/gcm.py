@@ -408,9 +408,10 @@ def _check_out(out: Path, names: Sequence[str], overwrite: bool, written: Sequen
 
 
 SPIN_UP_DAYS = 200.0  # the published worlds' discarded spin-up
-# Wall seconds per simulated day on one thread (this project's 2-core machine, shared, load average about 5):
-# one run, and one 10-member ensemble batch. Used for the up-front estimate; the run then measures its own.
-SECONDS_PER_DAY = {(21, 30.0): 7.0, (31, 20.0): 11.6}
+# Wall seconds per simulated day of one run on one thread (this project's 2-core machine with one other job,
+# load average 2-4: the spin-ups of the default gcm-ens and gcm-world runs). Used for the up-front estimate;
+# the run then measures its own.
+SECONDS_PER_DAY = {(21, 30.0): 3.1, (31, 20.0): 6.8}
 ENSEMBLE_COST = 5.0  # a 10-member batch costs about this many single runs
 
 

@@ -25,7 +25,7 @@ def _add_gcm_verbs(verbs: argparse._SubParsersAction) -> None:
         description="Simulate the GCM world with the dinosaur-torch spectral core and write "
         "OUT/gcm_5.625deg_yearN.nc (the layout the configs read: 6-hourly Z and T on 250-925 hPa, surface "
         "pressure, land-sea mask, orography). The defaults make the published gcm_world configuration (T31, "
-        "20-minute step, 200 days of spin-up before the first output: about 40 min on one core before anything "
+        "20-minute step, 200 days of spin-up before the first output: about 25 min on one core before anything "
         "is written; --preview skips most of it). An interrupted run resumes where it stopped when the same command "
         "is run again (a restart file every 10 simulated days). Times: docs/guide/gcm-worlds.md.",
     )
