@@ -92,12 +92,15 @@ def string_char_encoding(ds: Any) -> dict[str, dict[str, Any]]:
     that holds ``scores.nc`` open and then runs ``smoe plot scores`` on it would die. Char arrays (``S1`` plus
     a string-length dimension, UTF-8) read back as the same strings and do not trigger it.
     """
-    enc: dict[str, dict[str, Any]] = {}
-    for name, var in ds.variables.items():
-        kind = var.dtype.kind
-        if kind in "US" or (kind == "O" and var.size and isinstance(var.values.flat[0], (str, bytes))):
-            enc[str(name)] = {"dtype": "S1"}
-    return enc
+    return {name: {"dtype": "S1"} for name in string_variables(ds)}
+
+
+def string_variables(ds: Any) -> list[str]:
+    """Names of the variables and coordinates of ``ds`` that hold strings (unicode, bytes, or objects that
+    are str/bytes, as netCDF strings read back)."""
+    return [str(name) for name, var in ds.variables.items()
+            if var.dtype.kind in "US" or (var.dtype.kind == "O" and var.size
+                                          and isinstance(var.values.flat[0], str | bytes))]
 
 
 def write_netcdf(ds: Any, path: str | Path, overwrite: bool = True,

@@ -108,6 +108,18 @@ def source_fingerprint(source: Source) -> dict[str, Any] | None:
     return _fingerprint_files(paths)
 
 
+def store_mismatch(store: str | Path, args: dict[str, Any], fingerprint: dict[str, Any] | None,
+                   compare_source: bool = True) -> str | None:
+    """Why the existing ``store`` is not what ``args`` and the source ``fingerprint`` would make: "arguments"
+    (other arguments, or not written by smoe), "source" (the source changed since it was written; checked only
+    when ``compare_source``) or None (up to date)."""
+    if stored_args(store) != json.loads(json.dumps(args)):
+        return "arguments"
+    if compare_source and stored_fingerprint(store) != json.loads(json.dumps(fingerprint)):
+        return "source"
+    return None
+
+
 def stored_fingerprint(store: str | Path) -> Any:
     """The source fingerprint recorded in an existing store (None when it has none)."""
     try:
@@ -214,10 +226,11 @@ def write_store(
     args = json.loads(json.dumps(args))  # normalise tuples → lists for the comparison
     fingerprint = json.loads(json.dumps(fingerprint)) if fingerprint is not None else None
     if out.exists() and not overwrite:
-        if stored_args(out) == args:
-            if stored_fingerprint(out) == fingerprint:
-                print(f"{out}: up to date (same arguments and unchanged source; pass --overwrite to rebuild)")
-                return out
+        why = store_mismatch(out, args, fingerprint)
+        if why is None:
+            print(f"{out}: up to date (same arguments and unchanged source; pass --overwrite to rebuild)")
+            return out
+        if why == "source":
             raise FileExistsError(
                 f"{out}: the source {source} changed since this store was written (its fingerprint of file "
                 "sizes, contents or modification times differs); pass --overwrite to rebuild it"

@@ -136,12 +136,12 @@ def station_ids(ids: Sequence[object] | np.ndarray) -> np.ndarray:
 def unicode_strings(ds: xr.Dataset) -> xr.Dataset:
     """``ds`` with every string variable and coordinate as fixed-width unicode (:func:`station_ids`): netCDF
     char arrays and variable-length strings both read back as ``object`` arrays."""
-    names = [n for n, v in ds.variables.items() if v.dtype.kind in "OS" and v.size
-             and isinstance(v.values.flat[0], (str, bytes))]
-    return ds.assign({n: (ds[n].dims, station_ids(ds[n].values).reshape(ds[n].shape), ds[n].attrs)
-                      for n in names if n in ds.data_vars}).assign_coords(
-        {n: (ds[n].dims, station_ids(ds[n].values).reshape(ds[n].shape), ds[n].attrs) for n in names
-         if n in ds.coords})
+    from pipelines.atomic import string_variables
+
+    fixed = {n: (ds[n].dims, station_ids(ds[n].values).reshape(ds[n].shape), ds[n].attrs)
+             for n in string_variables(ds)}
+    return ds.assign({n: v for n, v in fixed.items() if n in ds.data_vars}).assign_coords(
+        {n: v for n, v in fixed.items() if n in ds.coords})
 
 
 def site_coords(ids: Sequence[str], lat: np.ndarray, lon: np.ndarray, alt: np.ndarray) -> dict[str, tuple]:

@@ -20,8 +20,8 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
     store = Path(dcfg["store"])
     if store.exists():
         if dcfg.get("sources") and not dcfg.get("world"):
-            _check_store_matches_sources(store, _source_args(dcfg), [str(Path(f).expanduser()) for f in
-                                                                     dcfg["sources"]])
+            args = _source_args(dcfg)
+            _check_store_matches_sources(store, args, args["sources"])
         return str(store)
     if dcfg.get("world"):
         from pipelines.world import generate_world
@@ -81,19 +81,17 @@ def _check_store_matches_sources(store: Path, args: dict[str, Any], files: list[
     """Raise when the existing ``store`` was made from other ``data.sources`` (or before they last changed):
     it is a cache of those files, and reusing it would silently train on the old data (e.g. after
     ``smoe data gcm-world`` wrote new files over the ones the store was made from)."""
-    import json
-
-    from pipelines.prepare import source_fingerprint, stored_args, stored_fingerprint
+    from pipelines.prepare import source_fingerprint, store_mismatch, stored_args
 
     recorded = stored_args(store)
     if recorded is None:
         return  # a store made by `smoe data prepare` or by hand: the user's own, used as it is
-    how = ("with other data.sources or statistics years" if recorded != json.loads(json.dumps(args)) else
-           None)
-    if how is None and Path(files[0]).exists():
-        if stored_fingerprint(store) != {"source": source_fingerprint(files)}:
-            how = "from data.sources that have changed since (file sizes, contents or times differ)"
-    if how:
+    present = all(Path(f).exists() for f in files)  # sources deleted since: only the arguments can be compared
+    why = store_mismatch(store, args, {"source": source_fingerprint(files)} if present else None,
+                         compare_source=present)
+    if why:
+        how = {"arguments": "with other data.sources or statistics years",
+               "source": "from data.sources that have changed since (file sizes, contents or times differ)"}[why]
         raise FileExistsError(
             f"data.store {store} was made {how}: it is a cache of {recorded.get('sources')}, the config "
             f"now reads {files}. Delete {store} to rebuild it from data.sources, or set data.store to "
