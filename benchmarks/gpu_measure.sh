@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# Layer and network speed on CUDA, as one prepared device call.
+# The SMoE networks on CUDA, as one prepared device call: correctness first, then speed.
 #
 #   bash benchmarks/gpu_measure.sh prepare   # here, with network: wheels the GPU image lacks -> .gpu/wheels
-#   # then, through the device tool (carry [".gpu"], timeout_s 590):
+#   # then, through the device tool (carry [".gpu"], timeout_s 580):
 #   bash benchmarks/gpu_measure.sh run       # on the GPU machine: results -> benchmarks/results and $OUT
 #
-# `run` measures, each under its own time limit so one slow part cannot eat the rest:
-#   1. benchmarks/smoe_layer.py --device cuda: both route_impls, fp32 and bf16, batch 16 and 64
+# `run` does, each part under its own time limit so one slow part cannot eat the rest:
+#   1. correctness, three parts side by side (none of them timed):
+#      - the CUDA-only tests (tests/test_smoe_fastpath.py -k cuda)  -> $OUT/cuda_tests.log;
+#      - benchmarks/gpu_check.py correctness: SMoE-U-Net and SMoE ResNet, 20 Adam steps, CUDA against CPU
+#        -> benchmarks/results/gpu_correctness_cuda.{json,md};
+#      - `smoe train` of the SMoE ResNet (embedded world) with strategy=ddp on one GPU, 30 steps with
+#        validation: no unused-parameter error -> $OUT/ddp.log;
+#   2. benchmarks/gpu_check.py step: SMoE ResNets and U-Nets against dense twins and wider/deeper dense
+#      networks (the equal-cost dense network) -> benchmarks/results/gpu_step_cuda.{json,md};
+#   3. benchmarks/smoe_layer.py --device cuda: both route_impls, fp32 and bf16, batch 64 then 16
 #      -> benchmarks/results/smoe_layer_cuda.json (setup.batch, setup.dtype, time_ratio, memory_ratio);
-#   2. benchmarks/resnet_step.py --device cuda at paper size (19 blocks, 128 filters), batch 16 and 64
-#      -> benchmarks/results/resnet_step_cuda_b16.json, resnet_step_cuda_b64.json.
-# Copy the files back from $OUT, commit them with this command, then take the README/findings numbers from them.
-# Steps 2-5 of the issue (gcm_16x3 routing study, paper size, heat, loader throughput) need the GCM world packed
-# (../shared/tools/gpu/README.md) and more device time than one call: they are not part of this script.
+#   4. benchmarks/resnet_step.py --device cuda at paper size (19 blocks, 128 filters), batch 64 and 16
+#      -> benchmarks/results/resnet_step_cuda_b64.json, resnet_step_cuda_b16.json.
+# Each part's exit status is in $OUT/parts.txt. Copy the files back from $OUT, commit them with this command,
+# then take the README/results numbers from them. The routing study at GPU budgets, paper size and heat need
+# the GCM world packed (../shared/tools/gpu/README.md) and more device time than one call: not part of this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.gpu/wheels
-# What the GPU image lacks (../shared/tools/gpu/README.md); cftime is imported by smoeweather itself.
-PACKAGES=(zarr numcodecs donfig google-crc32c dask partd locket cftime bottleneck lazy-importer
-          importlib-metadata tblib h5netcdf)
+# What the GPU image lacks (../shared/tools/gpu/README.md), zarr and numcodecs at the versions the project is
+# tested with; cftime is imported by smoeweather itself; pytest for the CUDA-only tests.
+PACKAGES=(zarr==3.1.6 numcodecs==0.16.6 donfig google-crc32c dask partd locket cftime bottleneck lazy-importer
+          importlib-metadata tblib h5netcdf pytest pluggy iniconfig)
 
 case "${1:-}" in
   prepare)
@@ -49,16 +58,37 @@ case "${1:-}" in
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
       python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/device.txt"
     status=0
-    # one smoe_layer.py call per batch (--append): a time-out loses one batch size, not all of them
+    part() {  # part NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record the exit status
+      local name=$1 limit=$2; shift 2
+      local rc=0
+      timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+      echo "$name $rc" >> "$OUT/parts.txt"
+      tail -n 25 "$OUT/$name.log"
+      return "$rc"
+    }
+    ACCELERATOR=$([ "$DEVICE" = cuda ] && echo gpu || echo cpu)
+    # 1. correctness: side by side, none of it is timed
+    part cuda_tests "${CHECK_TIMEOUT:-150}" python -m pytest -q -p no:cacheprovider tests/test_smoe_fastpath.py \
+      -k cuda & p1=$!
+    part correctness "${CHECK_TIMEOUT:-150}" python benchmarks/gpu_check.py correctness --device "$DEVICE" & p2=$!
+    part ddp "${CHECK_TIMEOUT:-150}" python -m smoeweather train --config weatherbench/world_smoe_all_prior.yaml \
+      trainer.accelerator="$ACCELERATOR" trainer.devices=1 trainer.strategy=ddp trainer.deterministic=false \
+      trainer.max_steps=30 trainer.val_check_interval=15 trainer.limit_val_batches=4 \
+      trainer.enable_progress_bar=false data.store=/tmp/gpu_world.zarr output_dir=/tmp/gpu_ddp & p3=$!
+    for p in $p1 $p2 $p3; do wait "$p" || status=$?; done
+    cp -f "benchmarks/results/gpu_correctness_$DEVICE".* "$OUT/" 2>/dev/null || true
+    # 2. network training steps against dense networks (timed: nothing else runs)
+    part step "${STEP_TIMEOUT:-120}" python benchmarks/gpu_check.py step --device "$DEVICE" \
+      --rounds "${STEP_ROUNDS:-5}" || status=$?
+    cp -f "benchmarks/results/gpu_step_$DEVICE".* "$OUT/" 2>/dev/null || true
+    # 3./4. layer and paper-size ResNet, batch by batch (the batch-64 targets first): a time-out loses one part
     for batch in $BATCHES; do
-      timeout "${LAYER_TIMEOUT:-180}" python benchmarks/smoe_layer.py --device "$DEVICE" --batches "$batch" \
-        --dtypes fp32 bf16 --impls index_select channels_last --repeats "${REPEATS:-5}" --rounds "${ROUNDS:-3}" \
-        --append 2> >(tee -a "$OUT/smoe_layer.log" >&2) || status=$?
-    done
-    cp -f "benchmarks/results/smoe_layer_$DEVICE.json" "$OUT/" 2>/dev/null || true
-    for batch in $BATCHES; do
-      timeout "${RESNET_TIMEOUT:-90}" python benchmarks/resnet_step.py --device "$DEVICE" --batch "$batch" \
-        --steps "${STEPS:-10}" --out "benchmarks/results/resnet_step_${DEVICE}_b$batch.json" \
+      part "smoe_layer_b$batch" "${LAYER_TIMEOUT:-140}" python benchmarks/smoe_layer.py --device "$DEVICE" \
+        --batches "$batch" --dtypes fp32 bf16 --impls index_select channels_last --repeats "${REPEATS:-5}" \
+        --rounds "${ROUNDS:-2}" --append || status=$?
+      cp -f "benchmarks/results/smoe_layer_$DEVICE.json" "$OUT/" 2>/dev/null || true
+      part "resnet_step_b$batch" "${RESNET_TIMEOUT:-50}" python benchmarks/resnet_step.py --device "$DEVICE" \
+        --batch "$batch" --steps "${STEPS:-10}" --out "benchmarks/results/resnet_step_${DEVICE}_b$batch.json" \
         ${BLOCKS:+--blocks "$BLOCKS"} || status=$?
       cp -f "benchmarks/results/resnet_step_${DEVICE}_b$batch.json" "$OUT/" 2>/dev/null || true
     done

@@ -1,0 +1,299 @@
+"""The SMoE networks on an accelerator: CUDA against CPU for one seed, and training-step cost against dense twins.
+
+``correctness``: an SMoE-U-Net (8/16/32, land-sea prior, coherent gate, RC q 0.3) and an SMoE ResNet (16 × 3,
+SMoE in every block, land-sea prior, the ``gcm_16x3_cpu`` settings) and their dense twins train ``--steps`` Adam
+steps from the same seed, the same initial weights and the same fixed batch, once on CPU and once on
+``--device``. CPU runs the default ``expert_compute="used"`` (only the selected experts are convolved), the
+accelerator ``"all"`` (every expert, no host synchronisation), so this also checks that the two paths train the
+same network. TF32 is switched off: both sides compute in float32. Recorded per network: the per-step loss
+relative difference, the largest parameter difference relative to that tensor's largest value, and for the SMoE
+networks the share of grid points whose selected expert set is the same at the end. Every SMoE network is also
+run with RC off (the gates still learn from the task loss), which removes the one discrete step inside a
+training step (an RC flag at its quantile threshold).
+
+Tolerance. Both sides evaluate the same float32 expressions in different summation orders (oneDNN on CPU,
+cuDNN on CUDA): each reduction of K terms may differ by about log2(K) · eps32 relative (eps32 = 1.19e-7; K
+up to 9 · 64 = 576 in a convolution, 32,768 in the loss), and the differences of ~12 layers add up, so one
+forward agrees to about 12 · 15 · eps32 ≈ 2e-5. Adam divides each update by the gradient's running RMS, so a
+relative gradient difference becomes a parameter difference of at most about lr per step, not an amplified
+one. The check passes when every step's loss agrees within ``LOSS_RTOL`` = 1e-4 (5 × the one-forward bound,
+for 20 steps of drift) and the dense twin, which has no routing, shows what float32 reordering alone gives.
+
+``step``: warm training-step time (forward, MSE, backward, Adam) on ``--device`` of the SMoE networks against
+their dense twins and against wider and deeper dense networks, so that the dense network of equal measured
+cost can be read off (the frontier studies' frame). ResNets: batch 32, 34 input channels (the GCM configs:
+10 fields × 3 offsets, 3 constants, the lead), 3 blocks at widths 8–32 and 16 × 6; SMoE in every block and in
+the last block, widths 8 and 16. U-Nets: batch 8 (the post-processing configs'), widths 8/16/32 to 32/64/128.
+Blocks of ``--block`` steps alternate between all networks of a group, ``--rounds`` rounds; the median per round
+and the median of per-round ratios are reported, with each network's peak memory of one step.
+
+Writes ``benchmarks/results/gpu_correctness_<device>.{json,md}`` and ``gpu_step_<device>.{json,md}``.
+
+    python benchmarks/gpu_check.py correctness [--device cuda] [--steps 20]
+    python benchmarks/gpu_check.py step [--device cuda] [--rounds 5] [--block 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from smoe_step import GRID, land_sea, resnet, unet  # the CPU step benchmark's networks (same directory)
+
+from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
+from smoeweather.models.unet import PostprocessingUNet
+from smoeweather.nn.smoe import smoe_layers
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LOSS_RTOL = 1e-4  # derived in the module docstring
+
+
+def _no_rc(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        net = make()
+        for layer in smoe_layers(net):
+            layer.rc = False
+        return net
+    return build
+
+
+CORRECTNESS: dict[str, Callable[[], torch.nn.Module]] = {
+    "smoe_unet_8_16_32": lambda: unet((8, 16, 32), True),
+    "smoe_unet_8_16_32_no_rc": _no_rc(lambda: unet((8, 16, 32), True)),
+    "unet_8_16_32": lambda: unet((8, 16, 32), False),
+    "smoe_resnet_16x3": lambda: resnet(True),
+    "smoe_resnet_16x3_no_rc": _no_rc(lambda: resnet(True)),
+    "resnet_16x3": lambda: resnet(False),
+}
+
+
+def _selected_sets(net: torch.nn.Module) -> list[torch.Tensor]:
+    """Per SMoE layer, the selected experts at every grid point as a sorted index set, shape (k, H, W)."""
+    return [torch.sort(layer.gate.top_indices(layer.num_selected)[0][0], 0)[0].cpu() for layer in smoe_layers(net)]
+
+
+def _train(make: Callable[[], torch.nn.Module], device: str, steps: int) -> tuple[list[float], torch.nn.Module]:
+    torch.manual_seed(0)
+    net = make()  # built on CPU: both devices start from the same weights
+    net.to(device)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 8, *GRID, generator=g).to(device), torch.randn(8, 2, *GRID, generator=g).to(device)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, net.cpu()
+
+
+def correctness(device: str, steps: int) -> dict[str, Any]:
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    entries = []
+    for name, make in CORRECTNESS.items():
+        t = time.perf_counter()
+        cpu_losses, cpu_net = _train(make, "cpu", steps)
+        dev_losses, dev_net = _train(make, device, steps)
+        loss_rel = [abs(a - b) / abs(a) for a, b in zip(cpu_losses, dev_losses, strict=True)]
+        dev_params = dict(dev_net.named_parameters())
+        param_rel = max(float((p - dev_params[k]).abs().max() / p.abs().max().clamp_min(1e-30))
+                        for k, p in cpu_net.named_parameters())
+        entry: dict[str, Any] = {
+            "network": name, "loss_cpu": cpu_losses, "loss_device": dev_losses,
+            "max_loss_relative_difference": max(loss_rel),
+            "first_step_loss_relative_difference": loss_rel[0],
+            "max_parameter_relative_difference": param_rel,
+            "expert_compute": {"cpu": "used", device: "all"} if "smoe" in name else None,
+            "passed": max(loss_rel) <= LOSS_RTOL, "seconds": time.perf_counter() - t}
+        if "smoe" in name:
+            same = [float((a == b).all(0).float().mean()) for a, b in
+                    zip(_selected_sets(cpu_net), _selected_sets(dev_net), strict=True)]
+            entry["same_selected_set_share_per_layer"] = same
+        entries.append(entry)
+        print(f"{name}: max loss rel. diff {entry['max_loss_relative_difference']:.1e}, param rel. diff "
+              f"{param_rel:.1e} ({'ok' if entry['passed'] else 'ABOVE ' + str(LOSS_RTOL)})", flush=True)
+    return {"setup": _setup(device) | {"steps": steps, "batch": 8, "grid": list(GRID), "tf32": False,
+                                       "loss_rtol": LOSS_RTOL},
+            "entries": entries, "passed": all(e["passed"] for e in entries if not e["network"].endswith("no_rc"))}
+
+
+def _resnet(width: int, blocks: int, smoe: str | None) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        placement = SMoEPlacement.from_config({"placement": smoe, "experts_factor": 2, "gate_prior": "land_sea",
+                                               "prior_strength": 1.0} if smoe else None)
+        return WeatherBenchResNet(in_channels=34, out_channels=2, width=width, blocks=blocks, grid=GRID,
+                                  smoe=placement, land_sea_prior=land_sea().long() if smoe else None)
+    return build
+
+
+def _unet(widths: tuple[int, ...], smoe: bool) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        kwargs: dict[str, Any] = dict(smoe=True, grid=GRID, land_sea_prior=land_sea(), gate_init="coherent",
+                                      damping=None) if smoe else {}
+        return PostprocessingUNet(8, levels=3, widths=widths, out_channels=2, **kwargs)
+    return build
+
+
+GROUPS: dict[str, dict[str, Any]] = {
+    "resnet": {"batch": 32, "in_channels": 34, "reference": "dense_16x3", "networks": {
+        **{f"dense_{w}x3": _resnet(w, 3, None) for w in (8, 12, 16, 24, 32)},
+        "dense_16x6": _resnet(16, 6, None),
+        **{f"smoe_all_{w}x3": _resnet(w, 3, "all") for w in (8, 16)},
+        **{f"smoe_last_{w}x3": _resnet(w, 3, "last") for w in (8, 16)}}},
+    "unet": {"batch": 8, "in_channels": 8, "reference": "dense_8_16_32", "networks": {
+        "dense_8_16_32": _unet((8, 16, 32), False), "dense_16_32_64": _unet((16, 32, 64), False),
+        "dense_32_64_128": _unet((32, 64, 128), False),
+        "smoe_8_16_32": _unet((8, 16, 32), True), "smoe_16_32_64": _unet((16, 32, 64), True)}},
+}
+
+
+class _Stepper:
+    def __init__(self, make: Callable[[], torch.nn.Module], device: str, batch: int, in_channels: int) -> None:
+        torch.manual_seed(0)
+        self.device = device
+        self.net = make().to(device)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+        self.x = torch.randn(batch, in_channels, *GRID, device=device)
+        self.y = torch.randn(batch, 2, *GRID, device=device)
+        self.parameters = sum(p.numel() for p in self.net.parameters())
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(self.net(self.x), self.y).backward()
+        self.opt.step()
+
+    def timed(self, steps: int) -> float:
+        self._sync()
+        t = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        self._sync()
+        return (time.perf_counter() - t) / steps
+
+    def peak_mib(self) -> float | None:
+        if self.device != "cuda":
+            return None
+        self._sync()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        self.step()
+        self._sync()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def step_costs(device: str, rounds: int, block: int, warmup: int) -> dict[str, Any]:
+    groups = {}
+    for group, spec in GROUPS.items():
+        steppers = {k: _Stepper(m, device, spec["batch"], spec["in_channels"]) for k, m in spec["networks"].items()}
+        for s in steppers.values():
+            s.timed(warmup)
+        times: dict[str, list[float]] = {k: [] for k in steppers}
+        for r in range(rounds):
+            order = list(steppers) if r % 2 == 0 else list(reversed(steppers))
+            for k in order:
+                times[k].append(steppers[k].timed(block))
+        ref = spec["reference"]
+        nets = {}
+        for k, s in steppers.items():
+            twin = k.replace("smoe_all_", "dense_").replace("smoe_last_", "dense_").replace("smoe_", "dense_")
+            nets[k] = {"ms_per_step": statistics.median(times[k]) * 1e3, "parameters": s.parameters,
+                       "peak_mib": s.peak_mib(),
+                       "ratio_to_reference": statistics.median(a / b for a, b in zip(times[k], times[ref])),
+                       "ratio_to_dense_twin": statistics.median(a / b for a, b in zip(times[k], times[twin]))}
+            print(f"{group} {k}: {nets[k]['ms_per_step']:.2f} ms, ×{nets[k]['ratio_to_dense_twin']:.2f} twin",
+                  flush=True)
+        for k, v in nets.items():  # the dense network whose measured step time is closest
+            if k.startswith("smoe"):
+                dense = {d: w for d, w in nets.items() if d.startswith("dense")}
+                v["equal_cost_dense"] = min(dense, key=lambda d: abs(dense[d]["ms_per_step"] - v["ms_per_step"]))
+        groups[group] = {"batch": spec["batch"], "in_channels": spec["in_channels"], "reference": ref,
+                         "networks": nets}
+        del steppers
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return {"setup": _setup(device) | {"rounds": rounds, "block": block, "warmup": warmup, "grid": list(GRID)},
+            "groups": groups}
+
+
+def _setup(device: str) -> dict[str, Any]:
+    setup: dict[str, Any] = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
+                             "machine": platform.processor() or platform.machine()}
+    if device == "cuda":
+        setup["gpu"] = torch.cuda.get_device_name(0)
+        setup["cuda"] = torch.version.cuda
+    return setup
+
+
+def _correctness_md(out: dict[str, Any]) -> list[str]:
+    s = out["setup"]
+    lines = [f"# SMoE networks: {s['device']} against CPU, {s['steps']} Adam steps, one seed", "",
+             f"{s.get('gpu', s['device'])}, torch {s['torch']}; TF32 off; batch {s['batch']} on {s['grid']}. "
+             f"CPU convolves only the selected experts, {s['device']} every expert. Pass: every step's loss "
+             f"within {s['loss_rtol']:.0e} relative (derivation in `benchmarks/gpu_check.py`).", "",
+             "| network | max loss rel. diff | step-1 loss rel. diff | max param rel. diff | same expert sets "
+             "(min over layers) | within tolerance |", "|---|---:|---:|---:|---:|---|"]
+    for e in out["entries"]:
+        same = e.get("same_selected_set_share_per_layer")
+        lines.append(f"| {e['network']} | {e['max_loss_relative_difference']:.1e} | "
+                     f"{e['first_step_loss_relative_difference']:.1e} | {e['max_parameter_relative_difference']:.1e} "
+                     f"| {f'{min(same):.1%}' if same else '–'} | {'yes' if e['passed'] else 'no'} |")
+    return lines
+
+
+def _step_md(out: dict[str, Any]) -> list[str]:
+    s = out["setup"]
+    lines = [f"# Training-step cost on {s.get('gpu', s['device'])}: SMoE against dense networks", "",
+             f"torch {s['torch']}; forward + MSE + backward + Adam, random inputs on the 32×64 grid; blocks of "
+             f"{s['block']} steps interleaved over {s['rounds']} rounds (median). \"Equal-cost dense\": the dense "
+             "network whose measured step time is closest.", ""]
+    for group, g in out["groups"].items():
+        lines += [f"## {group} (batch {g['batch']}, {g['in_channels']} input channels)", "",
+                  f"| network | parameters | ms / step | × {g['reference']} | × dense twin | peak MiB | "
+                  "equal-cost dense |", "|---|---:|---:|---:|---:|---:|---|"]
+        for k, v in g["networks"].items():
+            peak = f"{v['peak_mib']:.0f}" if v["peak_mib"] is not None else "–"
+            lines.append(f"| {k} | {v['parameters']:,} | {v['ms_per_step']:.2f} | {v['ratio_to_reference']:.2f} | "
+                         f"{v['ratio_to_dense_twin']:.2f} | {peak} | {v.get('equal_cost_dense', '')} |")
+        lines.append("")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["correctness", "step"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=20, help="correctness: Adam steps per network")
+    parser.add_argument("--rounds", type=int, default=5, help="step: interleaved rounds")
+    parser.add_argument("--block", type=int, default=10, help="step: steps per timed block")
+    parser.add_argument("--warmup", type=int, default=5, help="step: untimed steps per network")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device on this machine")
+    if args.part == "correctness":
+        out, md = correctness(args.device, args.steps), _correctness_md
+    else:
+        out, md = step_costs(args.device, args.rounds, args.block, args.warmup), _step_md
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"gpu_{args.part}_{args.device}"
+    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text("\n".join(md(out)) + "\n")
+    print(f"wrote {args.out / stem}.json and .md")
+
+
+if __name__ == "__main__":
+    main()
