@@ -13,11 +13,15 @@ training step (an RC flag at its quantile threshold).
 
 Tolerance. Both sides evaluate the same float32 expressions in different summation orders (oneDNN on CPU,
 cuDNN on CUDA): each reduction of K terms may differ by about log2(K) · eps32 relative (eps32 = 1.19e-7; K
-up to 9 · 64 = 576 in a convolution, 32,768 in the loss), and the differences of ~12 layers add up, so one
-forward agrees to about 12 · 15 · eps32 ≈ 2e-5. Adam divides each update by the gradient's running RMS, so a
-relative gradient difference becomes a parameter difference of at most about lr per step, not an amplified
-one. The check passes when every step's loss agrees within ``LOSS_RTOL`` = 1e-4 (5 × the one-forward bound,
-for 20 steps of drift) and the dense twin, which has no routing, shows what float32 reordering alone gives.
+up to 9 · 64 = 576 in a convolution, 32,768 in the loss), and the differences of ~12 layers add up, so the
+first step's loss (one forward from equal weights) agrees within 12 · 15 · eps32 ≈ 2e-5 (``FORWARD_RTOL``).
+Later steps drift further: Adam divides each update by the gradient's running RMS, so a parameter whose true
+gradient is about zero (a convolution bias before BatchNorm) takes full-size steps whose sign is set by
+float32 noise. No closed bound covers that drift; the dense twin, trained the same way without routing,
+measures it. Dropout is switched off (its masks come from each device's own random stream). The SMoE network
+passes when its first-step loss is within ``FORWARD_RTOL`` and its largest loss difference over the steps is
+at most ``TWIN_FACTOR`` × its dense twin's: a routing error (a wrong expert, a lost gradient) shows as a
+difference of order one at the first or second step, far outside either.
 
 ``step``: warm training-step time (forward, MSE, backward, Adam) on ``--device`` of the SMoE networks against
 their dense twins and against wider and deeper dense networks, so that the dense network of equal measured
@@ -27,10 +31,16 @@ the last block, widths 8 and 16. U-Nets: batch 8 (the post-processing configs'),
 Blocks of ``--block`` steps alternate between all networks of a group, ``--rounds`` rounds; the median per round
 and the median of per-round ratios are reported, with each network's peak memory of one step.
 
-Writes ``benchmarks/results/gpu_correctness_<device>.{json,md}`` and ``gpu_step_<device>.{json,md}``.
+``profile``: profiler tables of the benchmark layer (``benchmarks/smoe_layer.py``'s, batch 64, fp32) against the
+dense 256-filter convolution, both routing paths: device kernels against host-side launches.
+
+Writes ``benchmarks/results/gpu_correctness_<device>.{json,md}``, ``gpu_step_<device>.{json,md}`` and
+``gpu_profile_<device>.txt``; ``render --json FILE`` rewrites a fetched result's .md.
 
     python benchmarks/gpu_check.py correctness [--device cuda] [--steps 20]
     python benchmarks/gpu_check.py step [--device cuda] [--rounds 5] [--block 10]
+    python benchmarks/gpu_check.py profile [--device cuda]
+    python benchmarks/gpu_check.py render --json benchmarks/results/gpu_correctness_cuda.json
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ from smoeweather.models.unet import PostprocessingUNet
 from smoeweather.nn.smoe import smoe_layers
 
 RESULTS = Path(__file__).resolve().parent / "results"
-LOSS_RTOL = 1e-4  # derived in the module docstring
+FORWARD_RTOL = 2e-5  # first-step loss, derived in the module docstring
+TWIN_FACTOR = 4.0  # largest loss difference over the steps, against the dense twin's (module docstring)
 
 
 def _no_rc(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
@@ -82,6 +93,9 @@ def _selected_sets(net: torch.nn.Module) -> list[torch.Tensor]:
 def _train(make: Callable[[], torch.nn.Module], device: str, steps: int) -> tuple[list[float], torch.nn.Module]:
     torch.manual_seed(0)
     net = make()  # built on CPU: both devices start from the same weights
+    for module in net.modules():  # each device draws its own dropout masks: not a difference of the code
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     net.to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
@@ -106,25 +120,47 @@ def correctness(device: str, steps: int) -> dict[str, Any]:
         dev_losses, dev_net = _train(make, device, steps)
         loss_rel = [abs(a - b) / abs(a) for a, b in zip(cpu_losses, dev_losses, strict=True)]
         dev_params = dict(dev_net.named_parameters())
-        param_rel = max(float((p - dev_params[k]).abs().max() / p.abs().max().clamp_min(1e-30))
-                        for k, p in cpu_net.named_parameters())
+        param_rel = [float((p - dev_params[k]).detach().abs().max() / p.detach().abs().max().clamp_min(1e-30))
+                     for k, p in cpu_net.named_parameters()]
         entry: dict[str, Any] = {
             "network": name, "loss_cpu": cpu_losses, "loss_device": dev_losses,
             "max_loss_relative_difference": max(loss_rel),
             "first_step_loss_relative_difference": loss_rel[0],
-            "max_parameter_relative_difference": param_rel,
+            "max_parameter_relative_difference": max(param_rel),
+            "median_parameter_relative_difference": statistics.median(param_rel),
             "expert_compute": {"cpu": "used", device: "all"} if "smoe" in name else None,
-            "passed": max(loss_rel) <= LOSS_RTOL, "seconds": time.perf_counter() - t}
+            "seconds": time.perf_counter() - t}
         if "smoe" in name:
             same = [float((a == b).all(0).float().mean()) for a, b in
                     zip(_selected_sets(cpu_net), _selected_sets(dev_net), strict=True)]
             entry["same_selected_set_share_per_layer"] = same
         entries.append(entry)
-        print(f"{name}: max loss rel. diff {entry['max_loss_relative_difference']:.1e}, param rel. diff "
-              f"{param_rel:.1e} ({'ok' if entry['passed'] else 'ABOVE ' + str(LOSS_RTOL)})", flush=True)
-    return {"setup": _setup(device) | {"steps": steps, "batch": 8, "grid": list(GRID), "tf32": False,
-                                       "loss_rtol": LOSS_RTOL},
-            "entries": entries, "passed": all(e["passed"] for e in entries if not e["network"].endswith("no_rc"))}
+        print(f"{name}: loss rel. diff step 1 {loss_rel[0]:.1e}, max {max(loss_rel):.1e}", flush=True)
+    out = {"setup": _setup(device) | {"steps": steps, "batch": 8, "grid": list(GRID), "tf32": False,
+                                      "dropout": 0.0, "forward_rtol": FORWARD_RTOL, "twin_factor": TWIN_FACTOR},
+           "entries": entries}
+    out["verdicts"] = verdicts(entries)
+    return out
+
+
+def _twin(network: str) -> str:
+    """The dense twin of a correctness network: ``smoe_unet_8_16_32_no_rc`` -> ``unet_8_16_32``."""
+    return network.removeprefix("smoe_").removesuffix("_no_rc")
+
+
+def verdicts(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per SMoE network: first step within FORWARD_RTOL, drift within TWIN_FACTOR × the dense twin's."""
+    by_name = {e["network"]: e for e in entries}
+    out = {}
+    for e in entries:
+        if not e["network"].startswith("smoe"):
+            continue
+        twin = by_name[_twin(e["network"])]
+        drift = e["max_loss_relative_difference"] / max(twin["max_loss_relative_difference"], 1e-30)
+        out[e["network"]] = {"first_step_ok": e["first_step_loss_relative_difference"] <= FORWARD_RTOL,
+                             "drift_to_twin": drift, "passed": (e["first_step_loss_relative_difference"] <= FORWARD_RTOL
+                                        and drift <= TWIN_FACTOR)}
+    return out
 
 
 def _resnet(width: int, blocks: int, smoe: str | None) -> Callable[[], torch.nn.Module]:
@@ -229,6 +265,49 @@ def step_costs(device: str, rounds: int, block: int, warmup: int) -> dict[str, A
             "groups": groups}
 
 
+def profile_layer(device: str, steps: int = 10) -> str:
+    """Profiler tables (top kernels by device time) of the benchmark SMoE layer (C = 128, |E| = 256, E = 128,
+    batch 64, fp32, RC + damping) and the dense 256-filter conv, both routing paths, ``steps`` warm steps each:
+    where the layer's time goes against the dense conv's, kernels against host-side launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    parts = []
+    for impl in ("channels_last", "index_select"):
+        torch.manual_seed(0)
+        layout = torch.channels_last if impl == "channels_last" else torch.contiguous_format
+        layers = {"smoe": (SpatialMoE2d(128, 256, 128, grid=GRID, padding="periodic_lon", rc=True, damping=0.1,
+                                        route_impl=impl), 128),
+                  "dense256": (PeriodicLonConv2d(128, 256, 3, bias=False), 256)}
+        x = torch.randn(64, 128, *GRID, device=device).contiguous(memory_format=layout)
+        for name, (layer, channels) in layers.items():
+            layer = layer.to(device, memory_format=layout)
+            opt = torch.optim.SGD(layer.parameters(), lr=1e-2)
+            target = torch.randn(64, channels, *GRID, device=device).contiguous(memory_format=layout)
+
+            def step(layer: torch.nn.Module = layer, opt: torch.optim.Optimizer = opt,
+                     target: torch.Tensor = target, x: torch.Tensor = x) -> None:
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(layer(x), target).backward()
+                opt.step()
+
+            for _ in range(5):
+                step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            with profile(activities=activities) as prof:
+                for _ in range(steps):
+                    step()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+            parts.append(f"=== {impl} {name} ({steps} steps, batch 64 fp32)\n"
+                         + prof.key_averages().table(sort_by=sort, row_limit=14, max_name_column_width=60))
+    return "\n".join(parts)
+
+
 def _setup(device: str) -> dict[str, Any]:
     setup: dict[str, Any] = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
                              "machine": platform.processor() or platform.machine()}
@@ -239,18 +318,28 @@ def _setup(device: str) -> dict[str, Any]:
 
 
 def _correctness_md(out: dict[str, Any]) -> list[str]:
-    s = out["setup"]
+    s, checks = out["setup"], verdicts(out["entries"])
     lines = [f"# SMoE networks: {s['device']} against CPU, {s['steps']} Adam steps, one seed", "",
              f"{s.get('gpu', s['device'])}, torch {s['torch']}; TF32 off; batch {s['batch']} on {s['grid']}. "
-             f"CPU convolves only the selected experts, {s['device']} every expert. Pass: every step's loss "
-             f"within {s['loss_rtol']:.0e} relative (derivation in `benchmarks/gpu_check.py`).", "",
-             "| network | max loss rel. diff | step-1 loss rel. diff | max param rel. diff | same expert sets "
-             "(min over layers) | within tolerance |", "|---|---:|---:|---:|---:|---|"]
+             f"CPU convolves only the selected experts, {s['device']} every expert. An SMoE network passes when "
+             f"its first-step loss agrees within {FORWARD_RTOL:.0e} (float32 summation order) and its largest "
+             f"loss difference over the steps is at most {TWIN_FACTOR:g}× its dense twin's (derivation in "
+             "`benchmarks/gpu_check.py`).", ""]
+    if s.get("dropout", 0.1) != 0.0:
+        lines += ["**This run kept the ResNet's dropout (p = 0.1)**: each device drew its own masks, so the "
+                  "ResNets (dense twin included) differ from the first step on, and their rows say nothing about "
+                  "the code. The U-Nets have no dropout.", ""]
+    lines += ["| network | step-1 loss rel. diff | max loss rel. diff | × dense twin | max / median param rel. "
+              "diff | same expert sets (min over layers) | passed |", "|---|---:|---:|---:|---:|---:|---|"]
     for e in out["entries"]:
-        same = e.get("same_selected_set_share_per_layer")
-        lines.append(f"| {e['network']} | {e['max_loss_relative_difference']:.1e} | "
-                     f"{e['first_step_loss_relative_difference']:.1e} | {e['max_parameter_relative_difference']:.1e} "
-                     f"| {f'{min(same):.1%}' if same else '–'} | {'yes' if e['passed'] else 'no'} |")
+        same, check = e.get("same_selected_set_share_per_layer"), checks.get(e["network"])
+        median = e.get("median_parameter_relative_difference")
+        drift = f"{check['drift_to_twin']:.2f}" if check else "–"
+        lines.append(f"| {e['network']} | {e['first_step_loss_relative_difference']:.1e} | "
+                     f"{e['max_loss_relative_difference']:.1e} | {drift} | "
+                     f"{e['max_parameter_relative_difference']:.1e} / {f'{median:.1e}' if median is not None else '–'} "
+                     f"| {f'{min(same):.1%}' if same else '–'} | "
+                     f"{('yes' if check['passed'] else 'no') if check else '–'} |")
     return lines
 
 
@@ -274,7 +363,9 @@ def _step_md(out: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["correctness", "step"])
+    parser.add_argument("part", choices=["correctness", "step", "profile", "render"],
+                        help="render: rewrite the .md of a result .json (--json) fetched from the device")
+    parser.add_argument("--json", type=Path, help="render: the gpu_correctness_*.json or gpu_step_*.json")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=20, help="correctness: Adam steps per network")
     parser.add_argument("--rounds", type=int, default=5, help="step: interleaved rounds")
@@ -282,8 +373,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="step: untimed steps per network")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.part != "render" and args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device on this machine")
+    if args.part == "render":
+        if args.json is None:
+            parser.error("render needs --json FILE (a gpu_correctness_*.json or gpu_step_*.json)")
+        out = json.loads(args.json.read_text())
+        md = _correctness_md if "entries" in out else _step_md
+        args.json.with_suffix(".md").write_text("\n".join(md(out)) + "\n")
+        print(f"wrote {args.json.with_suffix('.md')}")
+        return
+    if args.part == "profile":
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"gpu_profile_{args.device}.txt").write_text(profile_layer(args.device) + "\n")
+        print(f"wrote {args.out / f'gpu_profile_{args.device}.txt'}")
+        return
     if args.part == "correctness":
         out, md = correctness(args.device, args.steps), _correctness_md
     else:
