@@ -51,6 +51,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,6 @@ import torch
 from smoe_step import GRID, land_sea, resnet, unet  # the CPU step benchmark's networks (same directory)
 
 from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
-from smoeweather.models.unet import PostprocessingUNet
 from smoeweather.nn.smoe import smoe_layers
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -172,14 +172,6 @@ def _resnet(width: int, blocks: int, smoe: str | None) -> Callable[[], torch.nn.
     return build
 
 
-def _unet(widths: tuple[int, ...], smoe: bool) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        kwargs: dict[str, Any] = dict(smoe=True, grid=GRID, land_sea_prior=land_sea(), gate_init="coherent",
-                                      damping=None) if smoe else {}
-        return PostprocessingUNet(8, levels=3, widths=widths, out_channels=2, **kwargs)
-    return build
-
-
 GROUPS: dict[str, dict[str, Any]] = {
     "resnet": {"batch": 32, "in_channels": 34, "reference": "dense_16x3", "networks": {
         **{f"dense_{w}x3": _resnet(w, 3, None) for w in (8, 12, 16, 24, 32)},
@@ -187,9 +179,9 @@ GROUPS: dict[str, dict[str, Any]] = {
         **{f"smoe_all_{w}x3": _resnet(w, 3, "all") for w in (8, 16)},
         **{f"smoe_last_{w}x3": _resnet(w, 3, "last") for w in (8, 16)}}},
     "unet": {"batch": 8, "in_channels": 8, "reference": "dense_8_16_32", "networks": {
-        "dense_8_16_32": _unet((8, 16, 32), False), "dense_16_32_64": _unet((16, 32, 64), False),
-        "dense_32_64_128": _unet((32, 64, 128), False),
-        "smoe_8_16_32": _unet((8, 16, 32), True), "smoe_16_32_64": _unet((16, 32, 64), True)}},
+        **{f"{'smoe' if smoe else 'dense'}_{'_'.join(map(str, w))}": partial(unet, w, smoe)
+           for w, smoe in (((8, 16, 32), False), ((16, 32, 64), False), ((32, 64, 128), False),
+                           ((8, 16, 32), True), ((16, 32, 64), True))}}},
 }
 
 
