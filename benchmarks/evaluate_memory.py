@@ -5,18 +5,20 @@ a land-sea mask) and an M-member ensemble forecast store with daily inits and 2 
 `smoe evaluate` on them in a child process: default regions (global, land, sea), optionally --spectra,
 and reports wall time, the child's peak resident memory and the sizes of the stores.
 
-    python benchmarks/evaluate_memory.py --resolution 1.0 --members 51 --inits 365   # the 1° year (≈ 10 GB)
-    python benchmarks/evaluate_memory.py --resolution 5.625 --members 51 --inits 365 # ≈ 0.3 GB
+    python benchmarks/evaluate_memory.py --resolution 1.0 --members 51 --inits 91 365 \
+        --out benchmarks/results/evaluate_memory_1deg.json            # the 1° year (≈ 10 GB) and a quarter of it
+    python benchmarks/evaluate_memory.py --resolution 5.625 --members 51 --inits 365   # ≈ 0.3 GB
 
-Memory is bounded when the peak stays far below the forecast store's size and does not grow with the number
-of initialisations (only the truth of one field at the valid times, inits × leads × grid, is held).
+Memory is bounded when the peak stays far below the forecast store's size and does not grow in step with the
+number of initialisations (only the truth of one field at the valid times, inits × leads × grid, is held):
+with several ``--inits`` the report gives the peak of the largest against the smallest.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
 import subprocess
 import sys
@@ -76,38 +78,67 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--resolution", type=float, default=5.625)
     p.add_argument("--members", type=int, default=51)
-    p.add_argument("--inits", type=int, default=365)
+    p.add_argument("--inits", type=int, nargs="+", default=[365],
+                   help="daily initialisations; several values measure each (stores written and removed in turn)")
     p.add_argument("--spectra", action="store_true")
     p.add_argument("--regions", nargs="+", default=["default"],
                    help="--regions of smoe evaluate; 'none': leave the option out (code without regions)")
     p.add_argument("--work", type=Path, default=None, help="folder for the stores (default: a temporary one)")
+    p.add_argument("--out", type=Path, default=None, help="JSON report (printed as well)")
     args = p.parse_args(argv)
+    records = []
+    for inits in args.inits:
+        record = measure(args, inits)
+        if record is None:
+            return 1
+        records.append(record)
+        print(json.dumps(record), flush=True)
+    report = {"command": "python benchmarks/evaluate_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "runs": records}
+    if len(records) > 1:
+        report["peak_ratio_largest_to_smallest"] = round(
+            records[-1]["evaluate_peak_rss_mib"] / records[0]["evaluate_peak_rss_mib"], 3)
+        report["forecast_size_ratio_largest_to_smallest"] = round(
+            records[-1]["forecast_store_mib"] / records[0]["forecast_store_mib"], 3)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def measure(args: argparse.Namespace, inits: int) -> dict | None:
+    """Write the stores for ``inits`` initialisations, run ``smoe evaluate`` on them in a child process and
+    return wall time, the child's peak resident memory and the store sizes (None when evaluate failed)."""
     root = Path(args.work or tempfile.mkdtemp(prefix="evaluate_memory_"))
     root.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.perf_counter()
-        truth, fc = write_stores(root, args.resolution, args.members, args.inits, (24, 48))
+        truth, fc = write_stores(root, args.resolution, args.members, inits, (24, 48))
         t_write = time.perf_counter() - t0
         cmd = [sys.executable, "-m", "smoeweather", "evaluate", f"ens={fc}", "--truth", str(truth), "--no-references",
                *([] if args.regions == ["none"] else ["--regions", *args.regions]), "--out", str(root / "scores"),
                *(["--spectra"] if args.spectra else [])]
+        log = root / "evaluate.stderr"
         t0 = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        with log.open("w") as err:
+            child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage, not the maximum over all children
         wall = time.perf_counter() - t0
-        if done.returncode:
-            print(done.stderr[-3000:], file=sys.stderr)
-            return done.returncode
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB → MiB (Linux)
-        print(json.dumps({"resolution_deg": args.resolution, "members": args.members, "inits": args.inits,
-                          "leads": 2, "regions": args.regions, "spectra": args.spectra,
-                          "forecast_store_mib": round(du(fc) / 2**20, 1),
-                          "truth_store_mib": round(du(truth) / 2**20, 1),
-                          "evaluate_wall_s": round(wall, 1), "evaluate_peak_rss_mib": round(peak, 1),
-                          "write_s": round(t_write, 1)}))
+        if os.waitstatus_to_exitcode(status):
+            print(log.read_text()[-3000:], file=sys.stderr)
+            return None
+        return {"resolution_deg": args.resolution, "members": args.members, "inits": inits,
+                "leads": 2, "regions": args.regions, "spectra": args.spectra,
+                "forecast_store_mib": round(du(fc) / 2**20, 1),
+                "truth_store_mib": round(du(truth) / 2**20, 1),
+                "evaluate_wall_s": round(wall, 1),
+                "evaluate_peak_rss_mib": round(usage.ru_maxrss / 1024, 1),  # KiB → MiB (Linux)
+                "write_s": round(t_write, 1)}
     finally:
-        if args.work is None:
-            shutil.rmtree(root, ignore_errors=True)
-    return 0
+        shutil.rmtree(root if args.work is None else root / "scores", ignore_errors=True)
+        if args.work is not None:
+            for store in ("truth.zarr", "ens.zarr"):
+                shutil.rmtree(root / store, ignore_errors=True)
 
 
 if __name__ == "__main__":

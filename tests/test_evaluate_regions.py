@@ -365,3 +365,28 @@ def test_mask_file_region_equals_the_same_box(tmp_path: Path) -> None:
     (inside * 2).to_netcdf(tmp_path / "bad.nc")
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         region_weights([parse_region(f"bad={tmp_path / 'bad.nc'}")], lat, lon)
+
+
+def test_forecast_scores_in_blocks_of_inits_equal_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dask-backed forecast is scored block by block of initialisations (bounded memory); every score, the
+    per-init means and the rank histogram (blocks weighted by their share of the weight, a truth gap included)
+    equal those of the in-memory forecast in one pass."""
+    import smoeweather.metrics.scores as S
+
+    rng = np.random.default_rng(11)
+    t = 6
+    truth = xr.DataArray(rng.normal(size=(t, 1, 32, 64)), dims=DIMS, coords=_coords(t))
+    fc = xr.concat([truth + rng.normal(0.3, 1.0, size=truth.shape) for _ in range(5)], "member")
+    fc = fc.transpose("time", "prediction_timedelta", "member", "latitude", "longitude")
+    truth[1, 0, :5] = np.nan  # a gap: that block carries less weight in the rank histogram
+    clim = truth.mean("time") + 0.1
+    rw = region_weights(parse_regions(["default"]), truth["latitude"], truth["longitude"], _lsm(rng))
+    whole = forecast_scores(fc, "ensemble", truth, None, climatology=clim, regions=rw, per_init=True)
+    chunked = fc.chunk({"time": 2})
+    monkeypatch.setattr(S, "BLOCK_BYTES", 1.0)  # one time chunk per block
+    assert S._init_blocks(chunked, "time") == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    blocked = forecast_scores(chunked, "ensemble", truth, None, climatology=clim, regions=rw, per_init=True)
+    assert set(blocked) == set(whole)
+    for k, v in whole.items():  # per-init sums are the same; only the means over blocks are re-associated
+        np.testing.assert_allclose(blocked[k].transpose(*v.dims).values, v.values, rtol=1e3 * EPS64, atol=0.0,
+                                   err_msg=k)

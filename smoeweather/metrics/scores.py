@@ -55,34 +55,46 @@ def area_mean(x: xr.DataArray, weights: xr.DataArray, space: Sequence[Hashable])
     return num / den.where(den > 0)
 
 
-def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.DataArray | None,
-                    sigma: xr.DataArray | None = None, climatology: xr.DataArray | None = None,
-                    dims: Sequence[Hashable] = SPACE_TIME, regions: xr.DataArray | None = None,
-                    per_init: bool = False) -> dict[str, xr.DataArray]:
-    """{metric: score reduced over ``dims``} of one field (computed, float64, in one pass over the data).
+BLOCK_BYTES = 2.5e8
+"""Float64 bytes of forecast per block of initialisations that :func:`forecast_scores` computes at once."""
 
-    ``forecast``: (time, prediction_timedelta, [member | quantile], latitude, longitude) of ``kind``
-    (deterministic, ensemble, gaussian: μ with ``sigma`` = σ, quantiles); ``truth``, ``climatology``: the
-    same without member/quantile, at the valid times; ``weights``: latitude weights (mean 1), or
-    ``regions``: area weights (region, latitude, longitude) of :func:`~smoeweather.metrics.regions.
-    region_weights`, which give every score a ``region`` dim. With ``per_init``, also ``per_init_<q>``: the
-    area means q per initialisation (dims kept but space) for q in :data:`PER_INIT`. Units: those of the field
-    (debiased ensemble-mean MSE: squared), ACC, spread–skill and diversity ratio dimensionless.
-    ``rank_histogram`` (ensembles) is over ``weights`` only (the global one with ``regions``).
-    """
+
+def _init_blocks(forecast: xr.DataArray, time_dim: str | None) -> list[slice | None]:
+    """Slices of ``time_dim`` that :func:`forecast_scores` computes one after another: [None] (all at once)
+    for an in-memory forecast, else runs of whole time chunks of at most about :data:`BLOCK_BYTES` each (one
+    chunk at least).
+
+    One ``dask.compute`` of every score of a whole dask-backed store at once kept the float64 forecast in
+    memory until the last score reading it was done: the peak grew with the number of initialisations (1°,
+    51 members: about 50 MB per initialisation; ``benchmarks/evaluate_memory.py``). Blocks bound it."""
+    block_bytes = BLOCK_BYTES
+    if time_dim is None or forecast.chunks is None or forecast.sizes.get(time_dim, 0) <= 1:
+        return [None]
+    per_init = 8.0 * forecast.size / forecast.sizes[time_dim]
+    chunks = forecast.chunksizes.get(time_dim, (forecast.sizes[time_dim],))
+    blocks, start, stop = [], 0, 0
+    for c in chunks:
+        if stop > start and (stop + c - start) * per_init > block_bytes:
+            blocks.append(slice(start, stop))
+            start = stop
+        stop += c
+    blocks.append(slice(start, stop))
+    return blocks if len(blocks) > 1 else [None]
+
+
+def _area_means(forecast: xr.DataArray, kind: str, truth: xr.DataArray, w: xr.DataArray,
+                weights: xr.DataArray, space: list[Hashable], dims: Sequence[Hashable],
+                sigma: xr.DataArray | None, climatology: xr.DataArray | None, block: slice | None
+                ) -> tuple[dict[str, xr.DataArray], xr.DataArray | None, xr.DataArray | None]:
+    """The area means per initialisation of one block of initialisations (``block`` of ``time``; None: all),
+    computed in one pass: ({quantity: (time, ..., region)}, its rank histogram or None, the histogram's total
+    weight or None). ``forecast`` is already that block; ``truth``, ``sigma`` and ``climatology`` are cut here."""
     da = forecast.astype(np.float64)
-    truth = truth.astype(np.float64)
-    space = [d for d in dims if d in SPATIAL_DIMS and d in truth.dims]
-    rest = [d for d in dims if d not in SPATIAL_DIMS and d in truth.dims]
-    if regions is None:
-        if weights is None:
-            weights = xr.DataArray(1.0)
-        template = truth.isel({d: 0 for d in truth.dims if d not in space}, drop=True)
-        w = weights.broadcast_like(template).expand_dims(region=["_"]).fillna(0.0)
-    else:
-        w = regions.fillna(0.0)
-        if weights is None:  # the rank histogram: the first region's weights
-            weights = regions.isel(region=0, drop=True)
+    if block is not None:
+        truth = truth.isel(time=block)
+        sigma = sigma.isel(time=block) if sigma is not None and "time" in sigma.dims else sigma
+        if climatology is not None and "time" in climatology.dims:
+            climatology = climatology.isel(time=block)
     if kind == "ensemble":
         point = da.mean("member")
     elif kind == "quantiles":
@@ -135,7 +147,54 @@ def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weig
     names = list(q)
     computed = dask.compute(*q.values(), *lazy.values())
     q = dict(zip(names, computed[: len(names)]))
-    lazy = dict(zip(lazy, computed[len(names):]))
+    if "rank_histogram" not in lazy:
+        return q, None, None
+    hist_w = weights.broadcast_like(truth.isel({d: 0 for d in truth.dims if d not in space}, drop=True))
+    block_w = (hist_w * truth.notnull()).sum([d for d in dims if d in truth.dims])
+    return q, computed[len(names)], block_w
+
+
+def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.DataArray | None,
+                    sigma: xr.DataArray | None = None, climatology: xr.DataArray | None = None,
+                    dims: Sequence[Hashable] = SPACE_TIME, regions: xr.DataArray | None = None,
+                    per_init: bool = False) -> dict[str, xr.DataArray]:
+    """{metric: score reduced over ``dims``} of one field (computed, float64, in one pass over the data).
+
+    ``forecast``: (time, prediction_timedelta, [member | quantile], latitude, longitude) of ``kind``
+    (deterministic, ensemble, gaussian: μ with ``sigma`` = σ, quantiles); ``truth``, ``climatology``: the
+    same without member/quantile, at the valid times; ``weights``: latitude weights (mean 1), or
+    ``regions``: area weights (region, latitude, longitude) of :func:`~smoeweather.metrics.regions.
+    region_weights`, which give every score a ``region`` dim. With ``per_init``, also ``per_init_<q>``: the
+    area means q per initialisation (dims kept but space) for q in :data:`PER_INIT`. Units: those of the field
+    (debiased ensemble-mean MSE: squared), ACC, spread–skill and diversity ratio dimensionless.
+    ``rank_histogram`` (ensembles) is over ``weights`` only (the global one with ``regions``).
+    """
+    truth = truth.astype(np.float64)
+    space = [d for d in dims if d in SPATIAL_DIMS and d in truth.dims]
+    rest = [d for d in dims if d not in SPATIAL_DIMS and d in truth.dims]
+    if regions is None:
+        if weights is None:
+            weights = xr.DataArray(1.0)
+        template = truth.isel({d: 0 for d in truth.dims if d not in space}, drop=True)
+        w = weights.broadcast_like(template).expand_dims(region=["_"]).fillna(0.0)
+    else:
+        w = regions.fillna(0.0)
+        if weights is None:  # the rank histogram: the first region's weights
+            weights = regions.isel(region=0, drop=True)
+    m = forecast.sizes.get("member", 1) if kind == "ensemble" else 1
+    blocks = _init_blocks(forecast, "time" if "time" in rest else None)
+    parts = [_area_means(forecast.isel(time=b) if b is not None else forecast, kind, truth, w, weights, space,
+                         dims, sigma, climatology, b) for b in blocks]
+    q = {k: xr.concat([part[0][k] for part in parts], "time") if len(parts) > 1 else parts[0][0][k]
+         for k in parts[0][0]}
+    lazy: dict[str, xr.DataArray] = {}
+    if len(parts) == 1 and parts[0][1] is not None:
+        lazy["rank_histogram"] = parts[0][1]
+    elif parts[0][1] is not None:  # the rank histogram of each block, weighted by the block's share of the weight
+        hists = xr.concat([part[1] for part in parts], "_block")
+        block_w = xr.concat([part[2] for part in parts], "_block")
+        lazy["rank_histogram"] = (hists.fillna(0.0) * block_w).sum("_block") / block_w.where(
+            hists.notnull()).sum("_block")
 
     def tmean(x: xr.DataArray) -> xr.DataArray:
         return x.mean(rest) if rest else x
