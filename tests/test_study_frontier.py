@@ -187,3 +187,63 @@ def test_plot_frontier_rejects_studies_without_cost(tmp_path: Path) -> None:
     path.write_text(json.dumps(study))
     with pytest.raises(ValueError, match="no measured cost"):
         plot_frontier([path], tmp_path)
+
+
+# ---- land and sea in post-processing studies; re-scoring ------------------------------------------------
+def test_postprocess_scores_land_and_sea_as_hand_computed_masked_means() -> None:
+    """With a land-sea mask, the post-processing scores add TARGET/land and TARGET/sea: the closed-form Gaussian
+    CRPS (properscoring, independent) averaged with weights cos(lat) × land fraction (or its complement)."""
+    import numpy as np
+    import properscoring
+    import xarray as xr
+
+    from smoeweather.postprocess.scoring import score_gaussian
+
+    rng = np.random.default_rng(3)
+    lat, lon = np.linspace(-80.0, 80.0, 9), np.arange(0.0, 360.0, 30.0)
+    dims = ("time", "prediction_timedelta", "latitude", "longitude")
+    coords = {"time": np.arange(5), "prediction_timedelta": [np.timedelta64(48, "h")], "latitude": lat,
+              "longitude": lon}
+    shape = (5, 1, lat.size, lon.size)
+    y, mu, sd = rng.normal(size=shape), rng.normal(size=shape), rng.uniform(0.5, 2.0, size=shape)
+    land = xr.DataArray(rng.uniform(0.0, 1.0, size=(lat.size, lon.size)).round(1), dims=("latitude", "longitude"),
+                        coords={"latitude": lat, "longitude": lon})
+    ds = lambda a: xr.Dataset({"t2m": (dims, a)}, coords=coords)  # noqa: E731
+    out = score_gaussian(ds(mu), ds(sd), ds(y), [("t2m", None)], land_sea_mask=land)["crps"]["48h"]
+    crps = properscoring.crps_gaussian(y, mu, sd)[:, 0]  # (time, lat, lon)
+    wlat = np.cos(np.deg2rad(lat))[:, None] * np.ones(lon.size)
+    for key, w in (("t2m", wlat), ("t2m/land", wlat * land.values), ("t2m/sea", wlat * (1 - land.values))):
+        expected = np.mean([(c * w).sum() / w.sum() for c in crps])
+        assert out[key] == pytest.approx(expected, rel=1e3 * np.finfo(np.float64).eps), key
+
+
+def test_rescore_adds_regions_and_keeps_the_training_record(two_runs: tuple[dict, dict, Path],
+                                                           tmp_path: Path) -> None:
+    """`smoe study --rescore` scores the finished runs' checkpoints again (no training): a record written before
+    the land and sea scores gains them, the global score and the training record (steps, time, validation loss)
+    stay as they were."""
+    import shutil
+
+    from smoeweather.experiments.study import rescore_study
+
+    first, _, out = two_runs
+    assert set(first["summary_regions"]["unet_8_16"]) == {"geopotential_500/land@48h", "geopotential_500/sea@48h"}
+    copy = tmp_path / "study"
+    shutil.copytree(out, copy)
+    path = copy / "runs/unet_4_8/seed0/result.json"
+    old = json.loads(path.read_text())
+    old["scores"]["48h"] = {"geopotential_500": old["scores"]["48h"]["geopotential_500"]}  # an old record
+    path.write_text(json.dumps(old))
+    study_file = next(out.parent.glob("tiny.yaml"))
+    threads = torch.get_num_threads()
+    try:
+        again = rescore_study(load_study(study_file), copy, log=lambda m: None)
+    finally:
+        torch.set_num_threads(threads)
+    new = json.loads(path.read_text())
+    assert set(new["scores"]["48h"]) == {"geopotential_500", "geopotential_500/land", "geopotential_500/sea"}
+    assert new["scores"]["48h"]["geopotential_500"] == old["scores"]["48h"]["geopotential_500"]
+    assert (new["steps"], new["train_seconds"], new["val_loss"]) == (old["steps"], old["train_seconds"],
+                                                                    old["val_loss"])
+    assert {r["variant"] for r in again["runs"]} == {"unet_4_8", "unet_8_16", "smoe_4_8"}
+    assert again["summary_regions"]["smoe_4_8"]["geopotential_500/sea@48h"]["n"] == 2

@@ -1,7 +1,8 @@
 """``smoe study --config configs/studies/<name>.yaml --out DIR [key=value ...]``: variants × seeds with equal
 optimizer steps, each best checkpoint scored on the test period; writes ``DIR/study.{json,md}``. Re-running
 the same command continues a half-finished grid (finished runs skipped, interrupted runs resumed). Every run
-pins its thread count (study key ``threads``, default 1); ``--cost-only`` measures the arms' cost alone."""
+pins its thread count (study key ``threads``, default 1); ``--cost-only`` measures the arms' cost alone;
+``--rescore`` scores the finished runs' checkpoints again without training."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     study.add_argument("--cost-only", action="store_true",
                        help="only measure the arms' cost (parameters, training-step FLOPs, step and inference time "
                             "as a ratio to the reference arm) into DIR/cost.json; run it on a quiet machine")
+    study.add_argument("--rescore", action="store_true",
+                       help="score every finished run's best checkpoint again with this code's scoring (no "
+                            "training; e.g. to add land and sea scores) and rewrite the study files")
     study.add_argument("overrides", nargs="*",
                        help="overrides of the study file, e.g. steps=100 seeds=[0] threads=1 lr_schedule=cosine")
 
@@ -40,7 +44,12 @@ def run(args: argparse.Namespace) -> int:
         write_study(study, finished_records(study, args.out), args.out)
         print(f"smoe study: wrote {args.out / 'cost.json'}")
         return 0
-    result = run_study(study, args.out, shard=(k, n))
+    if args.rescore:
+        from smoeweather.experiments.study import rescore_study
+
+        result = rescore_study(study, args.out)
+    else:
+        result = run_study(study, args.out, shard=(k, n))
     from smoeweather.experiments.study import markdown
 
     print(markdown(result))

@@ -491,22 +491,7 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
     best = result.best_checkpoint or result.last_checkpoint
     if not best:
         raise ValueError(f"run {run_dir} left no checkpoint (steps {steps}); is the validation split empty?")
-    extra: dict[str, Any] = {}
-    if cfg["task"] in POSTPROCESS_TASKS:
-        from smoeweather.postprocess.scoring import score_checkpoint
-
-        mode = "postprocess"
-        all_scores = score_checkpoint(str(best), cfg["data"])
-        scores, extra = all_scores["crps"], {k: v for k, v in all_scores.items() if k != "crps"}
-        refs = postprocess_references(study, cfg, out, log)
-    elif study.scoring == "ensemble":  # ensemble networks: CRPS, spread/skill, RMSE, rank histograms
-        from smoeweather.experiments.ensembles import score_ensemble_run
-
-        mode, refs = "ensemble", {}
-        scores, extra = score_ensemble_run(best, cfg, study.leads_h, study.targets, run_dir)
-    else:
-        mode = "forecast"
-        scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
+    mode, scores, extra, refs = score_run(study, cfg, best, out, run_dir, log)
     routing = _routing_at(result.trainer, str(best))
     if routing:  # SMoE runs: how far the routing moved from its initialisation by the best checkpoint
         extra["routing"] = routing
@@ -520,6 +505,57 @@ def run_one(study: StudyConfig, variant: Variant, seed: int, out: Path,
               "environment": environment(threads)}
     write_json(done, record)
     return record
+
+
+def score_run(study: StudyConfig, cfg: dict[str, Any], best: str | Path, out: Path, run_dir: Path,
+              log: Callable[[str], None] = print) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(scoring mode, scores {lead: {target: value}}, extra scores, references) of one run's best checkpoint
+    on the test period: post-processing CRPS (+ raw ensemble and EMOS references), ensemble CRPS, or the RMSE
+    of a forecast (+ persistence)."""
+    extra: dict[str, Any] = {}
+    if cfg["task"] in POSTPROCESS_TASKS:
+        from smoeweather.postprocess.scoring import score_checkpoint
+
+        all_scores = score_checkpoint(str(best), cfg["data"])
+        scores, extra = all_scores["crps"], {k: v for k, v in all_scores.items() if k != "crps"}
+        return "postprocess", scores, extra, postprocess_references(study, cfg, out, log)
+    if study.scoring == "ensemble":  # ensemble networks: CRPS, spread/skill, RMSE, rank histograms
+        from smoeweather.experiments.ensembles import score_ensemble_run
+
+        scores, extra = score_ensemble_run(best, cfg, study.leads_h, study.targets, run_dir)
+        return "ensemble", scores, extra, {}
+    scores, refs = score_with_forecast(best, cfg, study.leads_h, study.targets, run_dir)
+    return "forecast", scores, extra, refs
+
+
+def rescore_study(study: StudyConfig, out: str | Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Score every finished run of ``study`` under ``out`` again from its best checkpoint with the scoring of
+    this code (no training; e.g. once the scores gained land and sea) and rewrite ``result.json`` and
+    ``study.{json,md}``. Training records (steps, time, validation loss, environment, routing) are kept; the
+    post-processing references are recomputed."""
+    out = Path(out)
+    records = finished_records(study, out)
+    if not records:
+        raise ValueError(f"{out}: no finished run of study {study.name!r} to re-score (run `smoe study` first)")
+    (out / "references.json").unlink(missing_ok=True)
+    pin_threads(study.threads)
+    variants = {v.name: v for v in study.variants}
+    for record in records:
+        variant, seed = variants[record["variant"]], int(record["seed"])
+        run_dir = out / "runs" / variant.name / f"seed{seed}"
+        best = out / record["best_checkpoint"]
+        if not best.is_file():
+            raise ValueError(f"{run_dir}: its best checkpoint {best} is gone; it cannot be re-scored")
+        log(f"study {study.name}: {variant.name} seed {seed}: re-scoring {best.name}")
+        for derived in ("forecast.zarr", "scores"):  # outputs of the scoring, made again
+            shutil.rmtree(run_dir / derived, ignore_errors=True)
+        cfg = study.run_config(variant, seed, run_dir)
+        mode, scores, extra, refs = score_run(study, cfg, best, out, run_dir, log)
+        if "routing" in record.get("extra", {}):
+            extra["routing"] = record["extra"]["routing"]
+        record.update(scoring=mode, scores=scores, extra=extra, references=refs)
+        write_json(run_dir / "result.json", record)
+    return write_study(study, finished_records(study, out), out)
 
 
 def _routing_at(trainer: Any, checkpoint: str) -> dict[str, dict[str, float]]:

@@ -2,6 +2,10 @@
 latitude-weighted CRPS (closed-form Gaussian for (μ, σ); the fair estimator for raw members), spread–skill
 ratio and bias of the mean, in the field's units. Used by the post-processing study (:mod:`smoeweather.
 experiments.study`) for networks, EMOS and the raw ensemble alike, on the same inits.
+
+When the source has a ``land_sea_mask``, every target is also scored over land and over sea (keys
+``TARGET/land`` and ``TARGET/sea``, weighted by cos(latitude) × the land fraction or its complement, as
+``smoe evaluate --regions``); the plain ``TARGET`` key stays the global score.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import xarray as xr
 from smoeweather.data.ensemble_dataset import EnsembleSpec
 from smoeweather.data.ensembles import lead_label, lead_timedeltas, open_ensemble, open_truth, select_split
 from smoeweather.data.weather import Field, field_name
+from smoeweather.metrics.regions import parse_regions, region_weights
 from smoeweather.metrics.scores import forecast_scores
 from smoeweather.metrics.weights import latitude_weights
 
@@ -32,32 +37,57 @@ def _by_lead(da: xr.DataArray) -> dict[str, float]:
 
 
 def _scores(kind: str, forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field],
-            sigma: xr.Dataset | None = None) -> dict[str, dict[str, dict[str, float]]]:
+            sigma: xr.Dataset | None = None, land_sea_mask: xr.DataArray | None = None
+            ) -> dict[str, dict[str, dict[str, float]]]:
     """{metric: {lead: {target: value}}} of :data:`METRICS` from :func:`~smoeweather.metrics.scores.forecast_scores`
-    (the score set ``smoe evaluate`` computes) for every target."""
+    (the score set ``smoe evaluate`` computes) for every target; with ``land_sea_mask`` (latitude, longitude;
+    land fraction) also ``target/land`` and ``target/sea``."""
     out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in METRICS}
-    w = latitude_weights(truth["latitude"])
+    if land_sea_mask is None:
+        w, rw, suffixes = latitude_weights(truth["latitude"]), None, {"": None}
+    else:
+        w = None
+        lsm = land_sea_mask.reindex(latitude=truth["latitude"], longitude=truth["longitude"], method="nearest",
+                                    tolerance=1e-3)  # the forecast's grid order
+        if lsm.isnull().any():
+            raise ValueError("the land_sea_mask's grid is not the forecast's: land and sea scores need one grid")
+        rw = region_weights(parse_regions(["default"]), truth["latitude"], truth["longitude"], lsm)
+        suffixes = {"" if r == "global" else f"/{r}": r for r in rw["region"].values.tolist()}
     for f in targets:
         scores = forecast_scores(_sel(forecast, f), kind, _sel(truth, f), w,
-                                 sigma=None if sigma is None else _sel(sigma, f), dims=SPACE_TIME)
+                                 sigma=None if sigma is None else _sel(sigma, f), dims=SPACE_TIME, regions=rw)
         for metric in METRICS:
-            for lead, v in _by_lead(scores[metric]).items():
-                out[metric].setdefault(lead, {})[field_name(f)] = v
+            for suffix, region in suffixes.items():
+                da = scores[metric] if region is None else scores[metric].sel(region=region, drop=True)
+                for lead, v in _by_lead(da).items():
+                    out[metric].setdefault(lead, {})[field_name(f) + suffix] = v
     return out
 
 
-def score_gaussian(mu: xr.Dataset, sigma: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
-                   ) -> dict[str, dict[str, dict[str, float]]]:
+def land_sea_mask_of(dcfg: dict[str, Any]) -> xr.DataArray | None:
+    """The land fraction (latitude, longitude; float64) of a postprocess config's source, or None when its
+    files hold no land-sea mask (then only global scores)."""
+    from smoeweather.data.ensembles import open_static
+
+    try:
+        static = open_static(dcfg.get("source") or dcfg.get("store"), ["land_sea_mask"])
+    except ValueError:  # no land-sea mask in the source: global scores only
+        return None
+    return static["land_sea_mask"].astype(np.float64).load()
+
+
+def score_gaussian(mu: xr.Dataset, sigma: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field],
+                   land_sea_mask: xr.DataArray | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """{metric: {lead: {target: value}}} of N(μ, σ²) forecasts against ``truth`` (same dims, valid times):
-    closed-form CRPS, spread–skill ratio, bias of μ."""
-    return _scores("gaussian", mu, truth, targets, sigma)
+    closed-form CRPS, spread–skill ratio, bias of μ; over land and sea too with ``land_sea_mask``."""
+    return _scores("gaussian", mu, truth, targets, sigma, land_sea_mask)
 
 
-def score_ensemble(forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field]
-                   ) -> dict[str, dict[str, dict[str, float]]]:
+def score_ensemble(forecast: xr.Dataset, truth: xr.Dataset, targets: Sequence[Field],
+                   land_sea_mask: xr.DataArray | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """{metric: {lead: {target: value}}} of raw ensemble members against ``truth``: fair CRPS, spread–skill
-    ratio, bias of the ensemble mean."""
-    return _scores("ensemble", forecast, truth, targets)
+    ratio, bias of the ensemble mean; over land and sea too with ``land_sea_mask``."""
+    return _scores("ensemble", forecast, truth, targets, land_sea_mask=land_sea_mask)
 
 
 def open_config_data(dcfg: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset, EnsembleSpec]:
@@ -85,9 +115,10 @@ def score_checkpoint(checkpoint: str, dcfg: dict[str, Any], split: str = "test"
     """Scores of a post-processing network checkpoint on ``split`` of the config's source."""
     from smoeweather.postprocess.neural import apply_checkpoint
 
-    fc, truth, spec = split_forecast(dcfg, split)
+    opened = open_config_data(dcfg)
+    fc, truth, spec = split_forecast(dcfg, split, opened)
     mu, sigma, _ = apply_checkpoint(checkpoint, fc)
-    return score_gaussian(mu, sigma, truth, spec.targets)
+    return score_gaussian(mu, sigma, truth, spec.targets, land_sea_mask_of(dcfg))
 
 
 def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dict[str, dict[str, dict[str, float]]]]:
@@ -100,13 +131,14 @@ def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dic
     test_fc, test_truth, _ = split_forecast(dcfg, split, opened)
     targets = list(spec.targets)
     names = list(dict.fromkeys(n for n, _ in targets))
-    out = {"raw": score_ensemble(test_fc[names], test_truth, targets)}
+    lsm = land_sea_mask_of(dcfg)
+    out = {"raw": score_ensemble(test_fc[names], test_truth, targets, lsm)}
     for method, per_gridpoint in (("emos_global", False), ("emos_gridpoint", True)):
         params = fit_emos(train_fc[names], train_truth, per_gridpoint=per_gridpoint)
         mu, sigma = apply_emos(params, test_fc[names])
-        out[method] = score_gaussian(mu, sigma, test_truth, targets)
+        out[method] = score_gaussian(mu, sigma, test_truth, targets, lsm)
     return out
 
 
-__all__ = ["METRICS", "open_config_data", "reference_scores", "score_checkpoint", "score_ensemble", "score_gaussian",
-           "split_forecast"]
+__all__ = ["METRICS", "land_sea_mask_of", "open_config_data", "reference_scores", "score_checkpoint",
+           "score_ensemble", "score_gaussian", "split_forecast"]
