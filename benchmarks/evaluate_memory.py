@@ -93,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         records.append(record)
         print(json.dumps(record), flush=True)
-    report = {"command": "python benchmarks/evaluate_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "runs": records}
+    given = list(argv if argv is not None else sys.argv[1:])
+    if "--work" in given:  # a scratch folder of this machine: not part of the measurement
+        del given[given.index("--work"):given.index("--work") + 2]
+    report = {"command": "python benchmarks/evaluate_memory.py " + " ".join(given), "runs": records}
     if len(records) > 1:
         report["peak_ratio_largest_to_smallest"] = round(
             records[-1]["evaluate_peak_rss_mib"] / records[0]["evaluate_peak_rss_mib"], 3)
