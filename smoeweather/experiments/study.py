@@ -543,7 +543,10 @@ def rescore_study(study: StudyConfig, out: str | Path, log: Callable[[str], None
     for record in records:
         variant, seed = variants[record["variant"]], int(record["seed"])
         run_dir = out / "runs" / variant.name / f"seed{seed}"
-        best = out / record["best_checkpoint"]
+        # relative to the study folder (records before that: to the working directory they ran in)
+        best = next((c for c in (out / record["best_checkpoint"], Path(record["best_checkpoint"]),
+                                 run_dir / "checkpoints" / Path(record["best_checkpoint"]).name) if c.is_file()),
+                    out / record["best_checkpoint"])
         if not best.is_file():
             raise ValueError(f"{run_dir}: its best checkpoint {best} is gone; it cannot be re-scored")
         log(f"study {study.name}: {variant.name} seed {seed}: re-scoring {best.name}")
