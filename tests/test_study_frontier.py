@@ -232,7 +232,8 @@ def test_rescore_adds_regions_and_keeps_the_training_record(two_runs: tuple[dict
     shutil.copytree(out, copy)
     path = copy / "runs/unet_4_8/seed0/result.json"
     old = json.loads(path.read_text())
-    old["scores"]["48h"] = {"geopotential_500": old["scores"]["48h"]["geopotential_500"]}  # an old record
+    old["scores"]["48h"] = {"geopotential_500": old["scores"]["48h"]["geopotential_500"]}  # an old record,
+    old["best_checkpoint"] = "elsewhere/" + old["best_checkpoint"]  # its checkpoint recorded from another folder
     path.write_text(json.dumps(old))
     study_file = next(out.parent.glob("tiny.yaml"))
     threads = torch.get_num_threads()
@@ -245,5 +246,7 @@ def test_rescore_adds_regions_and_keeps_the_training_record(two_runs: tuple[dict
     assert new["scores"]["48h"]["geopotential_500"] == old["scores"]["48h"]["geopotential_500"]
     assert (new["steps"], new["train_seconds"], new["val_loss"]) == (old["steps"], old["train_seconds"],
                                                                     old["val_loss"])
+    with pytest.raises(ValueError, match="no finished run"):
+        rescore_study(load_study(study_file), tmp_path / "empty", log=lambda m: None)
     assert {r["variant"] for r in again["runs"]} == {"unet_4_8", "unet_8_16", "smoe_4_8"}
     assert again["summary_regions"]["smoe_4_8"]["geopotential_500/sea@48h"]["n"] == 2
