@@ -161,6 +161,18 @@ def test_plot_frontier_writes_figure_and_table(two_runs: tuple[dict, dict, Path]
     table = json.loads((tmp_path / "tiny_frontier_frontier_params.json").read_text())
     assert [p["arm"] for p in table["pairs"]] == ["smoe_4_8"]
     assert "paired by seed" in (tmp_path / "tiny_frontier_frontier_params.md").read_text()
+    # the land score of every seed, as the runs recorded it
+    assert main(["plot", "frontier", str(out / "study.json"), "--cost", "params", "--metric",
+                 "geopotential_500/land@48h", "--name", "land", "--out", str(tmp_path)]) == 0
+    land = json.loads((tmp_path / "land_params.json").read_text())
+    runs = json.loads((out / "study.json").read_text())["runs"]
+    assert land["metric"] == "geopotential_500/land@48h"
+    assert {a["arm"]: a["scores"] for a in land["arms"]}["smoe_4_8"] == {
+        str(r["seed"]): r["scores"]["48h"]["geopotential_500/land"] for r in runs if r["variant"] == "smoe_4_8"}
+    from smoeweather.plotting.frontier import load_arms
+
+    with pytest.raises(ValueError, match="regional scores"):
+        load_arms([json.loads((out / "study.json").read_text())], "params", "geopotential_500/arctic@48h")
 
 
 # ---- pairing with the dense frontier -----------------------------------------------------------------

@@ -59,7 +59,8 @@ def _metric_of(study: dict[str, Any], metric: str | None) -> str:
 def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | None = None
               ) -> tuple[list[Arm], str]:
     """Arms of ``studies`` (parsed study.json files) with their ``cost`` and per-seed ``metric``
-    (``target@lead``, default: the first study's first target at its first lead). Arms without a measured
+    (``target@lead``, or ``target/region@lead`` for the land and sea scores; default: the first study's first
+    target at its first lead). Arms without a measured
     cost, or of family ``schedule_check`` and the like (not dense / smoe / ensemble), are left out. Arm labels
     carry the study name when more than one study is given."""
     if cost not in COSTS:
@@ -74,9 +75,12 @@ def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | 
         block = study.get("cost") or {}
         if not block.get("arms"):
             raise ValueError(f"study {study.get('name')!r} has no measured cost (run `smoe study --cost-only`)")
-        if target not in study["targets"] or lead not in study["leads"]:
+        # a target, or TARGET/REGION (land, sea) where the study scored regions
+        if (target.split("/")[0] not in study["targets"] or lead not in study["leads"]
+                or not all(target in r["scores"].get(lead, {}) for r in study["runs"])):
+            regions = sorted({k for r in study["runs"] for k in r["scores"].get(lead, {}) if "/" in k})
             raise ValueError(f"study {study.get('name')!r} has no {metric} (targets {study['targets']}, leads "
-                             f"{study['leads']})")
+                             f"{study['leads']}" + (f", regional scores {regions})" if regions else ")"))
         for name, spec in study["variants"].items():
             family = spec.get("family", "dense")
             if family not in ("dense", "smoe", "ensemble") or name not in block["arms"]:
