@@ -86,7 +86,8 @@ def _add_frontier(verbs: argparse._SubParsersAction) -> None:
     f.add_argument("--cost", choices=tuple(COSTS), default="flops",
                    help="cost axis: parameters, training-step FLOPs, training-step or inference time ratio "
                         "(default flops)")
-    f.add_argument("--metric", default=None, help="TARGET@LEAD, e.g. geopotential_500@48h, or TARGET/REGION@LEAD for a study's land or sea "
+    f.add_argument("--metric", default=None,
+                   help="TARGET@LEAD, e.g. geopotential_500@48h, or TARGET/REGION@LEAD for a study's land or sea "
                         "scores (default: the first target at the first lead)")
     f.add_argument("--pairing", choices=PAIRINGS, default="interpolate",
                    help="dense reference at an arm's cost: interpolate in log-cost between the two neighbouring "
