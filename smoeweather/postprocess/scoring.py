@@ -64,7 +64,7 @@ def _scores(kind: str, forecast: xr.Dataset, truth: xr.Dataset, targets: Sequenc
     return out
 
 
-def land_sea_mask_of(dcfg: dict[str, Any]) -> xr.DataArray | None:
+def config_land_sea_mask(dcfg: dict[str, Any]) -> xr.DataArray | None:
     """The land fraction (latitude, longitude; float64) of a postprocess config's source, or None when its
     files hold no land-sea mask (then only global scores)."""
     from smoeweather.data.ensembles import open_static
@@ -118,7 +118,7 @@ def score_checkpoint(checkpoint: str, dcfg: dict[str, Any], split: str = "test"
     opened = open_config_data(dcfg)
     fc, truth, spec = split_forecast(dcfg, split, opened)
     mu, sigma, _ = apply_checkpoint(checkpoint, fc)
-    return score_gaussian(mu, sigma, truth, spec.targets, land_sea_mask_of(dcfg))
+    return score_gaussian(mu, sigma, truth, spec.targets, config_land_sea_mask(dcfg))
 
 
 def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dict[str, dict[str, dict[str, float]]]]:
@@ -131,7 +131,7 @@ def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dic
     test_fc, test_truth, _ = split_forecast(dcfg, split, opened)
     targets = list(spec.targets)
     names = list(dict.fromkeys(n for n, _ in targets))
-    lsm = land_sea_mask_of(dcfg)
+    lsm = config_land_sea_mask(dcfg)
     out = {"raw": score_ensemble(test_fc[names], test_truth, targets, lsm)}
     for method, per_gridpoint in (("emos_global", False), ("emos_gridpoint", True)):
         params = fit_emos(train_fc[names], train_truth, per_gridpoint=per_gridpoint)
@@ -140,5 +140,5 @@ def reference_scores(dcfg: dict[str, Any], split: str = "test") -> dict[str, dic
     return out
 
 
-__all__ = ["METRICS", "land_sea_mask_of", "open_config_data", "reference_scores", "score_checkpoint",
+__all__ = ["METRICS", "config_land_sea_mask", "open_config_data", "reference_scores", "score_checkpoint",
            "score_ensemble", "score_gaussian", "split_forecast"]
