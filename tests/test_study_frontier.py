@@ -201,6 +201,32 @@ def test_plot_frontier_rejects_studies_without_cost(tmp_path: Path) -> None:
         plot_frontier([path], tmp_path)
 
 
+def test_frontier_of_deep_ensembles_pairs_e3_and_singles_with_them(tmp_path: Path) -> None:
+    """--frontier ensemble: the deep ensembles are the line; E³ (and a single network) are paired with them."""
+    seeds = [0, 1, 2]
+    arms = {"dense_16": ("dense", 1.0, [300.0, 302.0, 301.0]),
+            "de_2": ("ensemble", 2.0, [240.0, 241.0, 242.0]), "de_4": ("ensemble", 4.0, [220.0, 222.0, 221.0]),
+            "e3_4": ("smoe_ensemble", 2.0 ** 1.5, [228.0, 232.0, 230.0])}  # log-cost half way between de_2, de_4
+    study = {"name": "ens", "targets": ["z500"], "leads": ["120h"], "label": "",
+             "variants": {k: {"family": f} for k, (f, _, _) in arms.items()},
+             "runs": [{"variant": k, "seed": s, "scores": {"120h": {"z500": v[s]}}}
+                      for k, (_, _, v) in arms.items() for s in seeds],
+             "cost": {"arms": {k: {"train_step_ratio": c} for k, (_, c, _) in arms.items()}}}
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    files = plot_frontier([path], tmp_path, cost="time", frontier="ensemble")
+    assert [f.name for f in files][0] == "ens_frontier_vs_ensemble_time.png"
+    pairs = {p["arm"]: p for p in json.loads(files[2].read_text())["pairs"]}
+    assert set(pairs) == {"dense_16", "e3_4"}
+    # E³ − the mean of de_2 and de_4 per seed: 228 − 230, 232 − 231.5, 230 − 231.5
+    assert pairs["e3_4"]["against"] == ["de_2", "de_4"] and pairs["e3_4"]["weight"] == pytest.approx(0.5)
+    assert pairs["e3_4"]["mean"] == pytest.approx((-2.0 + 0.5 - 1.5) / 3)
+    assert pairs["dense_16"]["against"] == ["de_2"] and "outside the ensemble range" in pairs["dense_16"]["method"]
+    assert "ensemble frontier" in files[1].read_text()
+    with pytest.raises(ValueError, match="no smoe arm"):
+        plot_frontier([path], tmp_path, cost="time", frontier="smoe")
+
+
 # ---- land and sea in post-processing studies; re-scoring ------------------------------------------------
 def test_postprocess_scores_land_and_sea_as_hand_computed_masked_means() -> None:
     """With a land-sea mask, the post-processing scores add TARGET/land and TARGET/sea: the closed-form Gaussian

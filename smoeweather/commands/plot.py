@@ -8,7 +8,8 @@ score curves, scorecards and spectra.
     smoe plot scorecard DIR/scores.nc --baseline METHOD --out DIR
     smoe plot spectra DIR/scores.nc --out DIR            (scores of smoe evaluate --spectra)
     smoe plot emos MODEL.nc --out DIR
-    smoe plot frontier STUDY.json [STUDY.json ...] --cost {params,flops,time,infer} [--metric T@LEAD] --out DIR
+    smoe plot frontier STUDY.json [STUDY.json ...] --cost {params,flops,time,infer} [--metric T@LEAD]
+        [--frontier dense|ensemble] --out DIR
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _add_scorecard_spectra(verbs: argparse._SubParsersAction) -> None:
 
 def _add_frontier(verbs: argparse._SubParsersAction) -> None:
     """``smoe plot frontier``: skill against measured cost of `smoe study` arms (smoeweather.plotting.frontier)."""
-    from smoeweather.plotting.frontier import COSTS, PAIRINGS
+    from smoeweather.plotting.frontier import COSTS, FAMILIES, PAIRINGS
 
     f = verbs.add_parser("frontier", help="skill vs cost of study arms (one point per arm, seed t-intervals, the "
                                           "dense frontier as a line) and a table pairing each SMoE arm with it")
@@ -92,6 +93,9 @@ def _add_frontier(verbs: argparse._SubParsersAction) -> None:
     f.add_argument("--pairing", choices=PAIRINGS, default="interpolate",
                    help="dense reference at an arm's cost: interpolate in log-cost between the two neighbouring "
                         "dense arms (default) or the nearest dense arm")
+    f.add_argument("--frontier", choices=tuple(FAMILIES), default="dense",
+                   help="the family drawn as the frontier line and paired with (default dense; `ensemble` pairs "
+                        "E³ arms, family smoe_ensemble, with the deep ensembles of their cost)")
     f.add_argument("--name", default=None, help="file stem (default: <first study>_frontier)")
     f.add_argument("--out", required=True, type=Path, help="output folder")
 
@@ -100,7 +104,7 @@ def _run_frontier(args: argparse.Namespace) -> int:
     from smoeweather.plotting.frontier import plot_frontier
 
     for p in plot_frontier(args.studies, args.out, cost=args.cost, metric=args.metric, pairing=args.pairing,
-                           name=args.name):
+                           name=args.name, frontier=args.frontier):
         print(p)
     return 0
 

@@ -617,10 +617,13 @@ def portable(path: str | Path) -> str:
 
 
 def variant_family(cfg: dict[str, Any]) -> str:
-    """``smoe`` (any SMoE layer), ``ensemble`` (an ensemble network) or ``dense``: the curve an arm belongs
-    to on a frontier plot (a variant's ``family`` key overrides it)."""
+    """``smoe_ensemble`` (E³: one SMoE network whose experts are the members), ``ensemble`` (any other ensemble
+    network), ``smoe`` (any SMoE layer) or ``dense``: the curve an arm belongs to on a frontier plot (a
+    variant's ``family`` key overrides it)."""
     model = cfg.get("model") or {}
-    if model.get("ensemble") or model.get("members") or str(model.get("name", "")).startswith(("e3", "ensemble")):
+    if str(model.get("name", "")).startswith("e3"):
+        return "smoe_ensemble"
+    if model.get("ensemble") or model.get("members") or str(model.get("name", "")).startswith("ensemble"):
         return "ensemble"
     if model.get("smoe") or model.get("e3") or model.get("moe"):
         return "smoe"

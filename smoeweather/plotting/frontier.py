@@ -5,15 +5,17 @@ n − 1 dof), the dense arms joined by a line (the dense frontier), the cost axi
 from each study's measured ``cost`` block (``smoe study`` writes it): parameters, FLOPs of one training step
 (forward + backward) or training-step time as a ratio to the study's reference arm.
 
-Beside it a table pairs every non-dense arm (SMoE, ensembles) with the dense frontier at the arm's cost, seed
-by seed (paired differences, 95 % t-interval):
+Beside it a table pairs every other arm (SMoE, ensembles) with the dense frontier at the arm's cost, seed by
+seed (paired differences, 95 % t-interval). ``--frontier ensemble`` makes the ensembles (deep ensembles) the
+frontier instead, so that E³ (family ``smoe_ensemble``: one SMoE network whose experts are the members) is paired
+with the deep ensembles of its cost:
 
 * ``interpolate`` (default): inside the range of the dense costs, the dense score of each seed is interpolated
   linearly in log-cost between the two neighbouring dense arms; outside that range, the dense arm of nearest
   cost (the table says which);
-* ``nearest``: the dense arm of nearest cost in log-cost.
+* ``nearest``: the frontier arm of nearest cost in log-cost.
 
-A difference < 0 means the arm beats the dense frontier at its cost (lower is better: CRPS, RMSE).
+A difference < 0 means the arm beats the frontier at its cost (lower is better: CRPS, RMSE).
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ COSTS: dict[str, tuple[str, str]] = {
 """``--cost`` choice → (field of the study's ``cost.arms`` entries, axis label)."""
 
 PAIRINGS = ("interpolate", "nearest")
+
+FAMILIES: dict[str, tuple[str, str, str]] = {
+    "dense": ("tab:blue", "o", "dense"),
+    "smoe": ("tab:red", "s", "SMoE"),
+    "ensemble": ("tab:green", "^", "ensemble"),
+    "smoe_ensemble": ("tab:purple", "D", "SMoE ensemble (E³)"),
+}
+"""A study arm's ``family`` → (colour, marker, legend label); other families (e.g. ``schedule_check``) are left
+out of a frontier."""
 
 
 @dataclass
@@ -56,15 +67,17 @@ def _metric_of(study: dict[str, Any], metric: str | None) -> str:
     return metric
 
 
-def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | None = None
-              ) -> tuple[list[Arm], str]:
+def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | None = None,
+              frontier: str = "dense") -> tuple[list[Arm], str]:
     """Arms of ``studies`` (parsed study.json files) with their ``cost`` and per-seed ``metric``
     (``target@lead``, or ``target/region@lead`` for the land and sea scores; default: the first study's first
     target at its first lead). Arms without a measured
-    cost, or of family ``schedule_check`` and the like (not dense / smoe / ensemble), are left out. Arm labels
-    carry the study name when more than one study is given."""
+    cost, or of a family not in :data:`FAMILIES` (e.g. ``schedule_check``), are left out. Arm labels carry the
+    study name when more than one study is given."""
     if cost not in COSTS:
         raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
+    if frontier not in FAMILIES:
+        raise ValueError(f"frontier must be one of {', '.join(FAMILIES)}, got {frontier!r}")
     if not studies:
         raise ValueError("no study given")
     metric = _metric_of(studies[0], metric)
@@ -83,21 +96,23 @@ def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | 
                              f"{study['leads']}" + (f", regional scores {regions})" if regions else ")"))
         for name, spec in study["variants"].items():
             family = spec.get("family", "dense")
-            if family not in ("dense", "smoe", "ensemble") or name not in block["arms"]:
+            if family not in FAMILIES or name not in block["arms"]:
                 continue
             scores = {int(r["seed"]): float(r["scores"][lead][target]) for r in study["runs"]
                       if r["variant"] == name}
             if scores:
                 arms.append(Arm(study["name"] if len(studies) > 1 else "", name, family,
                                 float(block["arms"][name][field]), scores))
-    if not any(a.family == "dense" for a in arms):
-        raise ValueError("no dense arm with a measured cost: the frontier needs at least one")
+    if not any(a.family == frontier for a in arms):
+        raise ValueError(f"no {frontier} arm with a measured cost: the frontier needs at least one (families: "
+                         f"{', '.join(sorted({a.family for a in arms})) or 'none'})")
     return arms, metric
 
 
 def pair_to_frontier(arm: Arm, dense: list[Arm], pairing: str = "interpolate") -> dict[str, Any]:
-    """``arm`` − the dense frontier at ``arm.cost``, per seed (seeds that ``arm`` and the dense arms used all
-    have), with its 95 % t-interval (:func:`smoeweather.metrics.significance.t_interval`) and the method."""
+    """``arm`` − the frontier ``dense`` (its arms, usually the dense ones) at ``arm.cost``, per seed (seeds that
+    ``arm`` and the frontier arms used all have), with its 95 % t-interval
+    (:func:`smoeweather.metrics.significance.t_interval`) and the method."""
     from smoeweather.metrics.significance import t_interval
 
     if pairing not in PAIRINGS:
@@ -118,7 +133,8 @@ def pair_to_frontier(arm: Arm, dense: list[Arm], pairing: str = "interpolate") -
         seeds = sorted(set(arm.scores) & set(near.scores))
         ref = {s: near.scores[s] for s in seeds}
         outside = pairing == "interpolate" and near.cost != arm.cost
-        method = f"nearest dense arm {near.label}" + (" (cost outside the dense range)" if outside else "")
+        method = f"nearest {near.family} arm {near.label}" + (f" (cost outside the {near.family} range)"
+                                                              if outside else "")
         w, against = float("nan"), [near.label]
     diffs = [arm.scores[s] - ref[s] for s in seeds]
     return {"arm": arm.label, "family": arm.family, "cost": arm.cost, "method": method, "against": against,
@@ -126,10 +142,10 @@ def pair_to_frontier(arm: Arm, dense: list[Arm], pairing: str = "interpolate") -
             **t_interval(diffs)}
 
 
-def frontier_table(arms: list[Arm], pairing: str = "interpolate") -> list[dict[str, Any]]:
-    """:func:`pair_to_frontier` of every non-dense arm."""
-    dense = [a for a in arms if a.family == "dense"]
-    return [pair_to_frontier(a, dense, pairing) for a in arms if a.family != "dense"]
+def frontier_table(arms: list[Arm], pairing: str = "interpolate", frontier: str = "dense") -> list[dict[str, Any]]:
+    """:func:`pair_to_frontier` of every arm not of family ``frontier``, against the arms of that family."""
+    line = [a for a in arms if a.family == frontier]
+    return [pair_to_frontier(a, line, pairing) for a in arms if a.family != frontier]
 
 
 def _cost_text(cost: str, value: float) -> str:
@@ -141,25 +157,27 @@ def _cost_text(cost: str, value: float) -> str:
 
 
 def frontier_markdown(arms: list[Arm], rows: list[dict[str, Any]], cost: str, metric: str, pairing: str,
-                      studies: list[dict[str, Any]]) -> str:
-    """The arm table (score ± t-interval half-width, cost) and the paired table against the dense frontier."""
+                      studies: list[dict[str, Any]], frontier: str = "dense") -> str:
+    """The arm table (score ± t-interval half-width, cost) and the paired table against the frontier (the arms
+    of family ``frontier``)."""
     from smoeweather.metrics.significance import t_interval
 
     names = ", ".join(f"`{s['name']}`" for s in studies)
     lines = [f"# Skill against cost: {metric}, cost = {COSTS[cost][1]}", "", f"Studies: {names}."]
     lines += [f"> {s['label']}" for s in studies if s.get("label")]
     lines += ["", "| arm | family | cost | score mean [95 % t-interval] (n) |", "|---|---|---:|---|"]
-    for a in sorted(arms, key=lambda a: (a.family != "dense", a.cost)):
+    for a in sorted(arms, key=lambda a: (a.family != frontier, a.cost)):
         t = t_interval(list(a.scores.values()))
         lines.append(f"| {a.label} | {a.family} | {_cost_text(cost, a.cost)} | {t['mean']:.4g} "
                      f"[{t['lo']:.4g}, {t['hi']:.4g}] ({t['n']}) |")
-    method = ("linear interpolation in log-cost between the two neighbouring dense arms, per seed (the dense arm "
+    f = frontier
+    method = (f"linear interpolation in log-cost between the two neighbouring {f} arms, per seed (the {f} arm "
               "of nearest cost outside their range)" if pairing == "interpolate" else
-              "the dense arm of nearest cost (in log-cost)")
-    lines += ["", f"Each non-dense arm − the dense frontier at its cost, paired by seed; dense frontier = {method}. "
-              "Mean [95 % Student-t interval, n − 1 dof] (n); **bold** where the interval excludes zero; < 0: "
-              "the arm beats the dense networks of its cost.", "",
-              "| arm | cost | paired difference | verdict | dense reference |", "|---|---:|---|---|---|"]
+              f"the {f} arm of nearest cost (in log-cost)")
+    lines += ["", f"Each arm not of family {f} − the {f} frontier at its cost, paired by seed; {f} frontier = "
+              f"{method}. Mean [95 % Student-t interval, n − 1 dof] (n); **bold** where the interval excludes "
+              f"zero; < 0: the arm beats the {f} networks of its cost.", "",
+              f"| arm | cost | paired difference | verdict | {f} reference |", "|---|---:|---|---|---|"]
     for r in rows:
         text = f"{r['mean']:+.4g} [{r['lo']:+.3g}, {r['hi']:+.3g}] ({r['n']})"
         verdict = ("beyond the frontier" if r["hi"] < 0 else "behind the frontier" if r["lo"] > 0 else
@@ -170,7 +188,7 @@ def frontier_markdown(arms: list[Arm], rows: list[dict[str, Any]], cost: str, me
 
 
 def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score: str = "score",
-          references: dict[str, float] | None = None) -> None:
+          references: dict[str, float] | None = None, frontier: str = "dense") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,10 +196,8 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
 
     from smoeweather.metrics.significance import t_interval
 
-    styles = {"dense": ("tab:blue", "o", "dense"), "smoe": ("tab:red", "s", "SMoE"),
-              "ensemble": ("tab:green", "^", "ensemble")}
     fig, ax = plt.subplots(figsize=(7.0, 4.6))
-    for family, (color, marker, label) in styles.items():
+    for family, (color, marker, label) in FAMILIES.items():
         group = sorted((a for a in arms if a.family == family), key=lambda a: a.cost)
         if not group:
             continue
@@ -191,7 +207,8 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
         err = [[s["mean"] - s["lo"] if s["n"] > 1 else 0.0 for s in stats],
                [s["hi"] - s["mean"] if s["n"] > 1 else 0.0 for s in stats]]
         ax.errorbar(xs, ys, yerr=err, fmt=marker, color=color, capsize=3, markersize=6,
-                    linestyle="-" if family == "dense" else "none", label=f"{label} (mean, 95 % t-interval)")
+                    linestyle="-" if family in ("dense", frontier) else "none",
+                    label=f"{label} (mean, 95 % t-interval)")
         for a, y in zip(group, ys):
             ax.annotate(a.name, (a.cost, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=color)
     for i, (ref, value) in enumerate((references or {}).items()):
@@ -209,15 +226,18 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
 
 
 def plot_frontier(studies: list[Path], out: Path, cost: str = "flops", metric: str | None = None,
-                  pairing: str = "interpolate", name: str | None = None) -> list[Path]:
+                  pairing: str = "interpolate", name: str | None = None, frontier: str = "dense") -> list[Path]:
     """Write ``<name>_<cost>.png``, ``.md`` and ``.json`` (arms, pairings) under ``out`` for the study.json
-    files ``studies``; ``name`` defaults to the first study's name + ``_frontier``. Returns the paths."""
+    files ``studies``; ``name`` defaults to the first study's name + ``_frontier`` (+ ``_vs_<frontier>`` for a
+    frontier other than dense). The other arms are paired with the arms of family ``frontier``. Returns the
+    paths."""
     parsed = [json.loads(Path(p).read_text()) for p in studies]
-    arms, metric = load_arms(parsed, cost, metric)
-    rows = frontier_table(arms, pairing)
+    arms, metric = load_arms(parsed, cost, metric, frontier)
+    rows = frontier_table(arms, pairing, frontier)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{name or parsed[0]['name'] + '_frontier'}_{cost}"
+    default = parsed[0]["name"] + "_frontier" + ("" if frontier == "dense" else f"_vs_{frontier}")
+    stem = f"{name or default}_{cost}"
     label = "; ".join(s["label"] for s in parsed if s.get("label"))
     title = f"{', '.join(s['name'] for s in parsed)}: {metric}" + (f"\n{label}" if label else "")
     png, md, js = out / f"{stem}.png", out / f"{stem}.md", out / f"{stem}.json"
@@ -228,9 +248,10 @@ def plot_frontier(studies: list[Path], out: Path, cost: str = "flops", metric: s
         value = (s.get("references") or {}).get(ref, {}).get(lead, {}).get(target) if ref else None
         if value is not None:
             refs[ref] = float(value)
-    _draw(arms, cost, metric, title, png, score=str(parsed[0].get("score", "score")).split(" ")[0], references=refs)
-    md.write_text(frontier_markdown(arms, rows, cost, metric, pairing, parsed))
-    js.write_text(json.dumps({"cost": cost, "metric": metric, "pairing": pairing,
+    _draw(arms, cost, metric, title, png, score=str(parsed[0].get("score", "score")).split(" ")[0], references=refs,
+          frontier=frontier)
+    md.write_text(frontier_markdown(arms, rows, cost, metric, pairing, parsed, frontier))
+    js.write_text(json.dumps({"cost": cost, "metric": metric, "pairing": pairing, "frontier": frontier,
                               "studies": [s["name"] for s in parsed],
                               "arms": [{"arm": a.label, "family": a.family, "cost": a.cost,
                                         "scores": {str(k): v for k, v in a.scores.items()}} for a in arms],
