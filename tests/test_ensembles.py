@@ -206,7 +206,7 @@ def test_member_diversity_closed_forms() -> None:
 
 def test_ensemble_study_summary_pairs_to_the_baseline() -> None:
     """`smoe study` with scoring: ensemble: per metric mean ± std over seeds, the paired (same seed) difference
-    to the baseline with SE std(d)/√n, and the training-cost ratio."""
+    to the baseline with SE std(d)/√n and its 95 % Student-t interval, and the training-cost ratio."""
     from smoeweather.experiments.ensembles import ensemble_markdown, ensemble_summary
 
     def run(variant: str, seed: int, crps: float, rmse: float, seconds: float) -> dict:
@@ -225,7 +225,10 @@ def test_ensemble_study_summary_pairs_to_the_baseline() -> None:
     np.testing.assert_allclose(summary["e3"]["rmse"]["z@72h"]["diff_to_baseline"]["mean"], 2 * d.mean(), rtol=1e-12)
     np.testing.assert_allclose(summary["e3"]["cost"]["ratio_to_baseline"], np.mean([0.40, 0.41, 0.42]), rtol=1e-12)
     text = ensemble_markdown(summary, "de", ["72h"], ["z"])
-    assert "| e3 | **+0.4 ± 0.15 (3)** |" in text and "Training cost" in text  # |0.4| > 2 × 0.153: bold
+    # mean 0.4, SE 0.153, t(0.975, 2) = 4.303: [-0.257, 1.06] holds zero, so not bold (|mean| > 2 SE would be)
+    np.testing.assert_allclose(cell["diff_to_baseline"]["lo"], 0.4 - 4.302652729911275 * d.std(ddof=1) / np.sqrt(3),
+                               rtol=1e-9)
+    assert "| e3 | +0.4 [-0.257, 1.06] (3) |" in text and "Training cost" in text
 
 
 def test_mc_dropout_members_are_dropout_draws() -> None:

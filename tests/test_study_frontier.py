@@ -225,6 +225,17 @@ def test_frontier_of_deep_ensembles_pairs_e3_and_singles_with_them(tmp_path: Pat
     assert "ensemble frontier" in files[1].read_text()
     with pytest.raises(ValueError, match="no smoe arm"):
         plot_frontier([path], tmp_path, cost="time", frontier="smoe")
+    # --score: another score the runs recorded (here the ECDF CRPS = the main score + 100)
+    for r in study["runs"]:
+        r["extra"] = {"crps_ecdf": {"120h": {"z500": r["scores"]["120h"]["z500"] + 100.0}}}
+    path.write_text(json.dumps(study))
+    files = plot_frontier([path], tmp_path, cost="time", frontier="ensemble", score="crps_ecdf")
+    table = json.loads(files[2].read_text())
+    assert files[0].name == "ens_frontier_vs_ensemble_crps_ecdf_time.png" and table["score"] == "crps_ecdf"
+    assert {a["arm"]: a["scores"]["0"] for a in table["arms"]}["e3_4"] == pytest.approx(328.0)
+    assert {p["arm"]: p["mean"] for p in table["pairs"]}["e3_4"] == pytest.approx((-2.0 + 0.5 - 1.5) / 3)
+    with pytest.raises(ValueError, match="no rmse score"):
+        plot_frontier([path], tmp_path, cost="time", score="rmse")
 
 
 # ---- land and sea in post-processing studies; re-scoring ------------------------------------------------

@@ -9,7 +9,7 @@ score curves, scorecards and spectra.
     smoe plot spectra DIR/scores.nc --out DIR            (scores of smoe evaluate --spectra)
     smoe plot emos MODEL.nc --out DIR
     smoe plot frontier STUDY.json [STUDY.json ...] --cost {params,flops,time,infer} [--metric T@LEAD]
-        [--frontier dense|ensemble] --out DIR
+        [--frontier dense|ensemble] [--score crps_ecdf] --out DIR
 """
 
 from __future__ import annotations
@@ -96,6 +96,9 @@ def _add_frontier(verbs: argparse._SubParsersAction) -> None:
     f.add_argument("--frontier", choices=tuple(FAMILIES), default="dense",
                    help="the family drawn as the frontier line and paired with (default dense; `ensemble` pairs "
                         "E³ arms, family smoe_ensemble, with the deep ensembles of their cost)")
+    f.add_argument("--score", default=None,
+                   help="another score the runs recorded instead of the study's main one, e.g. crps_ecdf (the CRPS "
+                        "of an ensemble's issued members)")
     f.add_argument("--name", default=None, help="file stem (default: <first study>_frontier)")
     f.add_argument("--out", required=True, type=Path, help="output folder")
 
@@ -104,7 +107,7 @@ def _run_frontier(args: argparse.Namespace) -> int:
     from smoeweather.plotting.frontier import plot_frontier
 
     for p in plot_frontier(args.studies, args.out, cost=args.cost, metric=args.metric, pairing=args.pairing,
-                           name=args.name, frontier=args.frontier):
+                           name=args.name, frontier=args.frontier, score=args.score):
         print(p)
     return 0
 

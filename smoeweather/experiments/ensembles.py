@@ -11,7 +11,6 @@ to the baseline (same seed).
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -66,13 +65,14 @@ def score_ensemble_run(checkpoint: str | Path, cfg: dict[str, Any], leads_h: lis
     return table("crps"), extra
 
 
-def _paired(values: dict[int, float], base: dict[int, float]) -> dict[str, float] | None:
+def _paired(values: dict[int, float], base: dict[int, float]) -> dict[str, Any] | None:
+    """Mean, SE and 95 % Student-t interval of the same-seed differences ``values − base``."""
+    from smoeweather.metrics.significance import t_interval
+
     seeds = sorted(set(values) & set(base))
     if not seeds:
         return None
-    d = np.array([values[s] - base[s] for s in seeds])
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-    return {"mean": float(d.mean()), "se": se, "n": len(d)}
+    return t_interval([values[s] - base[s] for s in seeds])
 
 
 def ensemble_summary(runs: list[dict[str, Any]], baseline: str, leads: list[str], targets: list[str]) -> dict[str, Any]:
@@ -127,7 +127,8 @@ def _f(x: float | None, digits: int = 4) -> str:
 
 def ensemble_markdown(summary: dict[str, Any], baseline: str, leads: list[str], targets: list[str]) -> str:
     """Tables of :func:`ensemble_summary`: per metric the mean ± std over seeds, then the paired difference to
-    the baseline (mean ± SE, **bold** where |mean| > 2 SE), then the training cost."""
+    the baseline (mean [95 % Student-t interval] (n), **bold** where the interval excludes zero), then the
+    training cost."""
     cols = [f"{t}@{lead}" for lead in leads for t in targets]
     names = {"crps": "CRPS (fair; Gaussian closed form; MAE of a deterministic network)",
              "crps_ecdf": "CRPS of the members' empirical distribution (standard estimator; Gaussian closed form; "
@@ -146,8 +147,8 @@ def ensemble_markdown(summary: dict[str, Any], baseline: str, leads: list[str], 
                 for c in cols) + " |")
         diffs = [(v, cells) for v, cells in rows if v != baseline]
         if metric != "diversity_ratio" and diffs:
-            lines += ["", f"Paired difference to `{baseline}` (same seed): mean ± SE (n); **bold** where "
-                      "|mean| > 2 SE.",
+            lines += ["", f"Paired difference to `{baseline}` (same seed): mean [95 % Student-t interval, n − 1 "
+                      "dof] (n); **bold** where the interval excludes zero.",
                       "", "| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
             for v, cells in diffs:
                 out = []
@@ -156,8 +157,8 @@ def ensemble_markdown(summary: dict[str, Any], baseline: str, leads: list[str], 
                     if d is None:
                         out.append("–")
                         continue
-                    text = f"{d['mean']:+.4g} ± {_f(d['se'], 2)} ({d['n']})"
-                    out.append(f"**{text}**" if np.isfinite(d["se"]) and abs(d["mean"]) > 2 * d["se"] else text)
+                    text = f"{d['mean']:+.4g} [{_f(d.get('lo'), 3)}, {_f(d.get('hi'), 3)}] ({d['n']})"
+                    out.append(f"**{text}**" if d.get("excludes_zero") else text)
                 lines.append(f"| {v} | " + " | ".join(out) + " |")
     costs = [(v, e["cost"]) for v, e in summary.items() if "cost" in e]
     if costs:

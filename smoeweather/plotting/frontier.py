@@ -68,10 +68,11 @@ def _metric_of(study: dict[str, Any], metric: str | None) -> str:
 
 
 def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | None = None,
-              frontier: str = "dense") -> tuple[list[Arm], str]:
+              frontier: str = "dense", score: str | None = None) -> tuple[list[Arm], str]:
     """Arms of ``studies`` (parsed study.json files) with their ``cost`` and per-seed ``metric``
     (``target@lead``, or ``target/region@lead`` for the land and sea scores; default: the first study's first
-    target at its first lead). Arms without a measured
+    target at its first lead). ``score``: another score the runs recorded (e.g. ``crps_ecdf``, the CRPS of an
+    ensemble's issued members) instead of the study's main one. Arms without a measured
     cost, or of a family not in :data:`FAMILIES` (e.g. ``schedule_check``), are left out. Arm labels carry the
     study name when more than one study is given."""
     if cost not in COSTS:
@@ -94,12 +95,20 @@ def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | 
             regions = sorted({k for r in study["runs"] for k in r["scores"].get(lead, {}) if "/" in k})
             raise ValueError(f"study {study.get('name')!r} has no {metric} (targets {study['targets']}, leads "
                              f"{study['leads']}" + (f", regional scores {regions})" if regions else ")"))
+        if score is not None:
+            extras = sorted({k for r in study["runs"] for k, v in r.get("extra", {}).items() if isinstance(v, dict)})
+            if not all(target in r.get("extra", {}).get(score, {}).get(lead, {}) for r in study["runs"]):
+                raise ValueError(f"study {study.get('name')!r} has no {score} score of {metric} in every run "
+                                 f"(its runs' other scores: {', '.join(extras) or 'none'})")
+
+        def value(run: dict[str, Any]) -> float:
+            return float((run["scores"] if score is None else run["extra"][score])[lead][target])
+
         for name, spec in study["variants"].items():
             family = spec.get("family", "dense")
             if family not in FAMILIES or name not in block["arms"]:
                 continue
-            scores = {int(r["seed"]): float(r["scores"][lead][target]) for r in study["runs"]
-                      if r["variant"] == name}
+            scores = {int(r["seed"]): value(r) for r in study["runs"] if r["variant"] == name}
             if scores:
                 arms.append(Arm(study["name"] if len(studies) > 1 else "", name, family,
                                 float(block["arms"][name][field]), scores))
@@ -157,13 +166,14 @@ def _cost_text(cost: str, value: float) -> str:
 
 
 def frontier_markdown(arms: list[Arm], rows: list[dict[str, Any]], cost: str, metric: str, pairing: str,
-                      studies: list[dict[str, Any]], frontier: str = "dense") -> str:
+                      studies: list[dict[str, Any]], frontier: str = "dense", score: str | None = None) -> str:
     """The arm table (score ± t-interval half-width, cost) and the paired table against the frontier (the arms
     of family ``frontier``)."""
     from smoeweather.metrics.significance import t_interval
 
     names = ", ".join(f"`{s['name']}`" for s in studies)
-    lines = [f"# Skill against cost: {metric}, cost = {COSTS[cost][1]}", "", f"Studies: {names}."]
+    what = metric if score is None else f"{score} {metric}"
+    lines = [f"# Skill against cost: {what}, cost = {COSTS[cost][1]}", "", f"Studies: {names}."]
     lines += [f"> {s['label']}" for s in studies if s.get("label")]
     lines += ["", "| arm | family | cost | score mean [95 % t-interval] (n) |", "|---|---|---:|---|"]
     for a in sorted(arms, key=lambda a: (a.family != frontier, a.cost)):
@@ -226,17 +236,19 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
 
 
 def plot_frontier(studies: list[Path], out: Path, cost: str = "flops", metric: str | None = None,
-                  pairing: str = "interpolate", name: str | None = None, frontier: str = "dense") -> list[Path]:
+                  pairing: str = "interpolate", name: str | None = None, frontier: str = "dense",
+                  score: str | None = None) -> list[Path]:
     """Write ``<name>_<cost>.png``, ``.md`` and ``.json`` (arms, pairings) under ``out`` for the study.json
     files ``studies``; ``name`` defaults to the first study's name + ``_frontier`` (+ ``_vs_<frontier>`` for a
-    frontier other than dense). The other arms are paired with the arms of family ``frontier``. Returns the
-    paths."""
+    frontier other than dense, + ``_<score>`` for a ``score`` other than the study's main one). The other arms
+    are paired with the arms of family ``frontier``. Returns the paths."""
     parsed = [json.loads(Path(p).read_text()) for p in studies]
-    arms, metric = load_arms(parsed, cost, metric, frontier)
+    arms, metric = load_arms(parsed, cost, metric, frontier, score)
     rows = frontier_table(arms, pairing, frontier)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    default = parsed[0]["name"] + "_frontier" + ("" if frontier == "dense" else f"_vs_{frontier}")
+    default = (parsed[0]["name"] + "_frontier" + ("" if frontier == "dense" else f"_vs_{frontier}")
+               + ("" if score is None else f"_{score}"))
     stem = f"{name or default}_{cost}"
     label = "; ".join(s["label"] for s in parsed if s.get("label"))
     title = f"{', '.join(s['name'] for s in parsed)}: {metric}" + (f"\n{label}" if label else "")
@@ -248,10 +260,12 @@ def plot_frontier(studies: list[Path], out: Path, cost: str = "flops", metric: s
         value = (s.get("references") or {}).get(ref, {}).get(lead, {}).get(target) if ref else None
         if value is not None:
             refs[ref] = float(value)
-    _draw(arms, cost, metric, title, png, score=str(parsed[0].get("score", "score")).split(" ")[0], references=refs,
+    label_score = str(parsed[0].get("score", "score")).split(" ")[0] if score is None else score
+    _draw(arms, cost, metric, title, png, score=label_score, references=refs if score is None else {},
           frontier=frontier)
-    md.write_text(frontier_markdown(arms, rows, cost, metric, pairing, parsed, frontier))
-    js.write_text(json.dumps({"cost": cost, "metric": metric, "pairing": pairing, "frontier": frontier,
+    md.write_text(frontier_markdown(arms, rows, cost, metric, pairing, parsed, frontier, score))
+    js.write_text(json.dumps({"cost": cost, "metric": metric, "score": score or "main", "pairing": pairing,
+                              "frontier": frontier,
                               "studies": [s["name"] for s in parsed],
                               "arms": [{"arm": a.label, "family": a.family, "cost": a.cost,
                                         "scores": {str(k): v for k, v in a.scores.items()}} for a in arms],
