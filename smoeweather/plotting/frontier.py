@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,7 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from smoeweather.metrics.significance import t_interval
 
@@ -224,10 +226,14 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
     for i, (ref, value) in enumerate((references or {}).items()):
         ax.axhline(value, color="grey", linestyle=("--", ":", "-.")[i % 3], linewidth=1, label=f"{ref} (no seeds)")
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 4e+09 rather than 6×10⁻¹
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.margins(x=0.12, y=0.08)
     ax.set_xlabel(COSTS[cost][1] + " (log scale)")
     ax.set_ylabel(f"{score} {metric} (lower is better)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.fill(line, 100) for line in title.splitlines()), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
