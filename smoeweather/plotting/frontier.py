@@ -119,18 +119,18 @@ def load_arms(studies: list[dict[str, Any]], cost: str = "flops", metric: str | 
     return arms, metric
 
 
-def pair_to_frontier(arm: Arm, dense: list[Arm], pairing: str = "interpolate") -> dict[str, Any]:
-    """``arm`` − the frontier ``dense`` (its arms, usually the dense ones) at ``arm.cost``, per seed (seeds that
-    ``arm`` and the frontier arms used all have), with its 95 % t-interval
+def pair_to_frontier(arm: Arm, line: list[Arm], pairing: str = "interpolate") -> dict[str, Any]:
+    """``arm`` − the frontier through the arms ``line`` (usually the dense ones) at ``arm.cost``, per seed (seeds
+    that ``arm`` and the frontier arms used all have), with its 95 % t-interval
     (:func:`smoeweather.metrics.significance.t_interval`) and the method."""
     from smoeweather.metrics.significance import t_interval
 
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {pairing!r}")
-    dense = sorted(dense, key=lambda a: a.cost)
+    line = sorted(line, key=lambda a: a.cost)
     x = math.log(arm.cost)
-    lo = [d for d in dense if d.cost <= arm.cost]
-    hi = [d for d in dense if d.cost >= arm.cost]
+    lo = [d for d in line if d.cost <= arm.cost]
+    hi = [d for d in line if d.cost >= arm.cost]
     if pairing == "interpolate" and lo and hi and lo[-1] is not hi[0]:
         a, b = lo[-1], hi[0]
         w = (x - math.log(a.cost)) / (math.log(b.cost) - math.log(a.cost))
@@ -139,7 +139,7 @@ def pair_to_frontier(arm: Arm, dense: list[Arm], pairing: str = "interpolate") -
         method = f"interpolated in log-cost between {a.label} and {b.label} (weight {w:.2f} on {b.label})"
         against = [a.label, b.label]
     else:
-        near = min(dense, key=lambda d: (round(abs(math.log(d.cost) - x), 9), d.cost))  # a tie: the cheaper
+        near = min(line, key=lambda d: (round(abs(math.log(d.cost) - x), 9), d.cost))  # a tie: the cheaper
         seeds = sorted(set(arm.scores) & set(near.scores))
         ref = {s: near.scores[s] for s in seeds}
         outside = pairing == "interpolate" and near.cost != arm.cost
