@@ -15,7 +15,7 @@ from scipy import stats
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.cli import main
-from smoeweather.experiments.study import load_study, run_study, summarise
+from smoeweather.experiments.study import load_study, markdown, paired_differences, run_study, summarise
 from smoeweather.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,6 +147,28 @@ def test_summary_matches_scipy() -> None:
     assert math.isnan(single["smoe"]["z@72h"]["std"]) and math.isnan(single["smoe"]["z@72h"]["diff_to_baseline"]["se"])
 
 
+def test_further_pairs_match_scipy() -> None:
+    """``pairs``: a − b over the seeds both arms have, a t-interval as scipy gives it, in study.md."""
+    rng = np.random.default_rng(1)
+    runs = [{"variant": v, "seed": seed, "scores": {"48h": {"z": float(rng.normal(20, 1)),
+                                                            "z/land": float(rng.normal(30, 2))}}}
+            for v, seeds in (("smoe", range(5)), ("frozen", range(1, 6)), ("dense", range(5))) for seed in seeds]
+    (pair,) = paired_differences(runs, [("smoe", "frozen")], ["48h"], ["z", "z/land"])
+    score = {(r["variant"], r["seed"]): r["scores"]["48h"] for r in runs}
+    for key in ("z", "z/land"):
+        d = np.array([score["smoe", k][key] - score["frozen", k][key] for k in (1, 2, 3, 4)])  # seeds in both
+        lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+        got = pair["diff"][f"{key}@48h"]
+        rtol = 16 * 2.2e-16 * 30  # a few float64 ops on values ~30
+        assert (got["n"], got["seeds"]) == (4, [1, 2, 3, 4])
+        assert got["mean"] == pytest.approx(d.mean(), rel=rtol, abs=rtol)
+        assert (got["lo"], got["hi"]) == pytest.approx((lo, hi), rel=1e-12)
+    study = {"name": "s", "steps": 1, "leads": ["48h"], "targets": ["z"], "baseline": "dense",
+             "summary": summarise(runs, "dense", ["48h"], ["z"]), "pairs": [pair]}
+    text = markdown(study)
+    assert "| smoe − frozen | " in text and "z/land@48h" in text
+
+
 def test_bad_study_configs_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = tiny_study(tmp_path, "unused.zarr", baseline="nope")
     assert main(["study", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
@@ -156,6 +178,9 @@ def test_bad_study_configs_are_clear_errors(tmp_path: Path, capsys: pytest.Captu
     assert "must divide steps" in capsys.readouterr().err
     assert main(["study", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    config = tiny_study(tmp_path, "unused.zarr", pairs=[["smoe_all_prior", "nope"]])
+    assert main(["study", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "pairs must be a list of [variant, other variant]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", [p.stem for p in sorted((REPO / "configs/studies").glob("*.yaml"))])

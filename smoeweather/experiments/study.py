@@ -16,6 +16,7 @@ A study config (``configs/studies/*.yaml``)::
     lr_schedule: cosine          # training.lr_schedule of every run (cosine | plateau | config: as configured)
     warmup_steps: 0              # cosine: linear warm-up steps; min_lr_factor: final lr / lr (default 0)
     cost: {reference: dense}     # cost of every arm measured once (``cost.json``); ``cost: false`` skips it
+    pairs: [[smoe_all_prior, dense]]   # further paired differences (first − second, same seed) in study.md
     variants:
       dense: {config: ../weatherbench/gcm_dense.yaml}
       smoe_all_prior: {config: ../weatherbench/gcm_smoe_all_prior.yaml, overrides: [model.smoe.rc=false]}
@@ -107,6 +108,7 @@ class StudyConfig:
     min_lr_factor: float = 0.0
     cost: dict[str, Any] | None = field(default_factory=dict)  # None: not measured; {}: defaults
     label: str | None = None  # one line shown at the top of study.md (e.g. "reduced preview: ...")
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (a, b): a − b paired by seed, beside the baseline's
 
     @property
     def families(self) -> dict[str, str | None]:
@@ -186,6 +188,12 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     elif not isinstance(cost, dict) or set(cost) - {"reference", "steps", "rounds", "warmup"}:
         raise ConfigError(f"study config {path}: cost must be false or a mapping of reference, steps, rounds, "
                           f"warmup; got {cost!r}")
+    pairs = raw.get("pairs") or []
+    names = [v.name for v in variants]
+    if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and p[0] in names and p[1] in names and p[0] != p[1] for p in pairs):
+        raise ConfigError(f"study config {path}: pairs must be a list of [variant, other variant] (two distinct "
+                          f"names of {names}), got {pairs!r}")
     return StudyConfig(
         name=str(raw.get("name", path.stem)),
         path=path,
@@ -205,6 +213,7 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         min_lr_factor=float(raw.get("min_lr_factor", 0.0)),
         cost=cost,
         label=None if raw.get("label") is None else str(raw["label"]),
+        pairs=[(str(a), str(b)) for a, b in pairs],
     )
 
 
@@ -364,6 +373,27 @@ def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targe
     return out
 
 
+def paired_differences(runs: list[dict[str, Any]], pairs: list[tuple[str, str]], leads: list[str],
+                       targets: list[str]) -> list[dict[str, Any]]:
+    """Per pair (a, b), lead and target that both arms scored: the difference a − b over the seeds both have,
+    mean, SE, n and 95 % Student-t interval (:func:`~smoeweather.metrics.significance.t_interval`)."""
+    by_variant: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in runs:
+        by_variant.setdefault(r["variant"], {})[int(r["seed"])] = r["scores"]
+    out = []
+    for a, b in pairs:
+        sa, sb = by_variant.get(a, {}), by_variant.get(b, {})
+        seeds = sorted(set(sa) & set(sb))
+        diffs = {}
+        for lead in leads:
+            for t in targets:
+                if seeds and all(t in sa[k].get(lead, {}) and t in sb[k].get(lead, {}) for k in seeds):
+                    d = [sa[k][lead][t] - sb[k][lead][t] for k in seeds]
+                    diffs[f"{t}@{lead}"] = {**t_interval(d), "seeds": seeds}
+        out.append({"variant": a, "against": b, "diff": diffs})
+    return out
+
+
 def _fmt(x: float, digits: int = 4) -> str:
     return "nan" if x is None or not np.isfinite(x) else f"{x:.{digits}g}"
 
@@ -417,6 +447,15 @@ def markdown(study: dict[str, Any]) -> str:
                 continue
             cells.append(_interval_cell(d))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    pairs = [p for p in study.get("pairs") or [] if p["diff"]]
+    if pairs:
+        pcols = list(dict.fromkeys(c for p in pairs for c in p["diff"]))
+        lines += ["", "Further paired differences (first − second arm, same seed): mean [95 % Student-t interval, "
+                  "n − 1 dof] (n); **bold** where the interval excludes zero.", "",
+                  "| pair | " + " | ".join(pcols) + " |", "|---" * (len(pcols) + 1) + "|"]
+        for p in pairs:
+            cells = [_interval_cell(p["diff"][c]) if c in p["diff"] else "–" for c in pcols]
+            lines.append(f"| {p['variant']} − {p['against']} | " + " | ".join(cells) + " |")
     regional = study.get("summary_regions") or {}
     rcols = [c for c in next(iter(regional.values()), {})]
     if rcols:
@@ -743,6 +782,8 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
         "reference_baseline": ref_name if reference else None,
         "summary": summarise(runs, study.baseline, leads, study.targets, reference),
         "summary_regions": summarise(runs, study.baseline, leads, region_targets(runs, leads, study.targets)),
+        "pairs": paired_differences(runs, study.pairs, leads,
+                                    [*study.targets, *region_targets(runs, leads, study.targets)]),
         "extra_means": extra_means,
     }
     text = markdown(study_json)
