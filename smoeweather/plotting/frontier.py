@@ -209,6 +209,9 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
     from smoeweather.metrics.significance import t_interval
 
     fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    means = [sum(a.scores.values()) / len(a.scores) for a in arms]
+    y_span = (max(means) - min(means)) or 1.0
+    labelled: list[tuple[float, float]] = []  # (log cost, mean) of the labels placed so far
     for family, (color, marker, label) in FAMILIES.items():
         group = sorted((a for a in arms if a.family == family), key=lambda a: a.cost)
         if not group:
@@ -222,7 +225,11 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
                     linestyle="-" if family in ("dense", frontier) else "none",
                     label=f"{label} (mean, 95 % t-interval)")
         for a, y in zip(group, ys):
-            ax.annotate(a.name, (a.cost, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=color)
+            # an arm next to one already labelled (e.g. a frozen-gate twin) gets its label a line higher
+            crowded = any(abs(math.log(a.cost) - x) < 0.12 and abs(y - m) < 0.06 * y_span for x, m in labelled)
+            ax.annotate(a.name, (a.cost, y), textcoords="offset points", xytext=(5, 14 if crowded else 4),
+                        fontsize=7, color=color)
+            labelled.append((math.log(a.cost), y))
     for i, (ref, value) in enumerate((references or {}).items()):
         ax.axhline(value, color="grey", linestyle=("--", ":", "-.")[i % 3], linewidth=1, label=f"{ref} (no seeds)")
     ax.set_xscale("log")
