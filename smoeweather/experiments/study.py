@@ -343,6 +343,14 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"mean": float(a.mean()), "std": std, "n": len(a)}
 
 
+def _scores_by_variant(runs: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """variant → seed → that run's scores ({lead: {target: value}})."""
+    by_variant: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in runs:
+        by_variant.setdefault(r["variant"], {})[int(r["seed"])] = r["scores"]
+    return by_variant
+
+
 def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targets: list[str],
               reference: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per variant, lead and target: mean ± std over seeds (ddof 1) and the paired difference to
@@ -350,9 +358,7 @@ def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targe
     interval ``lo``…``hi`` (n − 1 dof,
     :func:`~smoeweather.metrics.significance.t_interval`; d < 0: better). With ``reference`` (name, {lead:
     {target: value}}) of a seed-free method, also the difference to it (``diff_to_reference``, same fields)."""
-    by_variant: dict[str, dict[int, dict[str, Any]]] = {}
-    for r in runs:
-        by_variant.setdefault(r["variant"], {})[int(r["seed"])] = r["scores"]
+    by_variant = _scores_by_variant(runs)
     base = by_variant.get(baseline, {})
     out: dict[str, Any] = {}
     for variant, seeds in by_variant.items():
@@ -377,9 +383,7 @@ def paired_differences(runs: list[dict[str, Any]], pairs: list[tuple[str, str]],
                        targets: list[str]) -> list[dict[str, Any]]:
     """Per pair (a, b), lead and target that both arms scored: the difference a − b over the seeds both have,
     mean, SE, n and 95 % Student-t interval (:func:`~smoeweather.metrics.significance.t_interval`)."""
-    by_variant: dict[str, dict[int, dict[str, Any]]] = {}
-    for r in runs:
-        by_variant.setdefault(r["variant"], {})[int(r["seed"])] = r["scores"]
+    by_variant = _scores_by_variant(runs)
     out = []
     for a, b in pairs:
         sa, sb = by_variant.get(a, {}), by_variant.get(b, {})
