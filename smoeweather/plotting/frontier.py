@@ -212,6 +212,7 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
     means = [sum(a.scores.values()) / len(a.scores) for a in arms]
     y_span = (max(means) - min(means)) or 1.0
     labelled: list[tuple[float, float]] = []  # (log cost, mean) of the labels placed so far
+    points = [(math.log(a.cost), m) for a, m in zip(arms, means)]
     for family, (color, marker, label) in FAMILIES.items():
         group = sorted((a for a in arms if a.family == family), key=lambda a: a.cost)
         if not group:
@@ -227,16 +228,26 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
         for a, y in zip(group, ys):
             # an arm next to one already labelled (e.g. a frozen-gate twin) gets its label a line higher
             crowded = any(abs(math.log(a.cost) - x) < 0.12 and abs(y - m) < 0.06 * y_span for x, m in labelled)
-            ax.annotate(a.name, (a.cost, y), textcoords="offset points", xytext=(5, 14 if crowded else 4),
-                        fontsize=7, color=color)
+            # a label that would run into an arm just to its right goes on the left of its point, a line higher
+            blocked = any(0 < x - math.log(a.cost) < 0.15 and abs(y - m) < 0.06 * y_span for x, m in points)
+            ax.annotate(a.name, (a.cost, y), textcoords="offset points",
+                        xytext=(-5 if blocked else 5, 14 if crowded or blocked else 4),
+                        ha="right" if blocked else "left", fontsize=7, color=color)
             labelled.append((math.log(a.cost), y))
     for i, (ref, value) in enumerate((references or {}).items()):
         ax.axhline(value, color="grey", linestyle=("--", ":", "-.")[i % 3], linewidth=1, label=f"{ref} (no seeds)")
     ax.set_xscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 4e+09 rather than 6×10⁻¹
+
+    def minor(v: float, _: object) -> str:  # every minor tick of a short ratio axis; else only 2 and 5 × 10ᵏ
+        lo, hi = ax.get_xlim()
+        mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
+        return f"{v:g}" if (hi / lo <= 10 and hi < 100) or mantissa in (2.0, 5.0) else ""
+
     ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(plain)
+    ax.xaxis.set_minor_formatter(FuncFormatter(minor))
     ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.tick_params(axis="x", which="major", labelsize=8)
     ax.margins(x=0.12, y=0.08)
     ax.set_xlabel(COSTS[cost][1] + " (log scale)")
     ax.set_ylabel(f"{score} {metric} (lower is better)")
