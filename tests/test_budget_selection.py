@@ -1,0 +1,57 @@
+"""The step budget of each arm is chosen on the validation loss only, never on the test score."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "budget_selection.py"
+_spec = importlib.util.spec_from_file_location("budget_selection", _PATH)
+budget_selection = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(budget_selection)
+
+
+def _study(name: str, steps: int, runs: list[tuple[str, int, float, float]], ratios: dict[str, float]) -> dict:
+    return {"name": name, "steps": steps,
+            "cost": {"arms": {a: {"train_step_ratio": r} for a, r in ratios.items()}},
+            "runs": [{"variant": a, "seed": s, "val_loss": v, "scores": {"48h": {"z": score}}}
+                     for a, s, v, score in runs]}
+
+
+def test_budget_chosen_on_validation_not_test() -> None:
+    # seed 0: the short run has the better TEST score but the worse validation loss -> the long run is chosen
+    short = _study("short", 400, [("a", 0, 0.5, 10.0), ("a", 1, 0.1, 12.0), ("b", 0, 0.3, 11.0),
+                                  ("b", 1, 0.3, 13.0)], {"a": 1.0, "b": 2.0})
+    long = _study("long", 1200, [("a", 0, 0.2, 15.0), ("a", 1, 0.2, 11.0), ("b", 0, 0.4, 9.0),
+                                 ("b", 1, 0.2, 14.5)], {})
+    c = budget_selection.select([short, long], "z@48h", baseline="b", pairs=[])
+    a, b = c["arms"]["a"], c["arms"]["b"]
+    assert a["chosen_budget"] == {"0": 1200, "1": 400}
+    assert b["chosen_budget"] == {"0": 400, "1": 1200}
+    assert a["chosen_score"]["mean"] == pytest.approx((15.0 + 12.0) / 2, rel=1e-15)
+    # cost: step ratio (from the study that measured it) x mean chosen steps
+    assert a["chosen_cost_step_units"] == pytest.approx(1.0 * 800, rel=1e-15)
+    assert b["chosen_cost_step_units"] == pytest.approx(2.0 * 800, rel=1e-15)
+    (pair,) = c["pairs"]
+    d = np.array([15.0 - 11.0, 12.0 - 14.5])
+    half = stats.t.ppf(0.975, 1) * d.std(ddof=1) / np.sqrt(2)
+    assert (pair["first"], pair["second"]) == ("a", "b")
+    assert pair["lo"] == pytest.approx(d.mean() - half, rel=1e-12)
+    assert pair["hi"] == pytest.approx(d.mean() + half, rel=1e-12)
+    assert "| a |" in budget_selection.markdown(c)
+
+
+def test_two_studies_of_one_budget_refused() -> None:
+    s = _study("x", 400, [("a", 0, 0.1, 1.0)], {})
+    with pytest.raises(SystemExit, match="400 steps"):
+        budget_selection.select([s, dict(s, name="y")], "z@48h", baseline="a", pairs=[])
+
+
+def test_missing_metric_names_the_option() -> None:
+    s = _study("x", 400, [("a", 0, 0.1, 1.0)], {})
+    with pytest.raises(SystemExit, match="--metric"):
+        budget_selection.select([s], "t850@48h", baseline="a", pairs=[])
