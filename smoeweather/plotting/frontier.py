@@ -198,6 +198,55 @@ def frontier_markdown(arms: list[Arm], rows: list[dict[str, Any]], cost: str, me
     return "\n".join(lines) + "\n"
 
 
+# label offsets (points) tried in turn: right/left of the point, level, below, then higher and lower
+_OFFSETS = [(7, 4), (7, -10), (-7, 4), (-7, -10), (7, 14), (-7, 14), (7, -20), (-7, -20), (7, 24), (-7, 24),
+            (7, -30), (-7, -30)]
+
+
+def _place_labels(fig: Any, ax: Any, items: list[tuple[str, float, float, float, float, str]]) -> None:
+    """Label every arm where its text overlaps no other label, marker or error bar (greedy, first free offset;
+    the least overlap if none is free). Hand-written: matplotlib has no label placement, and adjustText moves
+    labels iteratively with arrows, which reads worse for a dozen short labels."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    obstacles = []  # display boxes (x0, y0, x1, y1) of the legend, markers and error bars
+    if ax.get_legend() is not None:
+        e = ax.get_legend().get_window_extent(renderer)
+        obstacles.append((e.x0, e.y0, e.x1, e.y1))
+    for _, x, y, lo, hi, _ in items:
+        (px, py), (_, plo), (_, phi) = (ax.transData.transform((x, v)) for v in (y, lo, hi))
+        obstacles += [(px - 5, py - 5, px + 5, py + 5), (px - 4, min(plo, phi), px + 4, max(plo, phi))]
+    for line in ax.get_lines():  # the frontier and reference lines, sampled along each segment (display space)
+        if line.get_linestyle() not in ("None", "none", "") and len(line.get_xdata()) > 1:
+            pts = line.get_transform().transform(line.get_xydata())
+            for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:]):
+                obstacles += [(x0 + t * (x1 - x0) - 1, y0 + t * (y1 - y0) - 1, x0 + t * (x1 - x0) + 1,
+                               y0 + t * (y1 - y0) + 1) for t in (i / 48 for i in range(49))]
+
+    def overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+        return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+    for name, x, y, _, _, color in sorted(items, key=lambda t: t[1]):
+        best = None
+        for dx, dy in _OFFSETS:
+            ann = ax.annotate(name, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7, color=color,
+                              ha="left" if dx > 0 else "right", va="bottom" if dy > 0 else "top")
+            e = ann.get_window_extent(renderer)
+            box = (e.x0 - 2, e.y0 - 1, e.x1 + 2, e.y1 + 1)  # a little air around the text
+            out = sum(max(0.0, v) for v in (inside.x0 - e.x0, e.x1 - inside.x1, inside.y0 - e.y0, e.y1 - inside.y1))
+            cost = sum(overlap(box, o) for o in obstacles) + 100 * out
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, ann, box)
+            else:
+                ann.remove()
+            if cost == 0:
+                break
+        obstacles.append(best[2])
+
+
 def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score: str = "score",
           references: dict[str, float] | None = None, frontier: str = "dense") -> None:
     import matplotlib
@@ -209,10 +258,7 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
     from smoeweather.metrics.significance import t_interval
 
     fig, ax = plt.subplots(figsize=(7.0, 4.6))
-    means = [sum(a.scores.values()) / len(a.scores) for a in arms]
-    y_span = (max(means) - min(means)) or 1.0
-    labelled: list[tuple[float, float]] = []  # (log cost, mean) of the labels placed so far
-    points = [(math.log(a.cost), m) for a, m in zip(arms, means)]
+    to_label: list[tuple[str, float, float, float, float, str]] = []  # name, cost, mean, lo, hi, colour
     for family, (color, marker, label) in FAMILIES.items():
         group = sorted((a for a in arms if a.family == family), key=lambda a: a.cost)
         if not group:
@@ -225,15 +271,7 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
         ax.errorbar(xs, ys, yerr=err, fmt=marker, color=color, capsize=3, markersize=6,
                     linestyle="-" if family in ("dense", frontier) else "none",
                     label=f"{label} (mean, 95 % t-interval)")
-        for a, y in zip(group, ys):
-            # an arm next to one already labelled (e.g. a frozen-gate twin) gets its label a line higher
-            crowded = any(abs(math.log(a.cost) - x) < 0.12 and abs(y - m) < 0.06 * y_span for x, m in labelled)
-            # a label that would run into an arm just to its right goes on the left of its point, a line higher
-            blocked = any(0 < x - math.log(a.cost) < 0.15 and abs(y - m) < 0.06 * y_span for x, m in points)
-            ax.annotate(a.name, (a.cost, y), textcoords="offset points",
-                        xytext=(-5 if blocked else 5, 14 if crowded or blocked else 4),
-                        ha="right" if blocked else "left", fontsize=7, color=color)
-            labelled.append((math.log(a.cost), y))
+        to_label += [(a.name, a.cost, y, y - e0, y + e1, color) for a, y, e0, e1 in zip(group, ys, *err)]
     for i, (ref, value) in enumerate((references or {}).items()):
         ax.axhline(value, color="grey", linestyle=("--", ":", "-.")[i % 3], linewidth=1, label=f"{ref} (no seeds)")
     ax.set_xscale("log")
@@ -255,6 +293,7 @@ def _draw(arms: list[Arm], cost: str, metric: str, title: str, path: Path, score
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    _place_labels(fig, ax, to_label)
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
