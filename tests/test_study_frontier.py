@@ -299,3 +299,30 @@ def test_rescore_adds_regions_and_keeps_the_training_record(two_runs: tuple[dict
         rescore_study(load_study(study_file), tmp_path / "empty", log=lambda m: None)
     assert {r["variant"] for r in again["runs"]} == {"unet_4_8", "unet_8_16", "smoe_4_8"}
     assert again["summary_regions"]["smoe_4_8"]["geopotential_500/sea@48h"]["n"] == 2
+
+
+def test_frontier_labels_do_not_overlap_in_a_crowded_plot() -> None:
+    """Twin arms at almost one cost and score (a learned and a frozen gate) get labels that do not overlap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from smoeweather.plotting.frontier import _place_labels
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    items = [("dense_a", 1.0, 20.0, 19.5, 20.5, "C0"), ("dense_b", 2.0, 19.0, 18.5, 19.5, "C0"),
+             ("smoe_twin", 1.1, 19.6, 19.0, 20.2, "C3"), ("smoe_twin_frozen", 1.12, 19.65, 19.0, 20.3, "C3"),
+             ("smoe_other", 1.15, 19.55, 19.1, 20.0, "C3")]
+    ax.errorbar([1.0, 2.0], [20.0, 19.0], yerr=0.5, fmt="o-")
+    ax.errorbar([1.1, 1.12, 1.15], [19.6, 19.65, 19.55], yerr=0.5, fmt="s", linestyle="none")
+    ax.set_xscale("log")
+    fig.tight_layout()
+    _place_labels(fig, ax, items)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(i[0] for i in items)  # one label per arm
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    plt.close(fig)

@@ -204,8 +204,9 @@ _OFFSETS = [(7, 4), (7, -10), (-7, 4), (-7, -10), (7, 14), (-7, 14), (7, -20), (
 
 
 def _place_labels(fig: Any, ax: Any, items: list[tuple[str, float, float, float, float, str]]) -> None:
-    """Label every arm where its text overlaps no other label, marker or error bar (greedy, first free offset;
-    the least overlap if none is free). Hand-written: matplotlib has no label placement, and adjustText moves
+    """Label every arm (``items``: name, cost, mean, interval low, high, colour) where its text overlaps no other
+    label, marker, error bar, line or the legend (greedy, first free offset in ``_OFFSETS``; the least overlap,
+    inside the axes, if none is free). Hand-written: matplotlib has no label placement, and adjustText moves
     labels iteratively with arrows, which reads worse for a dozen short labels."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
