@@ -23,16 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from smoeweather.experiments.study import run_score
 from smoeweather.metrics.significance import t_interval
-
-
-def _score(run: dict[str, Any], metric: str) -> float:
-    target, _, lead = metric.partition("@")
-    try:
-        return float(run["scores"][lead][target])
-    except KeyError as err:
-        raise SystemExit(f"run {run['variant']} seed {run['seed']} has no score {metric!r} (lead {lead!r}, "
-                         f"target {target!r}); pass --metric as TARGET@LEAD, e.g. geopotential_500@48h") from err
 
 
 def _step_ratios(studies: list[dict[str, Any]]) -> dict[str, float]:
@@ -64,7 +56,7 @@ def select(studies: list[dict[str, Any]], metric: str, baseline: str,
         seeds = sorted({seed for runs in by_budget.values() for (a, seed) in runs if a == arm})
         per_budget = {}
         for b in budgets:
-            vals = [_score(by_budget[b][(arm, s)], metric) for s in seeds if (arm, s) in by_budget[b]]
+            vals = [run_score(by_budget[b][(arm, s)], metric) for s in seeds if (arm, s) in by_budget[b]]
             per_budget[b] = {"mean": float(np.mean(vals)) if vals else None,
                              "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else None, "n": len(vals)}
         chosen: dict[int, int] = {}
@@ -75,7 +67,7 @@ def select(studies: list[dict[str, Any]], metric: str, baseline: str,
                 chosen[s] = min(cands)[1]
         if not chosen:
             continue
-        scores = {s: _score(by_budget[b][(arm, s)], metric) for s, b in chosen.items()}
+        scores = {s: run_score(by_budget[b][(arm, s)], metric) for s, b in chosen.items()}
         chosen_scores[arm] = scores
         ratio = ratios.get(arm)
         out["arms"][arm] = {
@@ -140,7 +132,10 @@ def main() -> None:
         if not path.is_file():
             raise SystemExit(f"--study {path}: no such file; pass the study.json written by `smoe study`")
         studies.append(json.loads(path.read_text()))
-    c = select(studies, a.metric, a.baseline, [tuple(x) for x in a.pair])
+    try:
+        c = select(studies, a.metric, a.baseline, [tuple(x) for x in a.pair])
+    except ValueError as err:
+        raise SystemExit(f"--metric {a.metric}: {err}") from err
     a.out.write_text(markdown(c))
     a.out.with_suffix(".json").write_text(json.dumps(c, indent=2) + "\n")
     print(markdown(c))

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from smoeweather.experiments.study import run_score
 from smoeweather.metrics.significance import t_interval
 
 
@@ -36,33 +37,28 @@ def _threads(runs: dict[int, dict[str, Any]]) -> Any:
     return found[0] if len(found) == 1 else found
 
 
-def _score(run: dict[str, Any], metric: str) -> float:
-    target, _, lead = metric.partition("@")
-    return float(run["scores"][lead][target])
-
-
 def checks(study: dict[str, Any], rerun: dict[str, Any] | None, threads: dict[str, Any] | None,
            schedule: dict[str, Any] | None, arm: str, constant: str, metric: str) -> dict[str, Any]:
     """The three checks as a JSON-able dict (missing inputs: the check is left out)."""
     base = _runs(study, arm)
     out: dict[str, Any] = {"arm": arm, "metric": metric, "study": study["name"], "threads": _threads(base)}
-    scores = [_score(r, metric) for r in base.values()]
+    scores = [run_score(r, metric) for r in base.values()]
     out["seed_spread"] = {"std": float(np.std(scores, ddof=1)) if len(scores) > 1 else float("nan"),
                           "n": len(scores)}
     if rerun is not None:
         again = _runs(rerun, arm)
         seeds = sorted(set(base) & set(again))
         out["rerun_same_threads"] = [
-            {"seed": s, "first": _score(base[s], metric), "second": _score(again[s], metric),
-             "identical": _score(base[s], metric) == _score(again[s], metric)
+            {"seed": s, "first": run_score(base[s], metric), "second": run_score(again[s], metric),
+             "identical": run_score(base[s], metric) == run_score(again[s], metric)
              and base[s].get("val_loss") == again[s].get("val_loss")} for s in seeds]
     if threads is not None:
         other = _runs(threads, arm)
         seeds = sorted(set(base) & set(other))
-        diffs = [_score(other[s], metric) - _score(base[s], metric) for s in seeds]
+        diffs = [run_score(other[s], metric) - run_score(base[s], metric) for s in seeds]
         out["other_threads"] = {
             "threads": _threads(other),
-            "per_seed": [{"seed": s, "base": _score(base[s], metric), "other": _score(other[s], metric)}
+            "per_seed": [{"seed": s, "base": run_score(base[s], metric), "other": run_score(other[s], metric)}
                          for s in seeds],
             "max_abs_diff": float(np.max(np.abs(diffs))) if diffs else float("nan"),
             "rms_diff": float(np.sqrt(np.mean(np.square(diffs)))) if diffs else float("nan")}
@@ -114,11 +110,14 @@ def main() -> None:
     p.add_argument("--schedule", type=Path, default=None, help="study.json with the arm and its constant-rate twin")
     p.add_argument("--arm", default="unet_16_32_64")
     p.add_argument("--constant", default="unet_16_32_64_constant")
-    p.add_argument("--metric", default="geopotential_500@48h")
+    p.add_argument("--metric", default="geopotential_500@48h", help="TARGET@LEAD scored on the test block")
     p.add_argument("--out", type=Path, required=True, help="markdown file (a .json is written beside it)")
     a = p.parse_args()
     load = lambda path: None if path is None else json.loads(path.read_text())  # noqa: E731
-    c = checks(load(a.study), load(a.rerun), load(a.threads), load(a.schedule), a.arm, a.constant, a.metric)
+    try:
+        c = checks(load(a.study), load(a.rerun), load(a.threads), load(a.schedule), a.arm, a.constant, a.metric)
+    except ValueError as err:
+        raise SystemExit(f"--metric {a.metric}: {err}") from err
     a.out.write_text(markdown(c))
     a.out.with_suffix(".json").write_text(json.dumps(c, indent=2) + "\n")
     print(markdown(c))

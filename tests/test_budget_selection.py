@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +53,15 @@ def test_two_studies_of_one_budget_refused() -> None:
         budget_selection.select([s, dict(s, name="y")], "z@48h", baseline="a", pairs=[])
 
 
-def test_missing_metric_names_the_option() -> None:
+def test_missing_metric_names_the_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = _study("x", 400, [("a", 0, 0.1, 1.0)], {})
-    with pytest.raises(SystemExit, match="--metric"):
+    with pytest.raises(ValueError, match="TARGET@LEAD"):
         budget_selection.select([s], "t850@48h", baseline="a", pairs=[])
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(s))
+    out = tmp_path / "selection.md"
+    monkeypatch.setattr(sys, "argv", ["budget_selection.py", "--study", str(path), "--metric", "t850@48h",
+                                      "--baseline", "a", "--out", str(out)])
+    with pytest.raises(SystemExit, match="--metric t850@48h"):
+        budget_selection.main()
+    assert not out.exists()  # a failed selection writes nothing

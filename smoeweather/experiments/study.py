@@ -351,6 +351,19 @@ def _scores_by_variant(runs: list[dict[str, Any]]) -> dict[str, dict[int, dict[s
     return by_variant
 
 
+def run_score(run: dict[str, Any], metric: str) -> float:
+    """One finished run's test score of ``metric`` (``TARGET@LEAD``, e.g. ``geopotential_500@48h``, or
+    ``TARGET/REGION@LEAD`` where the study scored land and sea) from a study.json run record."""
+    target, _, lead = metric.partition("@")
+    try:
+        return float(run["scores"][lead][target])
+    except KeyError as err:
+        have = {ld: sorted(v) for ld, v in run.get("scores", {}).items()}
+        raise ValueError(f"run {run.get('variant')} seed {run.get('seed')} has no score {metric!r} (lead {lead!r}, "
+                         f"target {target!r}; it has {have}); name the metric as TARGET@LEAD, e.g. "
+                         "geopotential_500@48h") from err
+
+
 def summarise(runs: list[dict[str, Any]], baseline: str, leads: list[str], targets: list[str],
               reference: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per variant, lead and target: mean ± std over seeds (ddof 1) and the paired difference to
