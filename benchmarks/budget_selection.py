@@ -89,14 +89,21 @@ def select(studies: list[dict[str, Any]], metric: str, baseline: str,
     return out
 
 
-def _ms(v: dict[str, Any] | None) -> str:
+def _decimals(c: dict[str, Any]) -> int:
+    """Decimals that show a score to four significant figures (2 for Z500 CRPS near 20, 4 for T850 near 0.2)."""
+    means = [abs(v["chosen_score"]["mean"]) for v in c["arms"].values() if v["chosen_score"]["mean"]]
+    return max(2, 3 - int(np.floor(np.log10(float(np.median(means)))))) if means else 2
+
+
+def _ms(v: dict[str, Any] | None, nd: int) -> str:
     if not v or v.get("mean") is None:
         return ""
-    return f"{v['mean']:.2f}" + (f" ± {v['std']:.2f}" if v.get("std") is not None else "") + f" ({v['n']})"
+    return f"{v['mean']:.{nd}f}" + (f" ± {v['std']:.{nd}f}" if v.get("std") is not None else "") + f" ({v['n']})"
 
 
 def markdown(c: dict[str, Any]) -> str:
     b = c["budgets"]
+    nd = _decimals(c)
     lines = [f"# Step budget chosen on validation: {c['metric']}", "",
              f"Studies: {', '.join(f'`{n}`' for n in c['studies'])} ({', '.join(f'{x:,}' for x in b)} steps). For "
              "every arm and seed the budget with the lowest best validation loss; test score of that run, mean ± "
@@ -107,12 +114,12 @@ def markdown(c: dict[str, Any]) -> str:
         counts = {x: list(v["chosen_budget"].values()).count(x) for x in b}
         chosen = ", ".join(f"{x:,}×{counts[x]}" for x in b if counts[x])
         cost = "" if v["chosen_cost_step_units"] is None else f"{v['chosen_cost_step_units']:,.0f}"
-        lines.append(f"| {arm} | " + " | ".join(_ms(v["per_budget"][str(x)]) for x in b)
-                     + f" | {chosen} | {_ms(v['chosen_score'])} | {cost} |")
+        lines.append(f"| {arm} | " + " | ".join(_ms(v["per_budget"][str(x)], nd) for x in b)
+                     + f" | {chosen} | {_ms(v['chosen_score'], nd)} | {cost} |")
     lines += ["", "Paired differences of the chosen runs (first − second, same seed): mean [95 % Student-t interval, "
               "n − 1 dof] (n); **bold** where the interval excludes zero.", "", "| pair | difference |", "|---|---:|"]
     for p in c["pairs"]:
-        cell = f"{p['mean']:+.2f} [{p['lo']:+.2f}, {p['hi']:+.2f}] ({p['n']})"
+        cell = f"{p['mean']:+.{nd}f} [{p['lo']:+.{nd}f}, {p['hi']:+.{nd}f}] ({p['n']})"
         lines.append(f"| {p['first']} − {p['second']} | " + (f"**{cell}**" if p["excludes_zero"] else cell) + " |")
     return "\n".join(lines) + "\n"
 

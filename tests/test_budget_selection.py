@@ -47,6 +47,15 @@ def test_budget_chosen_on_validation_not_test() -> None:
     assert "| a |" in budget_selection.markdown(c)
 
 
+def test_scores_shown_to_four_significant_figures() -> None:
+    # T850 CRPS in K is near 0.2: two decimals would print every arm as 0.21 and every difference as +0.00
+    s = _study("x", 400, [("a", 0, 0.1, 0.21234), ("a", 1, 0.2, 0.20123), ("b", 0, 0.1, 0.22), ("b", 1, 0.1, 0.23)],
+               {})
+    md = budget_selection.markdown(budget_selection.select([s], "z@48h", baseline="b", pairs=[]))
+    assert "| 0.2068 ± 0.0079 (2) |" in md
+    assert "| a − b | -0.0182 [" in md
+
+
 def test_two_studies_of_one_budget_refused() -> None:
     s = _study("x", 400, [("a", 0, 0.1, 1.0)], {})
     with pytest.raises(SystemExit, match="400 steps"):
