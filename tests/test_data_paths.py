@@ -81,3 +81,46 @@ def test_a_store_made_from_other_sources_is_not_reused(tmp_path: Path) -> None:
     other = _gcm_file(tmp_path / "other.nc", 0.0)
     with pytest.raises(FileExistsError, match="with other data.sources"):
         ensure_store({**dcfg, "sources": [str(other)]})
+
+
+def test_shards_started_together_make_a_missing_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shards of one study start at once with no store yet: one writes it, the others wait for its lock
+    and reuse it (two writers would swap the store under each other's feet)."""
+    import threading
+
+    import pipelines.prepare
+    from smoeweather.training.stores import ensure_store
+
+    real_write_store = pipelines.prepare.write_store
+    writes: list[str] = []
+    started = threading.Barrier(2)
+
+    def counted_write_store(*args: object, **kwargs: object) -> object:
+        writes.append(str(args[1]))
+        return real_write_store(*args, **kwargs)
+
+    monkeypatch.setattr(pipelines.prepare, "write_store", counted_write_store)
+    src = _gcm_file(tmp_path / "gcm_5.625deg_year1.nc", 0.0)
+    dcfg = {"store": str(tmp_path / "made" / "store.zarr"), "sources": [str(src)], "statistics_years": [2001, 2001]}
+    results: list[str] = []
+
+    def shard() -> None:
+        started.wait()
+        results.append(ensure_store(dcfg))
+
+    threads = [threading.Thread(target=shard) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [dcfg["store"]] * 2
+    assert writes == [dcfg["store"]]
+
+
+def test_a_missing_store_with_no_recipe_is_an_error_that_writes_nothing(tmp_path: Path) -> None:
+    from smoeweather.training.stores import ensure_store
+
+    with pytest.raises(FileNotFoundError, match=r"store.zarr does not exist and the config has no data.world or "
+                                                r"data.sources"):
+        ensure_store({"store": str(tmp_path / "new" / "store.zarr")})
+    assert not (tmp_path / "new").exists()

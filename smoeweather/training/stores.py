@@ -10,19 +10,38 @@ from typing import Any
 import numpy as np
 import torch
 import xarray as xr
+from filelock import FileLock
 from torch.utils.data import Dataset, Subset
 
 from smoeweather.training.datamodule import SPLITS
 
 
 def ensure_store(dcfg: dict[str, Any]) -> str:
-    """Path of ``dcfg['store']``, creating it first when missing and ``world``/``sources`` say how."""
+    """Path of ``dcfg['store']``, creating it first when missing and ``world``/``sources`` say how.
+
+    Processes started together (the shards of one study) make a missing store once: the first takes a lock
+    file beside it and writes it, the others wait and then use it.
+    """
     store = Path(dcfg["store"])
-    if store.exists():
-        if dcfg.get("sources") and not dcfg.get("world"):
-            args = _source_args(dcfg)
-            _check_store_matches_sources(store, args, args["sources"])
-        return str(store)
+    if not store.exists() and not (dcfg.get("world") or dcfg.get("sources")):
+        raise FileNotFoundError(
+            f"data store {store} does not exist and the config has no data.world or "
+            "data.sources to create it (see `smoe data world` / `smoe data prepare`)"
+        )
+    if not store.exists():
+        store.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(store.parent / f".{store.name}.lock"):
+            if not store.exists():
+                _make_store(store, dcfg)
+                return str(store)
+    if dcfg.get("sources") and not dcfg.get("world"):
+        args = _source_args(dcfg)
+        _check_store_matches_sources(store, args, args["sources"])
+    return str(store)
+
+
+def _make_store(store: Path, dcfg: dict[str, Any]) -> None:
+    """Write ``store`` from ``dcfg['world']`` (a synthetic world) or ``dcfg['sources']`` (netCDF files)."""
     if dcfg.get("world"):
         from pipelines.world import generate_world
 
@@ -32,7 +51,7 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
         if world.get("train_years") is not None:
             world["train_years"] = tuple(world["train_years"])
         generate_world(store, progress=False, **world)
-    elif dcfg.get("sources"):
+    else:
         from pipelines.prepare import source_fingerprint, write_store
         from smoeweather.data.paths import check_data_files
 
@@ -63,12 +82,6 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
             progress=False,
             fingerprint={"source": source_fingerprint(files)},
         )
-    else:
-        raise FileNotFoundError(
-            f"data store {store} does not exist and the config has no data.world or "
-            "data.sources to create it (see `smoe data world` / `smoe data prepare`)"
-        )
-    return str(store)
 
 
 def _source_args(dcfg: dict[str, Any]) -> dict[str, Any]:
