@@ -326,3 +326,26 @@ def test_frontier_labels_do_not_overlap_in_a_crowded_plot() -> None:
         for b in boxes[i + 1:]:
             assert not a.overlaps(b), (a, b)
     plt.close(fig)
+
+
+def test_a_study_refuses_runs_scored_on_other_data(two_runs: tuple[dict, dict, Path], tmp_path: Path) -> None:
+    """A run trained and scored on another store (here: its reference scores 2 % off, as two GCM worlds are) is
+    not paired with the rest: writing the study names the run and says what to do."""
+    import shutil
+
+    from smoeweather.experiments.study import finished_records, write_study
+
+    _, _, out = two_runs
+    copy = tmp_path / "study"
+    shutil.copytree(out, copy)
+    study = load_study(next(out.parent.glob("tiny.yaml")))
+    write_study(study, finished_records(study, copy), copy)  # one dataset: fine
+    path = copy / "runs/unet_8_16/seed1/result.json"
+    record = json.loads(path.read_text())
+    method = next(iter(record["references"]))
+    lead = next(iter(record["references"][method]))
+    record["references"][method][lead]["geopotential_500"] *= 1.02
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"study tiny_frontier: run unet_8_16 seed 1 was scored on other data than "
+                                         r"run unet_4_8 seed 0 \(reference .*geopotential_500.*delete the runs"):
+        write_study(study, finished_records(study, copy), copy)

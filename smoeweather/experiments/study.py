@@ -736,8 +736,41 @@ def region_targets(runs: list[dict[str, Any]], leads: list[str], targets: list[s
     return [k for k in keys if runs and all(k in r["scores"].get(lead, {}) for r in runs for lead in leads)]
 
 
+def _leaves(tree: Any, prefix: str = "") -> dict[str, float]:
+    """{"a/b/c": number} of the numbers in nested dicts."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{prefix}{key}/").items()}
+    return {prefix.rstrip("/"): float(tree)} if isinstance(tree, int | float) else {}
+
+
+def check_one_dataset(name: str, records: list[dict[str, Any]], rtol: float = 1e-9) -> None:
+    """Raise when the runs of one study were scored on different data.
+
+    Every run records its reference scores (persistence, the raw ensemble, EMOS), which depend on the data only:
+    on one store they agree to the rounding of a float64 sum over the test block (relative 1e-15; ``rtol``
+    leaves room for a change of summation order), while two GCM worlds differ by percent. A run trained on
+    another store (``data.sources`` pointing elsewhere for one shard) would otherwise be paired with the rest.
+    """
+    runs = [(r, _leaves(r["references"])) for r in records if r.get("references")]
+    if not runs:
+        return
+    first, ref = runs[0]
+    for record, leaves in runs[1:]:
+        bad = [k for k in ref.keys() & leaves.keys()
+               if abs(leaves[k] - ref[k]) > rtol * max(abs(ref[k]), abs(leaves[k]))]
+        if bad:
+            k = sorted(bad)[0]
+            raise ValueError(
+                f"study {name}: run {record['variant']} seed {record['seed']} was scored on other data than run "
+                f"{first['variant']} seed {first['seed']} (reference {k}: {leaves[k]:.6g} against {ref[k]:.6g}). "
+                "The runs of one study must share one data store: delete the runs made on the other data "
+                "(runs/VARIANT/seedK under the study folder) and run them again")
+
+
 def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
-    """Assemble and atomically write ``study.json`` and ``study.md`` from finished run records."""
+    """Assemble and atomically write ``study.json`` and ``study.md`` from finished run records (all scored on
+    one dataset: :func:`check_one_dataset`)."""
+    check_one_dataset(study.name, records)
     leads = [f"{lead}h" for lead in study.leads_h]
     refs = next((r["references"] for r in records if r.get("references")), {})
     runs = [{k: r[k] for k in ("variant", "seed", "steps", "scores", "best_checkpoint", "scoring")}
