@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.experiments.study import run_score
+from smoeweather.experiments.study import reference_mismatch, run_score
 from smoeweather.metrics.significance import t_interval
 
 
@@ -41,6 +41,11 @@ def select(studies: list[dict[str, Any]], metric: str, baseline: str,
            pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """Per arm and seed, the budget with the lowest best validation loss; its test score and cost."""
     by_budget: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
+    for s in studies[1:]:  # one dataset: the budgets' runs are compared seed by seed
+        why = reference_mismatch(studies[0].get("references") or {}, s.get("references") or {})
+        if why:
+            raise SystemExit(f"studies {studies[0]['name']} and {s['name']} were scored on different data (reference "
+                             f"{why}): pass studies of one dataset")
     for s in studies:
         steps = int(s["steps"])
         if steps in by_budget:

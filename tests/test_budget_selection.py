@@ -74,3 +74,17 @@ def test_missing_metric_names_the_option(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(SystemExit, match="--metric t850@48h"):
         budget_selection.main()
     assert not out.exists()  # a failed selection writes nothing
+
+
+def test_studies_of_different_data_refused() -> None:
+    """Budgets are compared seed by seed, so their studies must score one dataset: reference scores 2 % apart
+    (two GCM worlds) are refused, a difference at float64 rounding is not."""
+    short = dict(_study("short", 400, [("a", 0, 0.1, 1.0)], {}),
+                 references={"persistence": {"48h": {"z": 891.8901077790248}}})
+    same = dict(_study("long", 1200, [("a", 0, 0.2, 1.0)], {}),
+                references={"persistence": {"48h": {"z": 891.8901077790248 * (1 + 1e-15)}}})
+    other = dict(same, references={"persistence": {"48h": {"z": 909.2739988857927}}})
+    budget_selection.select([short, same], "z@48h", baseline="a", pairs=[])
+    with pytest.raises(SystemExit, match=r"short and long were scored on different data \(reference "
+                                         r"persistence/48h/z: 909.274 against 891.89\)"):
+        budget_selection.select([short, other], "z@48h", baseline="a", pairs=[])

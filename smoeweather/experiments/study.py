@@ -743,28 +743,28 @@ def _leaves(tree: Any, prefix: str = "") -> dict[str, float]:
     return {prefix.rstrip("/"): float(tree)} if isinstance(tree, int | float) else {}
 
 
-def check_one_dataset(name: str, records: list[dict[str, Any]], rtol: float = 1e-9) -> None:
-    """Raise when the runs of one study were scored on different data.
+def reference_mismatch(a: dict[str, Any], b: dict[str, Any], rtol: float = 1e-9) -> str | None:
+    """The first reference score (``method/lead/target``) on which two runs' or studies' ``references`` differ
+    by more than ``rtol`` relative, or None. Reference scores (persistence, the raw ensemble, EMOS) depend on the
+    data only: on one store they agree to the rounding of a float64 sum over the test block (relative 1e-15;
+    ``rtol`` leaves room for a change of summation order), while two GCM worlds differ by percent."""
+    la, lb = _leaves(a), _leaves(b)
+    bad = sorted(k for k in la.keys() & lb.keys() if abs(la[k] - lb[k]) > rtol * max(abs(la[k]), abs(lb[k])))
+    return f"{bad[0]}: {lb[bad[0]]:.6g} against {la[bad[0]]:.6g}" if bad else None
 
-    Every run records its reference scores (persistence, the raw ensemble, EMOS), which depend on the data only:
-    on one store they agree to the rounding of a float64 sum over the test block (relative 1e-15; ``rtol``
-    leaves room for a change of summation order), while two GCM worlds differ by percent. A run trained on
-    another store (``data.sources`` pointing elsewhere for one shard) would otherwise be paired with the rest.
-    """
-    runs = [(r, _leaves(r["references"])) for r in records if r.get("references")]
-    if not runs:
-        return
-    first, ref = runs[0]
-    for record, leaves in runs[1:]:
-        bad = [k for k in ref.keys() & leaves.keys()
-               if abs(leaves[k] - ref[k]) > rtol * max(abs(ref[k]), abs(leaves[k]))]
-        if bad:
-            k = sorted(bad)[0]
+
+def check_one_dataset(name: str, records: list[dict[str, Any]]) -> None:
+    """Raise when the runs of one study were scored on different data (:func:`reference_mismatch`): a run trained
+    on another store (``data.sources`` pointing elsewhere for one shard) would otherwise be paired with the rest."""
+    runs = [r for r in records if r.get("references")]
+    for record in runs[1:]:
+        why = reference_mismatch(runs[0]["references"], record["references"])
+        if why:
             raise ValueError(
                 f"study {name}: run {record['variant']} seed {record['seed']} was scored on other data than run "
-                f"{first['variant']} seed {first['seed']} (reference {k}: {leaves[k]:.6g} against {ref[k]:.6g}). "
-                "The runs of one study must share one data store: delete the runs made on the other data "
-                "(runs/VARIANT/seedK under the study folder) and run them again")
+                f"{runs[0]['variant']} seed {runs[0]['seed']} (reference {why}). The runs of one study must "
+                "share one data store: delete the runs made on the other data (runs/VARIANT/seedK under the "
+                "study folder) and run them again")
 
 
 def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
