@@ -183,6 +183,29 @@ def test_bad_study_configs_are_clear_errors(tmp_path: Path, capsys: pytest.Captu
     assert "pairs must be a list of [variant, other variant]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("n_variants,n_shards", [(2, 2), (3, 2), (4, 2), (3, 3), (9, 2), (2, 4)])
+def test_shards_cover_the_grid_once_and_each_trains_every_arm(n_variants: int, n_shards: int) -> None:
+    """The shards partition the grid, give each process a share within one run per seed of the others', and
+    rotate over the arms: with two arms and two shards (every 2nd run in order would give shard 0 all of one
+    arm) each shard trains both arms, on alternating seeds."""
+    from types import SimpleNamespace
+
+    from smoeweather.experiments.study import shard_runs
+
+    study = SimpleNamespace(seeds=[0, 1, 2, 3, 4], variants=[f"arm{v}" for v in range(n_variants)])
+    shares = [shard_runs(study, k, n_shards) for k in range(n_shards)]
+    grid = [(s, v) for s in study.seeds for v in study.variants]
+    assert sorted(r for share in shares for r in share) == sorted(grid)  # every run exactly once
+    for share in shares:
+        assert share == [r for r in grid if r in share]  # seed-major within a shard
+        for seed in study.seeds:
+            assert len([r for r in share if r[0] == seed]) in {n_variants // n_shards, -(-n_variants // n_shards)}
+        if len(study.seeds) >= n_shards and n_variants >= n_shards:
+            assert {v for _, v in share} == set(study.variants)
+    if (n_variants, n_shards) == (2, 2):
+        assert shares[0] == [(0, "arm0"), (1, "arm1"), (2, "arm0"), (3, "arm1"), (4, "arm0")]
+
+
 @pytest.mark.parametrize("name", [p.stem for p in sorted((REPO / "configs/studies").glob("*.yaml"))])
 def test_committed_study_configs_resolve(name: str, tmp_path: Path) -> None:
     study = load_study(REPO / "configs/studies" / f"{name}.yaml")

@@ -17,8 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     study.add_argument("--config", required=True, type=Path, help="configs/studies/<name>.yaml")
     study.add_argument("--out", required=True, type=Path, help="study directory (runs/, study.json, study.md)")
     study.add_argument("--shard", default="0/1", metavar="K/N",
-                       help="run only every N-th run starting at K (start N processes K = 0..N-1 to run a grid in "
-                            "parallel; each rewrites the summary from all finished runs); default 0/1")
+                       help="run only shard K of N (start N processes K = 0..N-1 to run a grid in parallel; "
+                            "each trains every arm for some seeds and rewrites the summary from all finished runs); "
+                            "default 0/1")
     study.add_argument("--cost-only", action="store_true",
                        help="only measure the arms' cost (parameters, training-step FLOPs, step and inference time "
                             "as a ratio to the reference arm) into DIR/cost.json; run it on a quiet machine")

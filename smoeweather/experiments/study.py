@@ -630,14 +630,23 @@ def _routing_at(trainer: Any, checkpoint: str) -> dict[str, dict[str, float]]:
     return routing_summary(callback.history, int(match.group(1)) if match else None)
 
 
+def shard_runs(study: StudyConfig, k: int, n: int) -> list[tuple[int, Variant]]:
+    """The (seed, variant) runs of shard ``k`` of ``n``, seed-major: variant ``v`` of the ``s``-th seed goes to
+    shard (s + v) mod n. The shards rotate over the variants from seed to seed, so each shard trains every arm
+    (its share of the time is balanced when arms differ in cost, and a lost shard leaves no arm without runs),
+    where every n-th run in order would give one shard all runs of one arm whenever n divides the arm count."""
+    return [(seed, variant) for s, seed in enumerate(study.seeds) for v, variant in enumerate(study.variants)
+            if (s + v) % n == k]
+
+
 def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] | None = None,
               log: Callable[[str], None] = print, shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) of ``study`` and write ``out/study.{json,md}``.
 
     Runs go seed-major (all variants of seed 0 first), so a half-finished grid already holds paired runs.
-    ``shard`` (k, n): this process runs only the runs whose position in that order is k modulo n, so n
-    processes (one per core or GPU share) run the grid at once; the summary is rebuilt from every finished
-    run found on disk, whichever process ran it. A single process (n = 1) first measures the arms' cost
+    ``shard`` (k, n): this process runs only its share of that order (:func:`shard_runs`), so n processes (one
+    per core or GPU share) run the grid at once; the summary is rebuilt from every finished run found on disk,
+    whichever process ran it. A single process (n = 1) first measures the arms' cost
     (:func:`measure_study_cost`, unless ``cost: false`` or ``cost.json`` exists); sharded grids measure it
     with ``smoe study --cost-only`` on a quiet machine. ``train_fn`` replaces :func:`smoeweather.training.run.train`.
     """
@@ -648,10 +657,7 @@ def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] 
     if n == 1 and study.cost is not None and not (out / "cost.json").is_file():
         measure_study_cost(study, out, log=log)  # one process: the machine is as quiet as it will be
     result: dict[str, Any] = {}
-    order = [(seed, variant) for seed in study.seeds for variant in study.variants]
-    for i, (seed, variant) in enumerate(order):
-        if i % n != k:
-            continue
+    for seed, variant in shard_runs(study, k, n):
         run_one(study, variant, seed, out, train_fn=train_fn, log=log)
         result = write_study(study, finished_records(study, out), out)
     return result or write_study(study, finished_records(study, out), out)
