@@ -23,12 +23,12 @@ def ensure_store(dcfg: dict[str, Any]) -> str:
     file beside it and writes it, the others wait and then use it.
     """
     store = Path(dcfg["store"])
-    if not store.exists() and not (dcfg.get("world") or dcfg.get("sources")):
-        raise FileNotFoundError(
-            f"data store {store} does not exist and the config has no data.world or "
-            "data.sources to create it (see `smoe data world` / `smoe data prepare`)"
-        )
     if not store.exists():
+        if not (dcfg.get("world") or dcfg.get("sources")):
+            raise FileNotFoundError(
+                f"data store {store} does not exist and the config has no data.world or "
+                "data.sources to create it (see `smoe data world` / `smoe data prepare`)"
+            )
         store.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(store.parent / f".{store.name}.lock"):
             if not store.exists():
