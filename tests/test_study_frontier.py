@@ -110,7 +110,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path
 
 
 def test_a_rerun_gives_bit_identical_scores_and_records_its_environment(two_runs: tuple[dict, dict, Path]) -> None:
-    first, second, _ = two_runs
+    first, second, out = two_runs
     key = lambda r: (r["variant"], r["seed"])  # noqa: E731
     a = {key(r): (r["scores"], r["val_loss"]) for r in first["runs"]}
     b = {key(r): (r["scores"], r["val_loss"]) for r in second["runs"]}
@@ -118,6 +118,10 @@ def test_a_rerun_gives_bit_identical_scores_and_records_its_environment(two_runs
     assert len({r["scores"]["48h"]["geopotential_500"] for r in first["runs"]}) == 6  # the runs differ
     env = first["environment"]
     assert env["threads"] == 1 and env["cpu"] and env["code_version"]
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2 or AVX512
+    md = (out / "study.md").read_text()
+    assert f"CPU {env['cpu']} ({env['cpu_capability']})" in md  # the runs' machine
+    assert f"on {env['cpu']} {env['cpu_capability']}:" in md  # the cost measurement's machine
     assert first["lr_schedule"].startswith("cosine")
     assert not any(Path(v["config"]).is_absolute() for v in first["variants"].values())
     diff = first["summary"]["unet_8_16"]["geopotential_500@48h"]["diff_to_baseline"]

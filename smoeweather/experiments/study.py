@@ -257,10 +257,13 @@ def code_version() -> str:
 
 
 def environment(threads: dict[str, int]) -> dict[str, Any]:
-    """What a run's numbers depend on besides config and seed: threads, CPU, code and library versions."""
+    """What a run's numbers depend on besides config and seed: threads, CPU (model and the vector instruction set
+    torch's kernels use, e.g. AVX2 or AVX512: it moves step-time ratios between networks), code and library
+    versions."""
     import torch
 
-    return {**threads, "cpu": cpu_model(), "cpu_count": os.cpu_count(), "code_version": code_version(),
+    return {**threads, "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_count": os.cpu_count(), "code_version": code_version(),
             "torch": torch.__version__, "python": platform.python_version(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
@@ -437,7 +440,9 @@ def markdown(study: dict[str, Any]) -> str:
     env = {k: " / ".join(map(str, v)) if isinstance(v, list) else v
            for k, v in (study.get("environment") or {}).items()}
     run_env = (f"Runs: {env.get('threads', '?')} thread(s) each, learning-rate schedule "
-               f"{study.get('lr_schedule', 'config')}, CPU {env.get('cpu', '?')}, code {env.get('code_version', '?')}."
+               f"{study.get('lr_schedule', 'config')}, CPU {env.get('cpu', '?')}"
+               f"{' (' + str(env['cpu_capability']) + ')' if env.get('cpu_capability') else ''}, "
+               f"code {env.get('code_version', '?')}."
                if env else "")
     lines = [f"# Study {study['name']} ({study['steps']} optimizer steps per run)", "",
              *([study["label"], ""] if study.get("label") else []),
@@ -500,7 +505,10 @@ def markdown(study: dict[str, Any]) -> str:
             lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     cost = study.get("cost")
     if cost:
-        lines += ["", f"Cost of one training step per arm, measured in one process on {cost['threads']} thread(s): "
+        cenv = cost.get("environment") or {}
+        where = " on " + " ".join(str(cenv[k]) for k in ("cpu", "cpu_capability") if cenv.get(k)) if cenv else ""
+        lines += ["", f"Cost of one training step per arm, measured in one process on {cost['threads']} thread(s)"
+                  f"{where}: "
                   f"parameters, FLOPs ({cost['flops']}), and the time of a training step and of an inference as a "
                   f"ratio to `{cost['reference']}` (interleaved, median of {cost['rounds']} rounds).", "",
                   "| variant | family | parameters | train GFLOP | train step × | inference × |",
@@ -800,7 +808,7 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
     import json
 
     envs = [r["environment"] for r in runs if r.get("environment")]
-    keys = ("threads", "interop_threads", "cpu", "code_version", "torch")
+    keys = ("threads", "interop_threads", "cpu", "cpu_capability", "code_version", "torch")
     distinct = [dict(t) for t in dict.fromkeys(tuple((k, e.get(k)) for k in keys) for e in envs)]
     cost_path = out / "cost.json"
     families = {}
@@ -818,9 +826,10 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
         "lr_schedule": study.lr_schedule if study.lr_schedule == "config" else
         f"{study.lr_schedule} (warm-up {study.warmup_steps} steps, final lr × {study.min_lr_factor:g})",
         # what the runs recorded: one value per key when all runs agree, else the list of values (a shared
-        # checkout's code version moves with every commit; threads or CPU that differ break bit-for-bit equality)
+        # checkout's code version moves with every commit; threads or CPU that differ break bit-for-bit equality;
+        # a key a run did not record is left out here and kept as null in "environments")
         "environment": {k: vals[0] if len(vals) == 1 else vals
-                        for k in keys if (vals := list(dict.fromkeys(e[k] for e in distinct)))},
+                        for k in keys if (vals := list(dict.fromkeys(e[k] for e in distinct if e[k] is not None)))},
         "environments": distinct,
         "cost": json.loads(cost_path.read_text()) if cost_path.is_file() else None,
         "steps": study.steps,
