@@ -505,8 +505,8 @@ def markdown(study: dict[str, Any]) -> str:
             lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     cost = study.get("cost")
     if cost:
-        cenv = cost.get("environment") or {}
-        where = " on " + " ".join(str(cenv[k]) for k in ("cpu", "cpu_capability") if cenv.get(k)) if cenv else ""
+        machine = [str(v) for k in ("cpu", "cpu_capability") if (v := (cost.get("environment") or {}).get(k))]
+        where = " on " + " ".join(machine) if machine else ""
         lines += ["", f"Cost of one training step per arm, measured in one process on {cost['threads']} thread(s)"
                   f"{where}: "
                   f"parameters, FLOPs ({cost['flops']}), and the time of a training step and of an inference as a "
