@@ -1,0 +1,112 @@
+"""Refactors of the configuration keep outputs bit-identical: a tiny seeded train → forecast gives the same
+weights and forecast values, byte for byte, as before the typed configuration (digests recorded on the
+commit before it, torch 2.x on x86-64 CPU, 2 intra-op threads; another torch build or CPU may round
+differently, so the digests are only compared where they were recorded)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.prepare import write_store
+from pipelines.world import simulate_world
+from smoeweather.config import apply_overrides, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+DIGESTS = Path(__file__).with_name("config_digests.json")
+TRAINER = ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.strategy=auto", "trainer.max_epochs=1",
+           "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.max_time=null",
+           "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "trainer.precision=32-true",
+           "trainer.num_nodes=1", "trainer.deterministic=true"]
+WORLD = ["data.world=null", "data.sources=null", "data.train_years=null", "data.valid_years=null",
+         "data.test_years=null", "data.train_period=[2000-01-01, 2000-01-31T18:00]",
+         "data.valid_period=[2000-02-01, 2000-02-10]", "data.test_period=[2000-02-11, 2000-02-20]",
+         "data.variables=[geopotential_500, temperature_850]", "data.lead_h=null", "data.lead_choices_h=[24, 48]",
+         "data.batch_size=4", "data.num_workers=0", "model.width=8", "model.blocks=1"]
+CASES = {
+    "world_smoe_all_prior": ("weatherbench/world_smoe_all_prior.yaml", []),
+    "gcm_e3": ("weatherbench/gcm_e3.yaml", ["model.smoe.experts_factor=8", "model.members=2"]),
+    "heat_smoe": ("heat/smoe.yaml", ["data.batch_size=4"]),
+}
+
+
+def _machine() -> str:
+    return f"torch {torch.__version__.split('+')[0]} {platform.machine()} threads {torch.get_num_threads()}"
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def make_stores(root: Path) -> dict[str, str]:
+    """A 60-day world store and a tiny heat store under ``root``."""
+    from pipelines.heat_diffusion import generate
+
+    world = root / "world.zarr"
+    write_store(lambda: simulate_world((2000, 2000), seed=0, n_steps=240), world, args={"test": "world"},
+                train_years=None, source="test", time_chunk=8, scheduler="synchronous", progress=False)
+    heat = root / "heat.zarr"
+    generate(heat, runs=4, val_runs=2, test_runs=2, steps=6, size=16, seed=0, progress=False)
+    return {"world": str(world), "heat": str(heat)}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_stores(tmp_path_factory.mktemp("bit"))
+
+
+def run_case(name: str, stores: dict[str, str], out: Path) -> dict[str, str]:
+    """Train the tiny ``name`` and forecast with it; digests of the weights and the forecast values."""
+    from smoeweather.training.run import train
+
+    config, extra = CASES[name]
+    cfg = load_config(REPO / "configs" / config)
+    common = [f"output_dir={out}", *TRAINER]
+    if cfg["task"] == "heat":
+        overrides = [*common, f"data.store={stores['heat']}", *extra]
+    else:
+        overrides = [*common, f"data.store={stores['world']}", *WORLD, *extra]
+    result = train(apply_overrides(cfg, overrides))
+    state = result.module.model.state_dict()
+    weights = _digest(*(state[k].detach().cpu().numpy() for k in sorted(state)))
+    digests = {"weights": weights}
+    if cfg["task"] != "heat":
+        from smoeweather.forecast import make_forecast
+
+        ds = make_forecast(stores["world"], (np.datetime64("2000-02-12"), np.datetime64("2000-02-13")),
+                           every="24h", leads_h=(24,), checkpoint=result.last_checkpoint, progress=False)
+        digests["forecast"] = _digest(*(ds[v].values for v in sorted(ds.data_vars)))
+    return digests
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tiny_train_and_forecast_are_bit_identical(name: str, stores: dict[str, str], tmp_path: Path) -> None:
+    recorded = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}
+    got = run_case(name, stores, tmp_path / name)
+    if recorded.get("machine") != _machine() or name not in recorded.get("cases", {}):
+        pytest.skip(f"digests recorded on {recorded.get('machine')!r}, this is {_machine()!r}: got {got}")
+    assert got == recorded["cases"][name]
+
+
+if __name__ == "__main__":  # record the digests: python tests/test_config_bit_identical.py
+    import tempfile
+
+    torch.set_num_threads(2)
+
+    s = make_stores(Path(tempfile.mkdtemp(prefix="bit")))
+    cases = {}
+    for case in sorted(CASES):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        cases[case] = run_case(case, s, Path(tempfile.mkdtemp(prefix=case)))
+    DIGESTS.write_text(json.dumps({"machine": _machine(), "cases": cases}, indent=1) + "\n")
+    print(DIGESTS.read_text())
