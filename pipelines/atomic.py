@@ -1,20 +1,60 @@
-"""Atomic writes: a failed or interrupted run never leaves a file or store that looks complete.
+"""Atomic, never-clobbering outputs: a failed, interrupted or concurrent run never leaves a file or store
+that looks complete, and never replaces an existing output unless asked to.
 
-``--overwrite`` never loses data either: the old target is renamed aside, the new one renamed into its
-place, and only then is the old one deleted. A crash between any two of these steps leaves either the
-old or the new target in place (and possibly a hidden ``.NAME.*.old`` sibling to remove by hand).
+API (every command that writes an output uses it; ``smoeweather.io`` re-exports it)::
+
+    check_output(path, overwrite)            # before computing: one-line OutputError / OutputExistsError
+    with atomic_output(path, overwrite, kind="dir") as tmp:   # kind="file": tmp is a path to create
+        ...write into tmp...                 # tmp = hidden ".NAME.PID-XXXX.staging" beside path
+    # committed here: renamed into place; the staging is removed on any error
+
+- refuses an existing ``path`` without ``overwrite`` with :class:`OutputExistsError` (a FileExistsError)
+  ``"PATH already exists (pass --overwrite to replace it)"``, on entry *and again at the commit*, under an
+  ``O_EXCL`` lock file ``.NAME.lock`` beside it and with a rename that cannot replace (Linux ``renameat2``
+  ``RENAME_NOREPLACE``, else a hard link for files): of two concurrent writers exactly one wins;
+- refuses an output under a file, or in a folder it cannot write to, with a one-line :class:`OutputError`
+  (a ValueError) naming the path, before anything is computed;
+- ``--overwrite`` never loses data either: the old output is renamed aside, the new one renamed in, and only
+  then is the old one deleted (:func:`replace_atomically`);
+- leftovers of killed runs beside ``path`` (``.NAME.PID-XXXX.staging``, ``.NAME.PID-XXXX.old``,
+  ``.NAME.PID.work``, ``.NAME.staging-PID``) whose process is dead are removed, with a one-line note on
+  stderr; those without a PID (older versions' ``.NAME.XXXX.tmp``) are named in the note for the user;
+- a folder the run created for the output is removed again when the run fails.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+try:  # POSIX: a kernel lock, released when its process dies (no stale lock after kill -9)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: the no-replace rename alone guards the commit
+    fcntl = None  # type: ignore[assignment]
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)(?:-[0-9a-f]+)?\.(?:staging|old|work)"
+                       r"|staging-(?P<pid0>\d+))$")  # ours; and the postprocess staging of older versions
+_LEGACY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{8}\.(?:tmp|old)$")  # tempfile names of older versions
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written: under a file, or in a folder without write permission."""
+
+
+class OutputExistsError(FileExistsError):
+    """An output exists and ``--overwrite`` was not given (also when another run created it meanwhile)."""
 
 
 def _remove(path: Path) -> None:
@@ -25,11 +65,169 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _sibling(target: Path, suffix: str) -> Path:
-    """A fresh, unused hidden sibling path of ``target`` (nothing is left at it)."""
-    path = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent))
-    path.rmdir()
-    return path
+def _sibling(target: Path, kind: str) -> Path:
+    """A fresh, unused hidden sibling ``.NAME.PID-RANDOM.KIND`` of ``target`` (nothing is created)."""
+    while True:
+        path = target.parent / f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.{kind}"
+        if not os.path.lexists(path):
+            return path
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a process of another user counts as alive)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_leftovers(target: str | Path) -> list[Path]:
+    """Remove the staging/old/work siblings of ``target`` left by killed runs (their PID is dead) and return
+    them; a one-line note on stderr names what was removed, and leftovers without a PID (older versions)."""
+    target = Path(target)
+    removed, named = [], []
+    if not target.parent.is_dir():
+        return removed
+    for path in target.parent.glob(f".{_glob_escape(target.name)}.*"):
+        m = _LEFTOVER.match(path.name)
+        if m and m["name"] == target.name and not _pid_alive(int(m["pid"] or m["pid0"])):
+            with contextlib.suppress(OSError):
+                _remove(path)
+                removed.append(path)
+        elif (m2 := _LEGACY.match(path.name)) and m2["name"] == target.name:
+            named.append(path)
+    if removed:
+        print(f"note: removed {len(removed)} leftover(s) of interrupted earlier runs beside {target}: "
+              f"{', '.join(p.name for p in removed)}", file=sys.stderr)
+    if named:
+        print(f"note: {', '.join(map(str, named))}: left by an interrupted run of an older version; "
+              "remove it by hand", file=sys.stderr)
+    return removed
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def check_output(target: str | Path, overwrite: bool = False) -> Path:
+    """Refuse, in one line naming the path, an output that exists (without ``overwrite``), lies under a file,
+    or lies in a folder this process cannot write to; clean the leftovers of killed runs beside it
+    (:func:`clean_leftovers`). Call it before computing; :func:`atomic_output` calls
+    it again, and checks existence once more at the commit."""
+    target = Path(target)
+    clean_leftovers(target)
+    if os.path.lexists(target) and not overwrite:
+        raise OutputExistsError(f"{target} already exists (pass --overwrite to replace it)")
+    ancestor = target.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        if ancestor.is_symlink():  # a dangling link: mkdir would fail
+            break
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise OutputError(f"{target}: cannot write under {ancestor}, which is a file, not a folder; "
+                          "choose an output path in a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputError(f"{target}: no permission to write in the folder {ancestor}; choose an output path in "
+                          "a writable folder, or make it writable")
+    return target
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; the folders it created, innermost first (to remove them again on failure)."""
+    missing = []
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except PermissionError as err:
+        raise OutputError(f"{folder}: no permission to create this output folder; choose an output path in a "
+                          "writable folder") from err
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # innermost first
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+@contextlib.contextmanager
+def _commit_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive kernel lock on ``.NAME.lock`` beside ``target`` (removed on release)."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    lock = target.parent / f".{target.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:  # the file we locked may have been unlinked by the previous holder: lock the current one
+                same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def _exists_error(target: Path) -> OutputExistsError:
+    return OutputExistsError(f"{target} already exists (another run wrote it while this one ran; pass "
+                             "--overwrite to replace it)")
+
+
+def _renameat2_noreplace(src: Path, dst: Path) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (Linux renameat2); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        raise _exists_error(dst)
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(src), None, str(dst))
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``; :class:`OutputExistsError` if ``dst`` exists, also one created concurrently."""
+    if _renameat2_noreplace(src, dst):
+        return
+    if src.is_file() and not src.is_symlink():
+        try:
+            os.link(src, dst)  # atomic: fails if dst exists
+        except FileExistsError:
+            raise _exists_error(dst) from None
+        except OSError:
+            pass  # no hard links here: fall through (the commit lock still serialises our writers)
+        else:
+            os.unlink(src)
+            return
+    if os.path.lexists(dst):
+        raise _exists_error(dst)
+    os.rename(src, dst)
 
 
 def replace_atomically(new: Path, target: Path) -> None:
@@ -38,37 +236,79 @@ def replace_atomically(new: Path, target: Path) -> None:
     If renaming ``new`` in fails, the old target is renamed back, so ``target`` always exists
     afterwards when it existed before.
     """
-    if not target.exists():
-        os.replace(new, target)
+    new, target = Path(new), Path(target)
+    with _commit_lock(target):
+        old = None
+        if os.path.lexists(target):
+            old = _sibling(target, "old")
+            os.replace(target, old)  # step 1: old aside
+        try:
+            os.replace(new, target)  # step 2: new into place
+        except BaseException:
+            if old is not None:
+                os.replace(old, target)  # undo step 1
+            raise
+    if old is not None:
+        _remove(old)  # step 3: only now is the old data gone
+
+
+def commit(tmp: Path, target: Path, overwrite: bool) -> None:
+    """Move the staged ``tmp`` onto ``target``: replacing it only with ``overwrite``, atomically either way."""
+    if overwrite:
+        replace_atomically(tmp, target)
         return
-    old = _sibling(target, ".old")
-    os.replace(target, old)  # step 1: old aside
+    with _commit_lock(target):
+        rename_noreplace(tmp, target)
+
+
+@contextlib.contextmanager
+def atomic_output(target: str | Path, overwrite: bool = False,
+                  kind: Literal["file", "dir"] = "file") -> Iterator[Path]:
+    """Yield a hidden staging path beside ``target``; move it onto ``target`` only if the block succeeds.
+
+    ``kind="dir"``: the staging folder exists (write files into it); ``"file"``: nothing exists at it yet (the
+    caller creates a file, or a directory such as a zarr store). Refuses an existing ``target`` without
+    ``overwrite`` (:class:`OutputExistsError`) on entry and at the commit; on any error the staging path and
+    the folders made for ``target`` are removed and ``target`` is untouched."""
+    target = check_output(target, overwrite)  # also cleans the leftovers of killed runs
+    created = _make_parents(target.parent)
+    tmp = _sibling(target, "staging")
+    if kind == "dir":
+        tmp.mkdir()
+    done = False
     try:
-        os.replace(new, target)  # step 2: new into place
-    except BaseException:
-        os.replace(old, target)  # undo step 1
-        raise
-    _remove(old)  # step 3: only now is the old data gone
+        yield tmp
+        commit(tmp, target, overwrite)
+        done = True
+    finally:
+        if os.path.lexists(tmp):
+            _remove(tmp)
+        if not done:
+            _remove_empty(created)
 
 
 @contextlib.contextmanager
 def atomic_path(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling path; move it onto ``target`` only if the block succeeds.
-
-    Works for files and directories (zarr stores). Raises FileExistsError when ``target`` exists and
-    ``overwrite`` is False. On error the temporary path is removed and ``target`` is untouched.
-    """
-    target = Path(target)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} already exists (pass --overwrite to replace it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(target, ".tmp")  # the caller creates a file or a directory here
-    try:
+    """:func:`atomic_output` with ``kind="file"`` (the caller creates a file or a directory at the path)."""
+    with atomic_output(target, overwrite, kind="file") as tmp:
         yield tmp
-        replace_atomically(tmp, target)
+
+
+@contextlib.contextmanager
+def work_dir(out: str | Path) -> Iterator[Path]:
+    """A scratch folder ``.NAME.PID.work`` beside ``out`` (workers on other hosts reach it too), removed
+    afterwards; one left by a killed run is removed by the next run's :func:`clean_leftovers`."""
+    out = Path(out)
+    clean_leftovers(out)
+    path = out.parent / f".{out.name}.{os.getpid()}.work"
+    shutil.rmtree(path, ignore_errors=True)
+    created = _make_parents(path.parent)
+    path.mkdir()
+    try:
+        yield path
     finally:
-        if tmp.exists():
-            _remove(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        _remove_empty(created)
 
 
 def write_json(path: str | Path, obj: Any) -> None:

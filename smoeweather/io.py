@@ -1,4 +1,6 @@
-"""Atomic writes for smoeweather outputs (checkpoints aside): re-exported from :mod:`pipelines.atomic`.
+"""Atomic, never-clobbering writes for smoeweather outputs (checkpoints aside): re-exported from
+:mod:`pipelines.atomic`, whose docstring describes the API (``check_output`` before computing, then
+``with atomic_output(path, overwrite, kind="dir"|"file") as tmp:``).
 
 The implementation lives in ``pipelines`` because data flows one way (pipelines → smoeweather):
 ``pipelines`` must stand alone, and ``smoeweather`` may import it, never the reverse.
@@ -6,6 +8,19 @@ The implementation lives in ``pipelines`` because data flows one way (pipelines 
 
 from __future__ import annotations
 
-from pipelines.atomic import atomic_path, replace_atomically, write_json, write_netcdf, write_text
+from pipelines.atomic import (
+    OutputError,
+    OutputExistsError,
+    atomic_output,
+    atomic_path,
+    check_output,
+    clean_leftovers,
+    replace_atomically,
+    work_dir,
+    write_json,
+    write_netcdf,
+    write_text,
+)
 
-__all__ = ["atomic_path", "replace_atomically", "write_json", "write_netcdf", "write_text"]
+__all__ = ["OutputError", "OutputExistsError", "atomic_output", "atomic_path", "check_output", "clean_leftovers",
+           "replace_atomically", "work_dir", "write_json", "write_netcdf", "write_text"]
