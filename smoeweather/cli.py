@@ -1,7 +1,8 @@
 """The ``smoe`` command: one verb per stage of the pipeline (``smoe --help`` lists them).
 
 Each verb lives in ``smoeweather/commands/<verb>.py``; this module only assembles the parser and turns
-the errors a user can cause (bad path, bad option, bad data) into one clear line and exit status 2.
+the errors a user can cause (bad path, bad option, bad data, a file it cannot read or a folder it cannot
+write) into one clear line and exit status 2; ``--debug`` (anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import difflib
 import importlib
 import re
 import sys
+import traceback
 from types import ModuleType
 
 from smoeweather import __version__
@@ -21,7 +23,9 @@ DESCRIPTION = (
     "store) -> train -> forecast -> evaluate -> postprocess -> plot; demo runs the whole chain on the embedded "
     "default world, study runs seeded comparisons. 'smoe VERB --help' lists a verb's options."
 )
-USER_ERRORS = (ValueError, FileExistsError, FileNotFoundError, KeyError, NotADirectoryError, IsADirectoryError)
+USER_ERRORS = (ValueError, FileExistsError, FileNotFoundError, KeyError, NotADirectoryError, IsADirectoryError,
+               PermissionError)
+DEBUG_FLAG = "--debug"
 _RST_LITERAL = re.compile(r"``([^`]+)``")
 
 
@@ -64,6 +68,8 @@ def _finish(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smoe", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"smoe (smoeweather) {__version__}")
+    parser.add_argument(DEBUG_FLAG, action="store_true",
+                        help="show the traceback of an error instead of its one-line message (also after the verb)")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in _verb_modules().values():
         module.add_parser(sub)
@@ -94,6 +100,25 @@ def _is_option(token: str) -> bool:
         return True
 
 
+def check_verbs(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Report a missing or misspelt verb (``smoe trian``, ``smoe data gcm-enz``) by name, with a "did you
+    mean", before any option of the line is looked at (argparse would blame the first option it does not know,
+    or say ``invalid choice`` / ``argument data_verb``)."""
+    tokens = iter(argv)
+    while (sub := _subcommands(parser)) is not None:
+        token = next((t for t in tokens if not _is_option(t)), None)
+        verbs = list(sub.choices)
+        if token is None or token == "--":
+            if any(t in ("-h", "--help", "--version") for t in argv):
+                return
+            parser.error(f"say what to do: one of {', '.join(verbs)} ('{parser.prog} --help' describes them)")
+        if token not in sub.choices:
+            close = difflib.get_close_matches(token, verbs, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else f"; expected one of {', '.join(verbs)}"
+            parser.error(f"unknown command {token!r}{hint}")
+        parser = sub.choices[token]
+
+
 def check_unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """Report an unknown option under the usage of the verb it was given to, with a "did you mean".
 
@@ -114,16 +139,46 @@ def check_unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> N
         target.error(f"unrecognized option {name}{hint}")
 
 
+def user_message(err: BaseException) -> str | None:
+    """The one-line message of an error a user caused, or None for a bug (which keeps its traceback).
+
+    An OSError with a file name (a truncated netCDF: HDF error, a full disk, a read-only file system) names
+    the file; an error text of several lines is joined into one."""
+    if isinstance(err, KeyError) and err.args:
+        text = str(err.args[0])
+    elif isinstance(err, USER_ERRORS):
+        text = str(err)
+        if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
+            text = f"{err.filename}: {err.strerror or text}"
+    elif isinstance(err, OSError) and err.filename is not None:
+        reason = err.strerror or str(err)
+        hint = " (truncated or corrupt?)" if "HDF" in reason or "NetCDF" in reason else ""
+        text = f"{err.filename}: {reason}{hint}"
+    else:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(lines) if lines else type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = DEBUG_FLAG in argv[: argv.index("--")] if "--" in argv else DEBUG_FLAG in argv
+    if debug:
+        argv.remove(DEBUG_FLAG)
     parser = build_parser()
+    check_verbs(parser, argv)
     check_unknown_options(parser, argv)
     args = parser.parse_args(argv)
     module = _verb_modules()[args.command]
     try:
         return int(module.run(args) or 0)
-    except USER_ERRORS as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    except Exception as err:
+        message = None if debug else user_message(err)
+        if message is None:
+            if not debug:
+                raise
+            traceback.print_exc()
+            return 2 if user_message(err) is not None else 1
         print(f"smoe {args.command}: error: {message}", file=sys.stderr)
         return 2
 
