@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,50 @@ class Block:
         return Block({**(self.keys or {}), **keys}, self.nullable)
 
 
+def unknown_key_message(path: str, valid: Iterable[str], where: str = "") -> str:
+    """``unknown config key 'model.widht' (did you mean 'width'?); valid keys under 'model': ...``."""
+    valid = sorted(str(k) for k in valid)
+    level = f"under {where!r}" if where else "at the top level"
+    close = difflib.get_close_matches(path.rsplit(".", 1)[-1], valid, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown config key {path!r}{hint}; valid keys {level}: {', '.join(valid)}"
+
+
+_BOUND_WORDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+_BOUND_TESTS: dict[str, Callable[[Any, Any], bool]] = {
+    "gt": lambda v, b: v > b, "ge": lambda v, b: v >= b, "lt": lambda v, b: v < b, "le": lambda v, b: v <= b}
+
+
+def check_bounds(path: str, value: Any, bounds: Mapping[str, Any], example: Any = None) -> None:
+    """ConfigError naming ``path`` when the number ``value`` breaks one of ``bounds`` (``gt``, ``ge``, ``lt``,
+    ``le``: bound), e.g. ``config key 'training.lr' must be > 0, got -1; set e.g. training.lr=0.001``.
+    Values that are not numbers (null, a list) are left to the type checks."""
+    if not _is_number(value):
+        return
+    broken = [k for k, b in bounds.items() if b is not None and not _BOUND_TESTS[k](value, b)]
+    if broken:
+        rule = " and ".join(f"{_BOUND_WORDS[k]} {b}" for k, b in bounds.items() if b is not None)
+        fix = f"; set e.g. {path}={example}" if example is not None else ""
+        raise ConfigError(f"config key {path!r} must be {rule}, got {value!r}{fix}")
+
+
+class Bounded:
+    """Schema spec of a number with bounds: ``Bounded((int,), ge=1, example=32)`` (types as in :class:`Block`,
+    bounds as in :func:`check_bounds`; ``example`` is the value the error message suggests)."""
+
+    def __init__(self, types: tuple[type, ...], example: Any = None, **bounds: Any) -> None:
+        unknown = set(bounds) - set(_BOUND_WORDS)
+        if unknown:
+            raise TypeError(f"unknown bounds {sorted(unknown)}; expected {sorted(_BOUND_WORDS)}")
+        self.types, self.example, self.bounds = types, example, bounds
+
+    def check(self, value: Any, path: str) -> None:
+        if not _type_ok(value, self.types):
+            expected = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in self.types)
+            raise ConfigError(f"config key {path!r} must be {expected}, got {type(value).__name__} {value!r}")
+        check_bounds(path, value, self.bounds, self.example)
+
+
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
     if object in types:
         return True
@@ -140,16 +185,11 @@ def validate(cfg: Any, schema: Block, where: str = "") -> None:
     for key, value in cfg.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in schema.keys:
-            level = f"under {where!r}" if where else "at the top level"
-            close = difflib.get_close_matches(str(key), list(schema.keys), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"unknown config key {path!r}{hint}; valid keys {level}: {', '.join(sorted(schema.keys))}"
-            )
+            raise ConfigError(unknown_key_message(path, schema.keys, where))
         spec = schema.keys[key]
         if isinstance(spec, Block):
             validate(value, spec, path)
-        elif isinstance(spec, Arguments):
+        elif hasattr(spec, "check"):  # Arguments, Bounded, SettingSpec
             spec.check(value, path)
         elif not _type_ok(value, spec):
             expected = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in spec)
@@ -327,3 +367,84 @@ class Arguments:
         for fn, values, suffix in self.targets(value):
             if isinstance(values, dict):
                 check_arguments(fn, values, f"{where}{suffix}")
+
+
+# ---- typed settings: a dataclass per block, each default and bound in its field -----------------------
+def setting(default: Any = dataclasses.MISSING, *, example: Any = None, doc: str = "", **bounds: Any) -> Any:
+    """A dataclass field of a typed config block: its default (the ONE place it is set), bounds (``gt``,
+    ``ge``, ``lt``, ``le``, checked by :func:`parse_settings`) and a one-line ``doc``. Mutable defaults
+    (lists, mappings) are copied per instance."""
+    unknown = set(bounds) - set(_BOUND_WORDS)
+    if unknown:
+        raise TypeError(f"unknown bounds {sorted(unknown)}; expected {sorted(_BOUND_WORDS)}")
+    metadata = {"bounds": bounds, "example": example, "doc": doc}
+    if isinstance(default, list | dict):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+class SettingSpec:
+    """Schema spec (for a :class:`Block`) of one field of a typed settings dataclass: its type hint and
+    bounds, so a block mixing typed and task-specific keys checks both the same way."""
+
+    def __init__(self, cls: type[Any], name: str) -> None:
+        import typing
+
+        self.field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        self.hint = typing.get_type_hints(cls)[name]
+
+    def check(self, value: Any, path: str) -> None:
+        example = self.field.metadata.get("example")
+        if example is None and self.field.default is not dataclasses.MISSING:
+            example = self.field.default
+        if _check_hint(value, self.hint) is False:
+            fix = f"; set e.g. {path}={example}" if example is not None else ""
+            raise ConfigError(f"config key {path!r} must be {describe_hint(self.hint)}, got "
+                              f"{type(value).__name__} {value!r}{fix}")
+        check_bounds(path, value, self.field.metadata.get("bounds", {}), example)
+
+
+def settings_specs(cls: type[Any], names: Iterable[str] | None = None) -> dict[str, SettingSpec]:
+    """``{key: SettingSpec}`` of the fields of the settings dataclass ``cls`` (all, or ``names``)."""
+    keys = [f.name for f in dataclasses.fields(cls) if f.init] if names is None else list(names)
+    return {k: SettingSpec(cls, k) for k in keys}
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """YAML spellings to the hint's type: an int where a float is wanted becomes that float (``lr: 1``)."""
+    import types
+    import typing
+
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if float in args and int not in args and _is_number(value):
+            return float(value)
+        return value
+    return float(value) if hint is float and _is_number(value) else value
+
+
+def parse_settings(cls: type[Any], values: Mapping[str, Any] | None, where: str) -> Any:
+    """An instance of the dataclass ``cls`` from the config block ``values`` at dotted path ``where``,
+    validated: an unknown key (with did-you-mean), a value of the wrong type or out of its field's bounds is
+    a ConfigError naming the key, what was expected and a value that fits. Missing keys take the field
+    defaults; null ``values`` is an empty block."""
+    import typing
+
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where} must be a mapping, got {type(values).__name__} {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        path = f"{where}.{key}"
+        if key not in fields:
+            raise ConfigError(unknown_key_message(path, fields, where))
+        SettingSpec(cls, key).check(value, path)
+        kwargs[key] = _coerce(value, hints[key])
+    missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where} lacks the key(s) {', '.join(missing)}")
+    return cls(**kwargs)

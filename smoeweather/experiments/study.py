@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from smoeweather.config import ConfigError, apply_overrides, load_config
+from smoeweather.config import Block, Bounded, ConfigError, apply_overrides, load_config, validate
 from smoeweather.io import write_json, write_text
 from smoeweather.metrics.significance import t_interval
 
@@ -135,14 +135,44 @@ class StudyConfig:
         return apply_overrides(cfg, [*EQUAL_STEPS_OVERRIDES, *budget, f"seed={seed}", f"output_dir={out}"])
 
 
+STUDY_SCHEMA = Block({
+    "name": (str,), "label": (str, type(None)),
+    "seeds": (list,), "steps": Bounded((int,), example=1000, ge=1),
+    "val_every_steps": Bounded((int, type(None)), example=500, ge=1),
+    "baseline": (str,), "reference_baseline": (str, type(None)), "pairs": (list, type(None)),
+    "leads_h": (list,), "targets": (list,), "overrides": (list, type(None)),
+    "scoring": (str,), "threads": Bounded((int,), example=1, ge=1),
+    "lr_schedule": (str,), "warmup_steps": Bounded((int,), example=0, ge=0),
+    "min_lr_factor": Bounded((float,), example=0.0, ge=0, le=1),
+    "cost": (bool, dict, type(None)),
+    "variants": (dict,),
+})
+"""Keys of a study file (see the module docstring): an unknown key (with did-you-mean), a wrong type or a
+number out of bounds is an error naming the key, before anything runs."""
+VARIANT_SCHEMA = Block({"config": (str,), "overrides": (list, type(None)), "family": (str, type(None))})
+
+
+def _check_study_keys(raw: Any, path: Path) -> None:
+    """ConfigError naming the study file and the key (:data:`STUDY_SCHEMA`, :data:`VARIANT_SCHEMA`)."""
+    try:
+        validate(raw, STUDY_SCHEMA)
+        for name, spec in (raw.get("variants") or {}).items():
+            validate(spec, VARIANT_SCHEMA, f"variants.{name}")
+    except ConfigError as err:
+        raise ConfigError(f"study config {path}: {err}") from None
+
+
 def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StudyConfig:
-    """Parse a study YAML file; ``overrides`` (``key=value``) apply to the study file itself (e.g. ``steps=10``)."""
+    """Parse a study YAML file; ``overrides`` (``key=value``) apply to the study file itself (e.g. ``steps=10``).
+    The study's keys and every variant's training config (with the study's overrides) are checked in full
+    here, before anything runs."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"study config {path} does not exist")
     raw = apply_overrides(yaml.safe_load(path.read_text()) or {}, list(overrides))
     if not isinstance(raw, dict):
         raise ConfigError(f"study config {path} must hold a mapping")
+    _check_study_keys(raw, path)
     missing = [k for k in ("seeds", "steps", "variants", "baseline") if k not in raw]
     if missing:
         raise ConfigError(f"study config {path} lacks {missing}; expected seeds, steps, baseline, variants")
@@ -194,7 +224,7 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
             isinstance(p, list) and len(p) == 2 and p[0] in names and p[1] in names and p[0] != p[1] for p in pairs):
         raise ConfigError(f"study config {path}: pairs must be a list of [variant, other variant] (two distinct "
                           f"names of {names}), got {pairs!r}")
-    return StudyConfig(
+    study = StudyConfig(
         name=str(raw.get("name", path.stem)),
         path=path,
         seeds=seeds,
@@ -215,6 +245,20 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         label=None if raw.get("label") is None else str(raw["label"]),
         pairs=[(str(a), str(b)) for a, b in pairs],
     )
+    check_variant_configs(study)
+    return study
+
+
+def check_variant_configs(study: StudyConfig) -> None:
+    """ConfigError naming the study file and variant when a variant's training config (with the study's and
+    the variant's overrides) does not validate: a typo in a study override is refused before any run."""
+    from smoeweather.training.settings import TrainConfig
+
+    for variant in study.variants:
+        try:
+            TrainConfig.from_dict(study.run_config(variant, study.seeds[0], Path("study-check")))
+        except ConfigError as err:
+            raise ConfigError(f"study config {study.path}: variant {variant.name!r}: {err}") from None
 
 
 # ---- reproducibility -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ physical units through the :class:`~smoeweather.models.resnet.NormalizedModel` a
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -239,10 +240,15 @@ ENSEMBLE_KEYS: dict[str, set[str]] = {
 }
 
 
-def uses_land_sea_prior(cfg: dict[str, Any]) -> bool:
-    """Whether an ensemble model config needs the land-sea map (an SMoE with ``gate_prior: land_sea``)."""
+def uses_land_sea_prior(cfg: Mapping[str, Any]) -> bool:
+    """Whether the network of a ``model`` block needs a land-sea map to be built: SMoE layers whose gates are
+    initialised from it. The one answer for every weather network: ResNets and ensembles say so in
+    ``smoe.gate_prior`` (with ``smoe.placement`` not ``none``), the U-Net in ``gate_prior`` with ``smoe: true``.
+    A top-level ``gate_prior`` of a ResNet (which takes ``smoe.gate_prior``) is not a prior."""
     smoe = cfg.get("smoe")
-    return isinstance(smoe, dict) and smoe.get("gate_prior") == "land_sea" and smoe.get("placement") != "none"
+    if isinstance(smoe, Mapping):
+        return smoe.get("gate_prior") == "land_sea" and smoe.get("placement", "all") != "none"
+    return cfg.get("name") == "unet" and cfg.get("gate_prior") == "land_sea" and bool(smoe)
 
 
 def build_ensemble_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:

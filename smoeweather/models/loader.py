@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from smoeweather.models.checkpoint_io import read_checkpoint
+from smoeweather.models.ensemble import uses_land_sea_prior  # the one answer, for training and loading alike
 
 __all__ = ["CheckpointFormatError", "TrainedNetwork", "check_checkpoint", "load_network", "file_sha256",
            "canonical_task", "FORMAT_VERSION", "METADATA_KEY", "NETWORK_TASKS", "TASK_ALIASES"]
@@ -107,15 +108,6 @@ def complete_model_config(mcfg: Mapping[str, Any], in_channels: int, out_channel
     out.setdefault("out_channels", int(out_channels))
     out.setdefault("grid", [int(g) for g in grid])
     return out
-
-
-def uses_land_sea_prior(mcfg: Mapping[str, Any]) -> bool:
-    """Whether the network of a ``model`` block needs a land-sea map to be built (ResNet ``smoe.gate_prior``,
-    SMoE U-Net ``gate_prior``)."""
-    smoe = mcfg.get("smoe")
-    if isinstance(smoe, dict):
-        return smoe.get("gate_prior") == "land_sea" and smoe.get("placement") != "none"
-    return mcfg.get("gate_prior") == "land_sea" and bool(smoe)
 
 
 def forecast_network(meta: Mapping[str, Any]) -> nn.Module:

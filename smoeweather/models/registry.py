@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from smoeweather.models.ensemble import ENSEMBLE_MODELS, build_ensemble_model
+from smoeweather.models.ensemble import ENSEMBLE_KEYS, ENSEMBLE_MODELS, build_ensemble_model
 from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
 from smoeweather.models.unet import PostprocessingUNet
 
@@ -52,6 +53,67 @@ def model_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
     if name == "unet":
         return [(PostprocessingUNet, cfg, ""), (SpatialMoE2d, cfg.get("smoe_kwargs"), ".smoe_kwargs")]
     return []  # an unknown name is refused by build_weather_model
+
+
+MODEL_BOUNDS: dict[str, dict[str, Any]] = {
+    "width": {"ge": 1}, "blocks": {"ge": 0}, "members": {"ge": 1}, "experts_factor": {"ge": 1},
+    "dropout": {"ge": 0, "lt": 1}, "levels": {"ge": 1}, "lrlcn_rank": {"ge": 1}, "in_channels": {"ge": 1},
+    "out_channels": {"ge": 1}, "quantile": {"gt": 0, "lt": 1},
+}
+"""Bounds of the numeric ``model`` keys (and of the same keys in ``model.smoe``), checked before anything runs."""
+
+MODEL_EXAMPLES = {"width": 16, "blocks": 3, "members": 4, "experts_factor": 2, "dropout": 0.1, "levels": 3,
+                  "lrlcn_rank": 3, "in_channels": 4, "out_channels": 2, "quantile": 0.3}
+
+
+def parameters(fn: Any) -> set[str] | None:
+    """Keyword names ``fn`` accepts (a dataclass: its fields); None when it takes ``**kwargs``."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(fn):
+        return {f.name for f in dataclasses.fields(fn) if f.init}
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.name not in ("self", "land_sea_prior")}  # the map comes from the data
+
+
+def check_model_config(cfg: Any, where: str = "model", extra_keys: Mapping[str, set[str]] | None = None) -> None:
+    """ConfigError before anything is built for a weather ``model`` block with an unknown ``name``, an unknown
+    key at any level (with did-you-mean, like the top level) or a number out of bounds (:data:`MODEL_BOUNDS`).
+    ``extra_keys``: key suffix (``""``, ``".smoe"``) → further accepted keys (e.g. those of the constructors
+    the config type check passes the block to)."""
+    import difflib
+
+    from smoeweather.config import ConfigError, check_bounds, unknown_key_message
+    from smoeweather.nn.smoe import SpatialMoE2d
+
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(cfg).__name__} {cfg!r}")
+    name = cfg.get("name")
+    names = ("resnet", "unet", *ENSEMBLE_MODELS)
+    if name not in names:
+        close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"config key '{where}.name' must be one of {', '.join(names)}, got {name!r}{hint}")
+    allowed = ENSEMBLE_KEYS[name] if name in ENSEMBLE_MODELS else _RESNET_KEYS if name == "resnet" else _UNET_KEYS
+    blocks: list[tuple[dict[str, Any], set[str] | None, str]] = [(cfg, allowed | {"name"}, where)]
+    nested = cfg.get("smoe") if name != "unet" else None
+    if isinstance(nested, dict):
+        blocks.append((nested, parameters(SMoEPlacement), f"{where}.smoe"))
+        if isinstance(nested.get("layer_kwargs"), dict):
+            blocks.append((nested["layer_kwargs"], parameters(SpatialMoE2d), f"{where}.smoe.layer_kwargs"))
+    if name == "unet" and isinstance(cfg.get("smoe_kwargs"), dict):
+        blocks.append((cfg["smoe_kwargs"], parameters(SpatialMoE2d), f"{where}.smoe_kwargs"))
+    for block, keys, path in blocks:
+        if keys is not None:
+            keys = keys | (extra_keys or {}).get(path[len(where):], set())
+        for key, value in block.items():
+            if keys is not None and key not in keys:
+                raise ConfigError(unknown_key_message(f"{path}.{key}", keys, path))
+            if key in MODEL_BOUNDS and path in (where, f"{where}.smoe"):
+                check_bounds(f"{path}.{key}", value, MODEL_BOUNDS[key], MODEL_EXAMPLES.get(key))
 
 
 def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:

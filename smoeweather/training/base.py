@@ -14,6 +14,9 @@ from torch import nn
 from smoeweather.models.checkpoint_io import plain
 from smoeweather.models.loader import FORMAT_VERSION, METADATA_KEY, check_checkpoint
 from smoeweather.nn.smoe import SpatialMoE2d, rc_loss_value, set_loss_scale
+from smoeweather.training.settings import ROUTING_LOG_EVERY, TrainingSettings  # noqa: F401 - re-exported
+
+_DEFAULTS = TrainingSettings()  # the defaults of the ``training`` block, set once in TrainingSettings
 
 warnings.filterwarnings("ignore", message=r".*ReduceLROnPlateau conditioned on metric val_loss which is not "
                         r"available but strict is set to `False`.*")
@@ -24,11 +27,6 @@ def auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
     terms = [m.aux_loss for m in model.modules() if isinstance(getattr(m, "aux_loss", None), torch.Tensor)]
     return torch.stack([t.reshape(()) for t in terms]).sum() if terms else None
 
-
-ROUTING_LOG_EVERY = 10
-"""Default ``training.routing_log_every``: the logged per-batch routing values (RC loss, flagged share, label
-information) are read on every 10th training batch. Reading them costs a pass over every gate, 5–6 % of an
-SMoE-U-Net 16/32/64 ``smoe train`` step on one CPU thread (benchmarks/postprocess_train_loop.py)."""
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 """``training.optimizer`` choices."""
@@ -95,18 +93,18 @@ class SMoETrainingModule(MetadataCheckpointMixin, L.LightningModule):
     def __init__(
         self,
         model: nn.Module,
-        lr: float = 1e-3,
-        plateau_factor: float = 0.2,
-        plateau_patience: int = 2,
-        aux_weight: float = 0.01,
-        freeze_batchnorm: bool = False,
+        lr: float = _DEFAULTS.lr,
+        plateau_factor: float = _DEFAULTS.plateau_factor,
+        plateau_patience: int = _DEFAULTS.plateau_patience,
+        aux_weight: float = _DEFAULTS.aux_weight,
+        freeze_batchnorm: bool = _DEFAULTS.freeze_batchnorm,
         metadata: dict[str, Any] | None = None,
-        optimizer: str = "adam",
-        gate_lr_factor: float = 1.0,
-        routing_log_every: int = ROUTING_LOG_EVERY,
-        lr_schedule: str = "plateau",
-        warmup_steps: int = 0,
-        min_lr_factor: float = 0.0,
+        optimizer: str = _DEFAULTS.optimizer,
+        gate_lr_factor: float = _DEFAULTS.gate_lr_factor,
+        routing_log_every: int = _DEFAULTS.routing_log_every,
+        lr_schedule: str = _DEFAULTS.lr_schedule,
+        warmup_steps: int = _DEFAULTS.warmup_steps,
+        min_lr_factor: float = _DEFAULTS.min_lr_factor,
     ) -> None:
         super().__init__()
         if lr_schedule not in LR_SCHEDULES:

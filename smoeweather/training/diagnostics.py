@@ -152,8 +152,9 @@ def order_variety(ranked: torch.Tensor, prior: torch.Tensor | None = None) -> fl
 def _prior_from_config(pl_module: L.LightningModule) -> torch.Tensor | None:
     """The land-sea category map of a weatherbench run whose config asks for the land-sea gate prior."""
     cfg = getattr(pl_module, "metadata", {}).get("config") or {}
-    smoe = (cfg.get("model") or {}).get("smoe")
-    if not (isinstance(smoe, dict) and smoe.get("gate_prior") == "land_sea"):
+    from smoeweather.models.ensemble import uses_land_sea_prior
+
+    if cfg.get("task") != "weatherbench" or not uses_land_sea_prior(cfg.get("model") or {}):
         return None
     store = (cfg.get("data") or {}).get("store")
     if store is None:

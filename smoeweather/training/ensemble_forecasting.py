@@ -12,6 +12,7 @@ also logged: ``val_crps`` (fair CRPS, or the Gaussian CRPS) and ``val_rmse_<targ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,18 +23,20 @@ from smoeweather.models.resnet import NormalizedModel
 from smoeweather.training.ensemble_losses import ENSEMBLE_LOSSES, ensemble_crps, ensemble_loss, gaussian_crps_loss
 from smoeweather.training.forecasting import ForecastingModule
 from smoeweather.training.losses import lat_weighted_mse
+from smoeweather.training.settings import training_settings
 
 DEFAULT_LOSS = {"e3": "mse", "deep_ensemble": "mse", "gaussian": "gaussian_crps", "mc_dropout": "mse"}
 
 
-def loss_settings(cfg: dict[str, Any]) -> tuple[str, float]:
+def loss_settings(cfg: Mapping[str, Any]) -> tuple[str, float]:
     """(``training.loss``, ``training.crps_alpha``) of a config, defaults per model, checked against the model."""
     name = str(cfg["model"].get("name"))
-    t = cfg.get("training", {})
-    loss = str(t.get("loss") or DEFAULT_LOSS.get(name, "mse"))
-    # default α 0 (standard CRPS): the members of e3/deep_ensemble are distinct networks, not exchangeable draws,
-    # and a fair share lets them spread out at no cost (gcm_ensembles_cpu_600: α 0.95 spread/skill 2.4, α 0 1.1)
-    alpha = float(t.get("crps_alpha", 0.0))
+    t = training_settings(cfg)
+    loss = str(t.loss or DEFAULT_LOSS.get(name, "mse"))
+    # default α 0 (standard CRPS, TrainingSettings): the members of e3/deep_ensemble are distinct networks, not
+    # exchangeable draws, and a fair share lets them spread out (gcm_ensembles_cpu_600: α 0.95 spread/skill 2.4,
+    # α 0 1.1)
+    alpha = float(t.crps_alpha)
     if loss not in ENSEMBLE_LOSSES:
         raise ValueError(f"training.loss must be one of {', '.join(ENSEMBLE_LOSSES)}, got {loss!r}")
     if (loss == "gaussian_crps") != (name == "gaussian"):
@@ -94,14 +97,14 @@ class EnsembleForecastingModule(ForecastingModule):
             metric.update(value, weight=n)
 
 
-def build_forecasting_module(cfg: dict[str, Any], model: NormalizedModel, latitude: np.ndarray | list[float],
+def build_forecasting_module(cfg: Mapping[str, Any], model: NormalizedModel, latitude: np.ndarray | list[float],
                              target_names: list[str], **kwargs: Any) -> ForecastingModule:
     """The Lightning module of a weatherbench config: :class:`EnsembleForecastingModule` for an ensemble
     ``model.name``, else the deterministic :class:`ForecastingModule`."""
     kind = model_kind(cfg["model"])
     if kind == "deterministic":
-        if cfg.get("training", {}).get("loss") not in (None, "mse"):
-            raise ValueError(f"training.loss {cfg['training']['loss']!r} needs an ensemble model "
+        if training_settings(cfg).loss not in (None, "mse"):
+            raise ValueError(f"training.loss {training_settings(cfg).loss!r} needs an ensemble model "
                              "(model.name e3, deep_ensemble or gaussian); a deterministic model trains on mse")
         return ForecastingModule(model, latitude, target_names, **kwargs)
     loss, alpha = loss_settings(cfg)

@@ -20,10 +20,9 @@ the GCM world, merged along time) or ``data.generate`` (heat diffusion).
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from smoeweather.training.callbacks import (
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.init import init_weights
-from smoeweather.training.schema import validate_train_config
+from smoeweather.training.settings import TrainConfig
 from smoeweather.training.tasks import build
 
 
@@ -97,14 +96,14 @@ class TrainResult:
 
 
 def build_trainer(
-    cfg: dict[str, Any],
+    cfg: TrainConfig | Mapping[str, Any],
     output_dir: Path,
     batch_size_fn: Callable[[Any], int] | None = None,
     extra_callbacks: list[L.Callback] | None = None,
 ) -> L.Trainer:
-    """A Lightning Trainer from ``cfg['trainer']`` with best/last checkpoints, early stopping, per-batch
+    """A Lightning Trainer from ``cfg.trainer`` with best/last checkpoints, early stopping, per-batch
     reseeding, throughput logging and the resolved config file."""
-    t = cfg.get("training", {})
+    cfg = TrainConfig.from_dict(cfg)
     checkpoint = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
         filename="best-{epoch:03d}",
@@ -118,15 +117,15 @@ def build_trainer(
         LastCheckpoint(output_dir / "checkpoints"),
         # checked after each validation only: a fit that ends inside an epoch (trainer.max_steps) has no new
         # val_loss at that epoch's end, which crashed the default train-epoch-end check
-        EarlyStopping(monitor="val_loss", mode="min", patience=int(t.get("early_stopping_patience", 5)),
+        EarlyStopping(monitor="val_loss", mode="min", patience=cfg.training.early_stopping_patience,
                       check_on_train_epoch_end=False),
-        BatchSeed(int(cfg.get("seed", 0))),
+        BatchSeed(cfg.seed),
         SamplesPerSecond(batch_size_fn),
-        SaveResolvedConfig(cfg, output_dir),
+        SaveResolvedConfig(cfg.to_dict(), output_dir),
         RoutingDiagnostics(),
         *(extra_callbacks or []),
     ]
-    tcfg = {"enable_model_summary": False, **cfg.get("trainer", {})}
+    tcfg = {"enable_model_summary": False, **cfg.trainer}
     if "enable_progress_bar" not in tcfg and not interactive():  # piped: a line per epoch, not a redrawn bar
         tcfg["enable_progress_bar"] = False
         callbacks.append(EpochLines())
@@ -135,23 +134,76 @@ def build_trainer(
     )
 
 
+def _flat(block: Any, prefix: str) -> dict[str, Any]:
+    """``{"model.smoe.placement": "all", ...}`` of a nested mapping."""
+    if not isinstance(block, Mapping):
+        return {prefix: block}
+    out: dict[str, Any] = {}
+    for key, value in block.items():
+        out.update(_flat(value, f"{prefix}.{key}"))
+    return out
+
+
+RESUME_KEYS = ("model", "data.variables", "data.target_variables", "data.input_offsets_h", "data.lead_h",
+               "data.constants", "data.static", "data.leads_h")
+"""Config keys that shape the network: ``--resume`` refuses a config that changes one of them."""
+
+
+def check_resume_config(meta: Mapping[str, Any], cfg: TrainConfig, where: str) -> None:
+    """ValueError (one line) when ``cfg`` sets a key of :data:`RESUME_KEYS` that the checkpoint's own config
+    (``meta["config"]``) sets to another value, before anything is built."""
+    old = meta.get("config")
+    if not isinstance(old, Mapping):
+        return
+    if canonical_task(old.get("task"), where) != cfg.task:
+        raise ValueError(f"--resume {where} is a {old.get('task')!r} checkpoint, the config is task {cfg.task!r}: "
+                         "resume with the checkpoint's own config.yaml, or train afresh without --resume")
+    was, now = {k[1:]: v for k, v in _flat(old, "").items()}, {k[1:]: v for k, v in _flat(cfg.raw, "").items()}
+    for key in sorted(set(was) & set(now)):
+        if key.startswith(RESUME_KEYS) and was[key] != now[key]:
+            raise ValueError(f"--resume {where} was trained with {key}={was[key]!r}, the config says {now[key]!r}: "
+                             f"resume with the checkpoint's config (set {key}={was[key]!r}, or use its run's "
+                             "config.yaml), or train afresh without --resume")
+
+
+def check_resume_weights(checkpoint: Mapping[str, Any], module: L.LightningModule, where: str) -> None:
+    """ValueError (one line) naming the first weight whose name or shape differs between ``checkpoint`` and
+    the module built from the config (instead of Lightning's size-mismatch traceback)."""
+    saved = checkpoint.get("state_dict") or {}
+    built = module.state_dict()
+    fix = "resume with the checkpoint's own config.yaml, or train afresh without --resume"
+    for name in sorted(set(saved) | set(built)):
+        if name not in built or name not in saved:
+            side = "the checkpoint only" if name not in built else "the config's model only"
+            raise ValueError(f"--resume {where} does not fit the config: weight {name!r} is in {side}; {fix}")
+        have, want = tuple(saved[name].shape), tuple(built[name].shape)
+        if have != want:
+            raise ValueError(f"--resume {where} does not fit the config: weight {name!r} has shape {have} in the "
+                             f"checkpoint, {want} in the model built from the config; {fix}")
+
+
 def train(
-    cfg: dict[str, Any],
+    cfg: TrainConfig | Mapping[str, Any],
     init_from: str | Path | None = None,
     resume: str | Path | None = None,
     extra_callbacks: list[L.Callback] | None = None,
 ) -> TrainResult:
-    """Seed, build, optionally initialise from ``init_from``, and fit (resuming from ``resume``)."""
-    cfg = json.loads(json.dumps(cfg, default=str))  # plain types only (YAML dates → strings): safe to pickle
-    cfg["task"] = canonical_task(cfg.get("task"))  # `ens10` → `postprocess` (DeprecationWarning)
-    validate_train_config(cfg)  # unknown keys / wrong types: an error, not silently ignored
+    """Validate ``cfg`` in full, seed, build, optionally initialise from ``init_from``, and fit (resuming from
+    ``resume``)."""
+    cfg = TrainConfig.from_dict(cfg)  # unknown keys / wrong types / bounds: an error before anything runs
+    resumed = None
     for given in (init_from, resume):  # read as data before anything is built or written: a crafted file is
         if given is not None:  # refused here (UnsafeCheckpointError naming it) and no output directory appears
-            check_checkpoint(read_checkpoint(given), str(given))
-    seed = int(cfg.get("seed", 0))
-    L.seed_everything(seed, workers=True, verbose=False)
-    output_dir = Path(cfg.get("output_dir") or f"runs/{cfg.get('task')}")
+            checkpoint = read_checkpoint(given)
+            meta = check_checkpoint(checkpoint, str(given))
+            if given is resume:
+                check_resume_config(meta, cfg, str(given))
+                resumed = checkpoint
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    output_dir = cfg.run_dir
     data, module = build(cfg)
+    if resumed is not None:
+        check_resume_weights(resumed, module, str(resume))
     if init_from is not None:
         report = init_weights(module.model, init_from)
         module.metadata["init_from"] = str(init_from)

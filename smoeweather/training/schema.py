@@ -18,7 +18,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from smoeweather.config import Arguments, Block, ConfigError, validate
+from smoeweather.config import Arguments, Block, ConfigError, settings_specs, validate
+from smoeweather.training.settings import LoaderSettings, TrainingSettings
 
 NUM = (float,)  # an int is accepted where a float is (1e-3 and 1 alike)
 INT, BOOL, STR, LIST = (int,), (bool,), (str,), (list,)
@@ -36,28 +37,14 @@ def trainer_block() -> Block:
     return Block({name: (object,) for name in names if name not in SET_BY_SMOE_TRAIN})
 
 
-TRAINING = Block({
-    "lr": NUM,
-    "plateau_factor": NUM,
-    "plateau_patience": INT,
-    "lr_schedule": STR,  # base.LR_SCHEDULES: plateau (default) or cosine (warm-up + cosine decay to max_steps)
-    "warmup_steps": INT,  # cosine: linear warm-up over the first N optimizer steps
-    "min_lr_factor": NUM,  # cosine: the learning rate at the last step, as a fraction of lr
-    "early_stopping_patience": INT,
-    "aux_weight": NUM,
-    "freeze_batchnorm": BOOL,
-    "optimizer": STR,
-    "diagnose_error_scale": BOOL,  # smoeweather.training.diagnostics: measure dL/dy at SMoE layers
-    "gate_lr_factor": NUM,  # learning rate of the SMoE gates = lr × this (base.parameter_groups)
-    "routing_log_every": INT,  # per-batch routing values (train_rc, routing/*/rc_loss, ...) read every N batches
-    "loss": STR,  # ensemble models (smoeweather.training.ensemble_forecasting): mse, crps, gaussian_crps
-    "crps_alpha": NUM,  # almost-fair CRPS weight on the fair score (training.loss: crps)
-})
+TRAINING = Block(settings_specs(TrainingSettings))
+"""``training``: the fields of :class:`~smoeweather.training.settings.TrainingSettings` (types, bounds)."""
 
 SPLIT_KEYS: dict[str, Any] = {
     f"{split}_{kind}": (list, NULL) for split in ("train", "valid", "test") for kind in ("years", "period")
 }
-LOADER_KEYS: dict[str, Any] = {"batch_size": INT, "num_workers": INT}
+LOADER_KEYS: dict[str, Any] = settings_specs(LoaderSettings, LoaderSettings.KEYS)
+"""``data`` keys of every task's loader (:class:`~smoeweather.training.settings.LoaderSettings`)."""
 STORE_CREATION: dict[str, Any] = {
     "world": Block(None, nullable=True),  # pipelines.world.generate_world arguments
     "sources": (list, NULL),
@@ -76,8 +63,6 @@ WEATHERBENCH_DATA = Block({
     "constants": (list, NULL),
     "cache": (bool, str),  # smoeweather.data.cache: false, true or "auto"
     "cache_max_gb": (float, NULL),
-    "sampler": STR,  # smoeweather.data.sampling: "random" (default) or "time_blocks"
-    "block_size": (int, NULL),  # time_blocks: samples per block, dividing batch_size (default: batch_size)
     **SPLIT_KEYS,
     **LOADER_KEYS,
 })
@@ -174,6 +159,20 @@ MODEL_ARGUMENTS: dict[str, Arguments] = {
 }
 """task → the ``model`` block's :class:`~smoeweather.config.Arguments` (constructors chosen by ``model.name``)."""
 
+
+def _weather_model_keys(value: Any) -> None:
+    from smoeweather.models.registry import check_model_config, parameters
+
+    extra: dict[str, set[str]] = {}
+    for fn, values, suffix in MODEL_ARGUMENTS["weatherbench"].targets(value) if isinstance(value, dict) else []:
+        if fn is not None and isinstance(values, dict):
+            extra.setdefault(suffix, set()).update(parameters(fn) or ())
+    check_model_config(value, extra_keys=extra)
+
+
+MODEL_CHECKS: dict[str, Any] = {"weatherbench": _weather_model_keys, "postprocess": _weather_model_keys}
+"""task → check of its ``model`` block's keys (did-you-mean at every level) and bounds, before anything runs."""
+
 ARGUMENTS: dict[str, Arguments] = {
     "trainer": Arguments.of("lightning:Trainer", nullable=True),
     "data.world": Arguments.of("pipelines.world:generate_world", nullable=True),
@@ -193,6 +192,8 @@ def check_argument_types(cfg: dict[str, Any]) -> None:
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
             spec.check(node, path)
+    if cfg.get("task") in MODEL_CHECKS and cfg.get("model") is not None:
+        MODEL_CHECKS[cfg["task"]](cfg["model"])
 
 
 def validate_train_config(cfg: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ the config schema of each task lives in :mod:`smoeweather.training.schema`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,54 +17,44 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from smoeweather.models.loader import canonical_task, complete_model_config, uses_land_sea_prior
-from smoeweather.training.base import ROUTING_LOG_EVERY, SMoETrainingModule
+from smoeweather.models.loader import canonical_task, complete_model_config
+from smoeweather.training.base import SMoETrainingModule
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.init import NORMALISATION_BUFFERS
 from smoeweather.training.registry import register_task, task
 from smoeweather.training.regression import FieldRegressionModule
+from smoeweather.training.settings import TrainConfig, training_settings
 from smoeweather.training.stores import base_dataset, ensure_store, land_sea_mask, year_splits
 
 
-def module_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of a task's Lightning module from the config's ``training`` block."""
-    t = cfg.get("training", {})
-    return {
-        "lr": float(t.get("lr", 1e-3)),
-        "plateau_factor": float(t.get("plateau_factor", 0.2)),
-        "plateau_patience": int(t.get("plateau_patience", 2)),
-        "aux_weight": float(t.get("aux_weight", 0.01)),
-        "freeze_batchnorm": bool(t.get("freeze_batchnorm", False)),
-        "optimizer": str(t.get("optimizer", "adam")),
-        "gate_lr_factor": float(t.get("gate_lr_factor", 1.0)),
-        "routing_log_every": int(t.get("routing_log_every", ROUTING_LOG_EVERY)),
-        "lr_schedule": str(t.get("lr_schedule", "plateau")),
-        "warmup_steps": int(t.get("warmup_steps", 0)),
-        "min_lr_factor": float(t.get("min_lr_factor", 0.0)),
-    }
+def module_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of a task's Lightning module from the config's ``training`` block
+    (:meth:`TrainingSettings.module_kwargs`, defaults there)."""
+    return training_settings(cfg).module_kwargs()
 
 
 def _stats_metadata(model: nn.Module) -> dict[str, list[float]]:
     return {name: getattr(model, name).flatten().tolist() for name in NORMALISATION_BUFFERS}
 
 
-def _datamodule(cfg: dict[str, Any], splits: Callable[[], dict[str, Dataset]], default_batch: int,
+def _datamodule(cfg: TrainConfig, splits: Callable[[], dict[str, Dataset]], default_batch: int,
                 **kwargs: Any) -> SplitDataModule:
-    """The seeded train/valid/test data module every task uses (batch size and workers from ``cfg["data"]``)."""
-    dcfg = cfg["data"]
-    return SplitDataModule(splits, batch_size=dcfg.get("batch_size", default_batch), seed=cfg.get("seed", 0),
-                           num_workers=dcfg.get("num_workers", 0), sampler=dcfg.get("sampler"),
-                           block_size=dcfg.get("block_size"), **kwargs)
+    """The seeded train/valid/test data module every task uses (``cfg.loader``: batch size and workers)."""
+    loader = cfg.loader
+    batch = default_batch if loader.batch_size is None else loader.batch_size
+    return SplitDataModule(splits, batch_size=batch, seed=cfg.seed, num_workers=loader.num_workers,
+                           sampler=loader.sampler, block_size=loader.block_size, **kwargs)
 
 
-def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
+def build_weatherbench(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
     """WeatherBench-style forecasting: data module and :class:`ForecastingModule` from a config."""
     from smoeweather.data.weather import WeatherBenchDataset
     from smoeweather.models.registry import build_weather_model
     from smoeweather.training.ensemble_forecasting import build_forecasting_module
     from smoeweather.training.forecasting import normalized_model
 
-    dcfg = dict(cfg["data"])
+    cfg = TrainConfig.from_dict(config)
+    dcfg = dict(cfg.data)
     store = ensure_store(dcfg)
     keys = ("target_variables", "input_offsets_h", "lead_h", "lead_choices_h", "constants")
     kwargs = {k: dcfg[k] for k in keys if k in dcfg}
@@ -76,13 +66,13 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
 
     data = _datamodule(cfg, lambda: year_splits(dcfg, make), default_batch=32)
     train_ds = base_dataset(data.dataset("train"))
-    mcfg = complete_model_config(cfg["model"], len(train_ds.channel_names), len(train_ds.target_names),
+    mcfg = complete_model_config(cfg.model.to_dict(), len(train_ds.channel_names), len(train_ds.target_names),
                                  train_ds.grid)
-    prior = land_sea_mask(store) if uses_land_sea_prior(mcfg) else None
+    prior = land_sea_mask(store) if cfg.model.uses_land_sea_prior else None
     model = normalized_model(build_weather_model(mcfg, land_sea_prior=prior), train_ds)
     metadata = {
         "task": "weatherbench",
-        "config": cfg,
+        "config": cfg.to_dict(),
         "channel_names": train_ds.channel_names,
         "target_names": train_ds.target_names,
         "latitude": train_ds.latitude.tolist(),
@@ -90,12 +80,12 @@ def build_weatherbench(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETraini
         "normalisation": _stats_metadata(model),
     }
     module = build_forecasting_module(  # ForecastingModule, or the ensemble one for e3/deep_ensemble/gaussian
-        cfg, model, train_ds.latitude, train_ds.target_names, metadata=metadata, **module_kwargs(cfg)
+        cfg, model, train_ds.latitude, train_ds.target_names, metadata=metadata, **cfg.training.module_kwargs()
     )
     return data, module
 
 
-def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
+def build_postprocess(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
     """Ensemble post-processing (task ``postprocess``): data module and
     :class:`PostprocessingModule` from a config.
 
@@ -111,7 +101,8 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     from smoeweather.models.registry import build_weather_model
     from smoeweather.training.postprocessing import PostprocessingModule
 
-    dcfg = dict(cfg["data"])
+    cfg = TrainConfig.from_dict(config)
+    dcfg = dict(cfg.data)
     source = dcfg.get("source") or dcfg.get("store")
     if not source:
         raise ValueError("a postprocess config needs data.source (ensemble file(s) or store)")
@@ -142,19 +133,19 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
 
     data = _datamodule(cfg, splits, default_batch=8)
     static_names = list(dcfg.get("static") or [])
-    wants_prior = uses_land_sea_prior(cfg["model"])
+    wants_prior = cfg.model.uses_land_sea_prior
     file_static = [n for n in static_names if n != "latitude"] + (["land_sea_mask"] if wants_prior else [])
     file_static = list(dict.fromkeys(file_static))
     static = open_static(dcfg.get("constants") or source, file_static) if file_static else None
     channels, names = static_channels(static_names, static, train_ds.latitude, train_ds.longitude)
     prior = torch.as_tensor(static["land_sea_mask"].values, dtype=torch.float32) if wants_prior else None
-    mcfg = complete_model_config(cfg["model"], len(train_ds.channel_names) + len(names),
+    mcfg = complete_model_config(cfg.model.to_dict(), len(train_ds.channel_names) + len(names),
                                  2 * len(train_ds.target_names), train_ds.grid)
     net = build_weather_model(mcfg, land_sea_prior=prior)
     model = EnsemblePostprocessor(net, torch.from_numpy(channels), len(train_ds.target_names))
     metadata = {
-        "task": str(cfg.get("task", "postprocess")),
-        "config": cfg,
+        "task": cfg.task,
+        "config": cfg.to_dict(),
         "spec": spec.to_config(),
         "stats": {k: list(v) for k, v in train_ds.stats.items()},
         "channel_names": train_ds.channel_names + names,
@@ -167,17 +158,18 @@ def build_postprocess(cfg: dict[str, Any]) -> tuple[SplitDataModule, SMoETrainin
     }
     target_std = [train_ds.stats[n.split("@")[0]][1] for n in train_ds.target_names]
     module = PostprocessingModule(model, train_ds.target_names, target_std, metadata=metadata,
-                                  **module_kwargs(cfg))
+                                  **cfg.training.module_kwargs())
     return data, module
 
 
-def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
+def build_heat(config: Mapping[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
     """Heat diffusion (paper §3.1): data module and :class:`FieldRegressionModule` from a config."""
     from pipelines.heat_diffusion import generate
     from smoeweather.data.heat import batched_pairs, heat_splits
     from smoeweather.models.heat import build_heat_model
 
-    dcfg = dict(cfg["data"])
+    cfg = TrainConfig.from_dict(config)
+    dcfg = dict(cfg.data)
     store = Path(dcfg["store"])
     if not store.exists():
         if "generate" not in dcfg:
@@ -188,22 +180,9 @@ def build_heat(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]
     data = _datamodule(cfg, lambda: heat_splits(store, dcfg.get("max_runs")), default_batch=32,
                        collate_fn=batched_pairs)
     size = int(data.dataset("train").frames.shape[-1])
-    mcfg = dict(cfg.get("model", {}))
-    net = build_heat_model(mcfg.pop("name", "smoe"), size=size, **mcfg)
-    t = module_kwargs(cfg)
-    module = FieldRegressionModule(
-        net,
-        lr=t["lr"],
-        plateau_factor=t["plateau_factor"],
-        plateau_patience=t["plateau_patience"],
-        aux_weight=t["aux_weight"],
-        optimizer=t["optimizer"],
-        routing_log_every=t["routing_log_every"],
-        lr_schedule=t["lr_schedule"],
-        warmup_steps=t["warmup_steps"],
-        min_lr_factor=t["min_lr_factor"],
-        metadata={"task": "heat", "config": cfg},
-    )
+    net = build_heat_model(cfg.model.name or "smoe", size=size, **cfg.model.params)
+    module = FieldRegressionModule(net, metadata={"task": "heat", "config": cfg.to_dict()},
+                                   **cfg.training.module_kwargs())
     return data, module
 
 
@@ -233,8 +212,10 @@ register_task("postprocess", build_postprocess, _postprocessing_module)
 register_task("heat", build_heat)
 
 
-def build(cfg: dict[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
+def build(cfg: Mapping[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
     """(data module, Lightning module) for ``cfg['task']`` (a deprecated alias is replaced, with a warning)."""
+    if isinstance(cfg, TrainConfig):
+        return task(cfg.task).build(cfg)
     name = canonical_task(cfg.get("task"))
     cfg = dict(cfg, task=name) if name is not None else cfg
     return task(name).build(cfg)

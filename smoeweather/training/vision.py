@@ -9,19 +9,21 @@ on CIFAR), ``model`` (:func:`smoeweather.models.vision.build_vision_model`), ``t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.config import Block
-from smoeweather.training.base import ROUTING_LOG_EVERY, SMoETrainingModule
+from smoeweather.config import Block, settings_specs
+from smoeweather.training.base import SMoETrainingModule
 from smoeweather.training.registry import register_task
 from smoeweather.training.schema import common, register_task_schema
+from smoeweather.training.settings import LoaderSettings, TrainConfig
 
 VISION_DATA = Block({
-    "dataset": (str,), "path": (str, type(None)), "batch_size": (int,), "num_workers": (int,),
+    "dataset": (str,), "path": (str, type(None)), **settings_specs(LoaderSettings, ("batch_size", "num_workers")),
     "valid_fraction": (float,), "test_fraction": (float,), "max_train": (int, type(None)),
     "resize": (list, type(None)),
 })
@@ -94,31 +96,29 @@ class ClassificationModule(SMoETrainingModule):
         self._evaluate(batch, "test")
 
 
-def build_vision(cfg: dict[str, Any]) -> tuple[Any, ClassificationModule]:
+def build_vision(config: Mapping[str, Any]) -> tuple[Any, ClassificationModule]:
     """(SplitDataModule, ClassificationModule) for a ``task: vision`` config."""
     from smoeweather.data.images import load_images, standardise
     from smoeweather.models.vision import build_vision_model
     from smoeweather.training.datamodule import SplitDataModule
 
-    dcfg = dict(cfg.get("data", {}))
-    seed = int(cfg.get("seed", 0))
+    cfg = TrainConfig.from_dict(config)
+    dcfg = cfg.data
     splits = load_images(dcfg.get("dataset", "digits"), dcfg.get("path"), float(dcfg.get("valid_fraction", 0.1)),
-                         float(dcfg.get("test_fraction", 0.2)), seed, dcfg.get("max_train"))
+                         float(dcfg.get("test_fraction", 0.2)), cfg.seed, dcfg.get("max_train"))
     datasets, mean, std = standardise(splits)
     c, h, w = splits.shape
     resize = tuple(dcfg["resize"]) if dcfg.get("resize") else None
-    mcfg = dict(cfg.get("model", {}))
+    mcfg = cfg.model.to_dict()
     model = build_vision_model(mcfg, c, len(splits.classes), resize or (h, w))
-    data = SplitDataModule(lambda: datasets, batch_size=int(dcfg.get("batch_size", 64)), seed=seed,
-                           num_workers=int(dcfg.get("num_workers", 0)))
-    t = cfg.get("training", {})
-    metadata = {"task": "vision", "config": cfg, "classes": splits.classes, "source": splits.source,
+    batch = 64 if cfg.loader.batch_size is None else cfg.loader.batch_size
+    data = SplitDataModule(lambda: datasets, batch_size=batch, seed=cfg.seed, num_workers=cfg.loader.num_workers)
+    metadata = {"task": "vision", "config": cfg.to_dict(), "classes": splits.classes, "source": splits.source,
                 "normalisation": {"mean": mean.tolist(), "std": std.tolist()}}
-    module = ClassificationModule(
-        model, resize=resize, recluster_emoe=bool(mcfg.get("emoe")), lr=float(t.get("lr", 1e-3)),
-        plateau_factor=float(t.get("plateau_factor", 0.2)), plateau_patience=int(t.get("plateau_patience", 2)),
-        aux_weight=float(t.get("aux_weight", 0.01)), metadata=metadata,
-        routing_log_every=int(t.get("routing_log_every", ROUTING_LOG_EVERY)),
+    t = cfg.training.module_kwargs()
+    module = ClassificationModule(  # the vision task trains with Adam and ReduceLROnPlateau (schedule keys unused)
+        model, resize=resize, recluster_emoe=bool(mcfg.get("emoe")), metadata=metadata,
+        **{k: t[k] for k in ("lr", "plateau_factor", "plateau_patience", "aux_weight", "routing_log_every")},
     )
     return data, module
 
