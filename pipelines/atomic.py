@@ -7,6 +7,8 @@ API (every command that writes an output uses it; ``smoeweather.io`` re-exports 
     with atomic_output(path, overwrite, kind="dir") as tmp:   # kind="file": tmp is a path to create
         ...write into tmp...                 # tmp = hidden ".NAME.PID-XXXX.staging" beside path
     # committed here: renamed into place; the staging is removed on any error
+    with atomic_files(folder, overwrite) as tmp:   # files ADDED to a shared folder (plots): each refused if
+        ...write files into tmp...                 # it exists, all checked before any is moved in
 
 - refuses an existing ``path`` without ``overwrite`` with :class:`OutputExistsError` (a FileExistsError)
   ``"PATH already exists (pass --overwrite to replace it)"``, on entry *and again at the commit*, under an
@@ -279,6 +281,40 @@ def atomic_output(target: str | Path, overwrite: bool = False,
     try:
         yield tmp
         commit(tmp, target, overwrite)
+        done = True
+    finally:
+        if os.path.lexists(tmp):
+            _remove(tmp)
+        if not done:
+            _remove_empty(created)
+
+
+@contextlib.contextmanager
+def atomic_files(folder: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a hidden staging folder for files to add to the shared output ``folder`` (several commands may
+    write into one folder, e.g. ``smoe plot … --out maps``); when the block succeeds every staged file is moved
+    to the same relative path in ``folder``, under the commit lock. Without ``overwrite`` a file that exists
+    there already is refused (:class:`OutputExistsError` naming it) before any file is moved; on any error
+    nothing new is left in ``folder``."""
+    folder = check_output(folder, overwrite=True)  # the folder may exist: its files are checked at the commit
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"{folder} is a file; expected an output folder")
+    created = _make_parents(folder.parent)
+    tmp = _sibling(folder, "staging")
+    tmp.mkdir()
+    done = False
+    try:
+        yield tmp
+        files = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if not p.is_dir())
+        with _commit_lock(folder):
+            taken = [rel for rel in files if os.path.lexists(folder / rel)]
+            if taken and not overwrite:
+                raise OutputExistsError(f"{folder / taken[0]} already exists" + (
+                    f" (and {len(taken) - 1} more of this command's files)" if len(taken) > 1 else "")
+                    + " (pass --overwrite to replace it)")
+            for rel in files:
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp / rel, folder / rel)
         done = True
     finally:
         if os.path.lexists(tmp):

@@ -170,6 +170,8 @@ class GCM:
         self.torch = torch
         self.physics = physics
         self.truncation = truncation
+        if not (math.isfinite(dt_minutes) and dt_minutes > 0):
+            raise ValueError(f"--dt-minutes {dt_minutes:g}: expected a positive time step in minutes (e.g. 20)")
         self.dt_minutes = dt_minutes
         u = m["scales"].units
         self.specs = specs = m["units"].SimUnits.from_si()

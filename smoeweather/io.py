@@ -11,6 +11,7 @@ from __future__ import annotations
 from pipelines.atomic import (
     OutputError,
     OutputExistsError,
+    atomic_files,
     atomic_output,
     atomic_path,
     check_output,
@@ -22,5 +23,5 @@ from pipelines.atomic import (
     write_text,
 )
 
-__all__ = ["OutputError", "OutputExistsError", "atomic_output", "atomic_path", "check_output", "clean_leftovers",
-           "replace_atomically", "work_dir", "write_json", "write_netcdf", "write_text"]
+__all__ = ["OutputError", "OutputExistsError", "atomic_files", "atomic_output", "atomic_path", "check_output",
+           "clean_leftovers", "replace_atomically", "work_dir", "write_json", "write_netcdf", "write_text"]

@@ -106,9 +106,28 @@ def run(args: argparse.Namespace) -> int:
     return run_data_command(args)
 
 
+def check_gcm_args(args: argparse.Namespace) -> None:
+    """ValueError naming the option of a ``gcm-world`` / ``gcm-ens`` value that cannot run (checked before the
+    model is built or anything is written)."""
+    import math
+
+    dt = args.dt_minutes
+    if not (math.isfinite(dt) and dt > 0) or not math.isclose(round(360 / dt) * dt, 360):
+        raise ValueError(f"--dt-minutes {dt:g}: expected a positive time step in minutes that divides 6 hours "
+                         "(e.g. 20 or 30)")
+    positive = {"--days": args.days, "--years": getattr(args, "years", 1), "--members": getattr(args, "members", 1),
+                "--every-days": getattr(args, "every_days", 1), "--threads": args.threads}
+    for option, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{option} {value}: expected a positive number")
+    if args.spin_up_days is not None and not (math.isfinite(args.spin_up_days) and args.spin_up_days >= 0):
+        raise ValueError(f"--spin-up-days {args.spin_up_days:g}: expected a number of days >= 0")
+
+
 def _run_gcm(args: argparse.Namespace) -> int:
     import sys
 
+    check_gcm_args(args)
     try:
         from pipelines import gcm
 

@@ -20,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--every", default="12h", help="time between initialisations (default 12h)")
     p.add_argument("--lead", nargs="+", default=["72h", "120h"], help="lead times, e.g. 72h 120h (default)")
     p.add_argument("--out", required=True, type=Path, help="output store (.zarr) or netCDF (.nc)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--fields", nargs="+", default=None,
                    help="fields of a --method forecast (default geopotential_500 temperature_850)")
     p.add_argument("--climatology-from", type=Path, default=None,
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         every=args.every,
         leads_h=args.lead,
         out=args.out,
+        overwrite=args.overwrite,
         fields=args.fields,
         climatology_from=args.climatology_from,
         climatology_years=tuple(args.climatology_years) if args.climatology_years else None,

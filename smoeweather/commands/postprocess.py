@@ -71,7 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--batch-size", type=int, default=8, help="checkpoints: samples per network batch")
     add_scale_arguments(a, "apply")
 
-    c = verbs.add_parser("crossval", help="leave-one-year/month-out EMOS vs raw CRPS → DIR/crossval.{json,md}")
+    c = verbs.add_parser("crossval", parents=[common],
+                         help="leave-one-year/month-out EMOS vs raw CRPS → DIR/crossval.{json,md}")
     c.add_argument("--forecast", type=Path, nargs="+", required=True,
                    help="ensemble store(s) or forecast file(s) with their truth")
     c.add_argument("--truth", type=Path)
@@ -89,11 +90,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--every", default="24h", help="init spacing (default 24h)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--variables", nargs="+", help="fields, e.g. geopotential_500 (default Z500, T850)")
-
-
-def _table_options(args: argparse.Namespace) -> dict:
-    return {"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
-            "members": args.table_members}
 
 
 def _sibling(out: Path, suffix: str) -> Path:
@@ -114,16 +110,20 @@ def _synthetic(args: argparse.Namespace) -> int:
 
 
 def _crossval(args: argparse.Namespace) -> int:
+    import json
+
     from smoeweather.data import ensembles
-    from smoeweather.io import write_json, write_text
+    from smoeweather.io import atomic_output, check_output
     from smoeweather.postprocess.crossval import crossvalidate, markdown
 
+    check_output(args.out, args.overwrite)
     forecast = ensembles.open_ensemble(args.forecast, args.variables)
     truth = ensembles.truth_at_valid_times(forecast, ensembles.open_truth(args.truth, args.forecast))
     result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations,
                            source=" ".join(map(str, args.forecast)))
-    write_json(args.out / "crossval.json", result)
-    write_text(args.out / "crossval.md", markdown(result))
+    with atomic_output(args.out, args.overwrite, kind="dir") as tmp:  # the whole folder, never a part of it
+        (tmp / "crossval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+        (tmp / "crossval.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
@@ -131,7 +131,7 @@ def _crossval(args: argparse.Namespace) -> int:
 def _table_options(args: argparse.Namespace) -> dict[str, object]:
     """The site-table column options (``--table-*``) as :func:`smoeweather.data.sites.open_sites` takes them."""
     return {"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
-            "members": args.table_members}
+            "members": args.table_members, "units": args.units}
 
 
 def _drn_settings(args: argparse.Namespace) -> object:
@@ -185,6 +185,7 @@ def apply_model(args: argparse.Namespace) -> tuple[str, Path]:
 
 def _apply(args: argparse.Namespace) -> int:
     from smoeweather.data import ensembles
+    from smoeweather.io import check_output
     from smoeweather.postprocess.ecc import check_quantile_levels
 
     # every check before anything is computed or written
@@ -195,9 +196,8 @@ def _apply(args: argparse.Namespace) -> int:
     outs = [p for p in (args.out, members_out, quantiles_out) if p is not None]
     if len({p.resolve() for p in outs}) < len(outs):
         raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
-    for p in outs:
-        if p.exists() and not args.overwrite:
-            raise FileExistsError(f"{p} already exists (pass --overwrite to replace it)")
+    for p in outs:  # exists, under a file, read-only folder; checked again when each is written
+        check_output(p, args.overwrite)
     if not args.model.exists():
         raise FileNotFoundError(f"model {args.model} does not exist")
     if method == "drn":

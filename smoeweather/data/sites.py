@@ -19,12 +19,15 @@ column, station id, latitude, longitude and elevation/altitude columns; the date
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import xarray as xr
+
+from pipelines.errors import DataError
 
 OBS_SUFFIX = "_observation"
 SITE_COORDS = ("station_id", "latitude", "longitude", "altitude")
@@ -49,50 +52,139 @@ def _column(df: pd.DataFrame, names: Sequence[str], what: str, path: Path) -> st
     for n in names:
         if n in df.columns:
             return n
-    raise ValueError(f"{path}: no {what} column; expected one of {list(names)} (columns: {list(df.columns)})")
+    raise DataError(f"{path}: no {what} column; expected one of {list(names)} (columns: {list(df.columns)})")
+
+
+def _row(path: Path, i: int) -> str:
+    """Row ``i`` (0-based, of the data) as a user finds it: the line of a CSV file (header = line 1)."""
+    return f"row {i + 1} (line {i + 2})" if path.suffix.lower() == ".csv" else f"row {i + 1}"
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """The rows of a CSV/Parquet table; DataError naming the file when it is empty, unreadable or has no rows."""
+    what = "Parquet" if path.suffix.lower() in (".parquet", ".pq") else "CSV"
+    try:
+        df = pd.read_parquet(path) if what == "Parquet" else pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: empty file; expected a {what} table with a header row (member columns, "
+                        "observation, date, station, latitude, longitude)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as err:
+        reason = " ".join(str(err).split())
+        raise DataError(f"{path}: not a readable {what} table ({reason})") from None
+    if df.empty:
+        raise DataError(f"{path}: the table has a header but no rows; expected one row per station and date")
+    return df
+
+
+def numeric_column(df: pd.DataFrame, col: str, path: Path) -> np.ndarray:
+    """Column ``col`` as float64, empty cells NaN; DataError naming the column and the first row whose cell is
+    not a finite number (text, ``inf``, a boolean)."""
+    s = df[col]
+    if pd.api.types.is_bool_dtype(s):
+        bad = np.ones(len(s), bool)
+        vals = np.full(len(s), np.nan)
+    elif pd.api.types.is_numeric_dtype(s):
+        vals = s.to_numpy(np.float64, na_value=np.nan)
+        bad = np.isinf(vals)
+    else:
+        vals = pd.to_numeric(s, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+        filled = s.notna().to_numpy() & (s.astype(str).str.strip() != "").to_numpy()
+        bad = (np.isnan(vals) & filled) | np.isinf(vals)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(f"{path}: column {col!r}, {_row(path, i)}: {s.iloc[i]!r} is not a number; expected a "
+                        "finite number, or an empty cell for a missing value")
+    return vals
+
+
+def _default_members(df: pd.DataFrame, excluded: set[str], path: Path) -> list[str]:
+    """Every column not in ``excluded`` that holds a number (a column with a stray text cell included, so that
+    the cell is refused by name rather than the member dropped); columns without any number are named."""
+    members, texts = [], []
+    for c in df.columns:
+        if str(c).lower() in NON_MEMBER_COLUMNS or c in excluded:
+            continue
+        if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):
+            members.append(c)
+        elif pd.to_numeric(df[c], errors="coerce").notna().any():
+            members.append(c)
+        else:
+            texts.append(c)
+    if texts:
+        print(f"note: {path}: column(s) {texts} hold no number and are not read as members (name the members "
+              "with --table-members)", file=sys.stderr)
+    return members
+
+
+def _parse_dates(df: pd.DataFrame, tcol: str, path: Path) -> pd.Series:
+    """The date column as datetimes (``YYYYMMDDHH`` integers or ISO strings); DataError naming a bad row."""
+    raw = df[tcol]
+    text = raw.astype(str).str.strip()
+    fmt = "%Y%m%d%H" if pd.api.types.is_integer_dtype(raw) else None
+    times = pd.to_datetime(text.where(raw.notna()), format=fmt, errors="coerce")
+    bad = times.isna().to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(f"{path}: column {tcol!r}, {_row(path, i)}: {raw.iloc[i]!r} is not a date; expected "
+                        "YYYYMMDDHH or an ISO date such as 2004-01-31")
+    return times
+
+
+def _lead(lead: str) -> pd.Timedelta:
+    try:
+        td = pd.Timedelta(lead)
+    except ValueError:
+        raise DataError(f"--table-lead {lead!r}: not a duration; expected e.g. 48h or 2D") from None
+    if td < pd.Timedelta(0) or pd.isna(td):
+        raise DataError(f"--table-lead {lead!r}: a lead time cannot be negative; expected e.g. 48h")
+    return td
 
 
 def read_site_table(path: str | Path, variable: str = "2m_temperature", lead: str = "48h",
                     time_kind: str = "valid", members: Sequence[str] | None = None,
-                    observation: str | None = None, units: str = "K") -> tuple[xr.Dataset, xr.Dataset]:
+                    observation: str | None = None, units: str | None = None) -> tuple[xr.Dataset, xr.Dataset]:
     """(forecast, observations on valid times) of a CSV/Parquet table with one row per station and date.
 
-    ``members``: the member columns (default: every numeric column that is not a known non-member column such
-    as observation, date, station, latitude, longitude, elevation, type). Dates ``YYYYMMDDHH`` integers or
-    ISO strings. Rows missing for a station and date become NaN; repeated (station, date) rows are refused.
+    ``members``: the member columns (default: every column that holds numbers and is not a known non-member
+    column such as observation, date, station, latitude, longitude, elevation, type). Dates ``YYYYMMDDHH``
+    integers or ISO strings. Rows missing for a station and date become NaN, as do empty cells; a cell that is
+    not a finite number, a bad date and repeated (station, date) rows are refused by column and row.
+    ``units``: of the values (``--units``; a table carries none, so without it the units are left unset).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"site table {path} does not exist")
     if time_kind not in ("valid", "init"):
         raise ValueError(f"time_kind must be 'valid' or 'init', got {time_kind!r}")
-    df = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
+    lead_td = _lead(lead)
+    df = _read_table(path)
     tcol = _column(df, ("date", "time", "valid_time" if time_kind == "valid" else "init_time", "vdate", "idate"),
                    "date", path)
     scol = _column(df, ("station", "station_id", "site", "id"), "station id", path)
     ocol = observation or _column(df, ("observation", "obs"), "observation", path)
     if ocol not in df.columns:
-        raise ValueError(f"{path}: no observation column {ocol!r} (columns: {list(df.columns)})")
+        raise DataError(f"{path}: no observation column {ocol!r} (columns: {list(df.columns)})")
     latc, lonc = _column(df, ("latitude", "lat"), "latitude", path), _column(df, ("longitude", "lon"), "longitude",
                                                                              path)
     altc = next((c for c in ("altitude", "elevation", "alt") if c in df.columns), None)
     if members is None:
-        members = [c for c in df.columns if c.lower() not in NON_MEMBER_COLUMNS and c != ocol
-                   and pd.api.types.is_numeric_dtype(df[c])]
+        members = _default_members(df, {ocol, tcol, scol, latc, lonc, *([altc] if altc else [])}, path)
     missing = [m for m in members if m not in df.columns]
     if missing:
-        raise ValueError(f"{path}: no member column(s) {missing} (columns: {list(df.columns)})")
+        raise DataError(f"{path}: no member column(s) {missing} (columns: {list(df.columns)})")
     if len(members) < 2:
-        raise ValueError(f"{path}: {len(members)} member column(s) {list(members)}; an ensemble needs at least 2")
-    raw = df[tcol]
-    times = (pd.to_datetime(raw.astype(str), format="%Y%m%d%H") if pd.api.types.is_integer_dtype(raw)
-             else pd.to_datetime(raw))
-    df = df.assign(_t=times.values, _s=df[scol].astype(str).str.strip())
+        raise DataError(f"{path}: {len(members)} member column(s) {list(members)}; an ensemble needs at least 2")
+    values = {c: numeric_column(df, c, path) for c in [*members, ocol, latc, lonc, *([altc] if altc else [])]}
+    empty_id = df[scol].isna().to_numpy() | (df[scol].astype(str).str.strip() == "").to_numpy()
+    if empty_id.any():
+        i = int(np.argmax(empty_id))
+        raise DataError(f"{path}: column {scol!r}, {_row(path, i)}: no station id; every row needs one")
+    df = pd.DataFrame({"_t": _parse_dates(df, tcol, path).values, "_s": df[scol].astype(str).str.strip().values,
+                       **{c: v for c, v in values.items()}})
     dup = df.duplicated(["_t", "_s"])
     if dup.any():
         first = df[dup].iloc[0]
-        raise ValueError(f"{path}: station {first['_s']!r} has more than one row for {first['_t']}")
-    lead_td = pd.Timedelta(lead)
+        raise DataError(f"{path}: station {first['_s']!r} has more than one row for {first['_t']}")
     t_index = pd.DatetimeIndex(sorted(df["_t"].unique())).as_unit("ns")
     sites = sorted(df["_s"].unique())
     # station metadata: the most frequent value per station (a few stations list slightly different positions)
@@ -109,7 +201,7 @@ def read_site_table(path: str | Path, variable: str = "2m_temperature", lead: st
     init = valid - lead_td
     coords = site_coords(sites, meta[latc].to_numpy(), meta[lonc].to_numpy(),
                          meta[altc].to_numpy() if altc else np.full(len(sites), np.nan))
-    attrs = {"units": units, "long_name": variable}
+    attrs = {**({"units": units} if units else {}), "long_name": variable}
     fc = xr.Dataset({variable: (("time", "prediction_timedelta", "member", "site"), ens[:, None], attrs)},
                     coords={"time": init.values,
                             "prediction_timedelta": [lead_td.to_timedelta64().astype("timedelta64[ns]")],

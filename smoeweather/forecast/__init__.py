@@ -118,6 +118,10 @@ def run_forecast(
     """Forecast of ``checkpoint=CKPT`` or ``method=`` ``persistence``/``climatology``/``train_mean`` (keyword
     arguments, exactly one; see :func:`make_forecast`) from ``data`` for the inits ``init`` = (start, end) every
     ``every`` and leads ``leads_h`` (hours), written atomically to ``out`` (zarr, or netCDF for ``*.nc``).
-    Returns ``out``."""
+    Returns ``out``. An existing ``out`` is refused without ``overwrite`` before anything is computed, and again
+    at the write (a concurrent run that wrote it first keeps its store)."""
+    from smoeweather.io import check_output
+
+    check_output(out, overwrite)
     ds = make_forecast(data, init, every, leads_h, **kwargs)
     return write_store(ds, out, ds.attrs["forecast_kind"], overwrite=overwrite, time_chunk=None)

@@ -29,6 +29,7 @@ class UnsafeCheckpointError(ValueError):
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save: a zip archive, or (legacy format) a raw pickle
 
 
 def _unsafe_names(path: Path, err: Exception) -> list[str]:
@@ -51,8 +52,15 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     the file) for a file that is not a torch checkpoint or not a dict.
     """
     path = Path(path)
+    expected = "expected a .ckpt file written by `smoe train`"
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder (a zarr store?), not a checkpoint; {expected}")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not head.startswith(CHECKPOINT_MAGIC):  # a text, YAML or netCDF file: never hint at --trust for those
+        raise ValueError(f"{path} is not a PyTorch/Lightning checkpoint (it starts with {head!r}); {expected}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:

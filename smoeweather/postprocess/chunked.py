@@ -21,8 +21,6 @@ Where dask runs follows ``smoe data prepare`` (:func:`pipelines.compute.dask_cli
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -128,6 +126,13 @@ def _space_block(ds: xr.Dataset, local_window: int) -> int:
 def stage(arrays: xr.Dataset, path: Path, client: Any, progress: bool, window_factor: int = 1) -> xr.Dataset:
     """Write :func:`training_arrays` to a zarr at ``path`` chunked over (time, space) and reopen it with
     chunks of all times × one spatial block (the fit tasks)."""
+    return stage_with(arrays, path, client, progress, window_factor)[0]
+
+
+def stage_with(arrays: xr.Dataset, path: Path, client: Any, progress: bool, window_factor: int = 1,
+               extra: Any = None) -> tuple[xr.Dataset, Any]:
+    """:func:`stage`, with ``extra`` (a lazy collection, e.g. the counts of :func:`.validate.data_counts`)
+    computed in the same pass (each input chunk read once): (staged store, computed ``extra``)."""
     first = next(v for v in arrays.data_vars.values())
     sp = space_dims(first)
     rows = _space_block(arrays, window_factor)
@@ -139,9 +144,10 @@ def stage(arrays: xr.Dataset, path: Path, client: Any, progress: bool, window_fa
     for v in ds.variables.values():
         v.encoding = {}
     delayed = ds.to_zarr(path, mode="w", compute=False, zarr_format=2, consolidated=True)
-    compute(delayed, client, progress, f"staging the training data ({first.sizes['time']} inits) to {path.name}")
+    _, done = compute([delayed, extra], client, progress,
+                      f"staging the training data ({first.sizes['time']} inits) to {path.name}")
     return xr.open_zarr(path, chunks={"time": -1, sp[0]: rows, **{d: -1 for d in arrays.dims
-                                                                  if d not in ("time", sp[0])}})
+                                                                  if d not in ("time", sp[0])}}), done
 
 
 def _samples(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray, local: bool,
@@ -226,7 +232,7 @@ def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: An
     from smoeweather.metrics.weights import latitude_weights
 
     out = {}
-    n_groups = n_bad = 0
+    n_groups = n_bad = n_empty = 0
     win = (window[1], window[2]) if window is not None else None
     for name in names:
         xkey = f"{name}__mean" if f"{name}__mean" in staged else f"{name}__members"
@@ -280,6 +286,7 @@ def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: An
         ok = coef[..., -1] > 0.5
         n_groups += ok.size
         n_bad += int((~ok).sum())
+        n_empty += int(np.isnan(coef[..., 0]).sum())
         coords = {d: staged[d].values for d in groups}
         if window is not None:
             coords["time"] = window[0].values
@@ -291,17 +298,16 @@ def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: An
     if space_coords and local:
         params = params.assign_coords(space_coords)
     params.attrs = {"method": "emos", "per_gridpoint": int(local), "solver": "newton", "iterations": iterations,
-                    "groups": n_groups, "groups_not_converged": n_bad, "distribution": distribution}
+                    "groups": n_groups, "groups_not_converged": n_bad, "groups_without_data": n_empty,
+                    "distribution": distribution}
     return params
 
 
 @contextlib.contextmanager
 def staging_dir(out: Path) -> Iterator[Path]:
-    """A temporary folder beside ``out`` (where the workers can reach it too), removed afterwards."""
-    path = out.parent / f".{out.name}.staging-{os.getpid()}"
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    try:
+    """A temporary folder beside ``out`` (where the workers can reach it too), removed afterwards; one left by
+    a killed run is removed by the next (:func:`smoeweather.io.work_dir`)."""
+    from smoeweather.io import work_dir
+
+    with work_dir(out) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)

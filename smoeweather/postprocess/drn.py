@@ -567,13 +567,11 @@ def read_drn_model(path: Any) -> tuple[xr.Dataset, dict[str, Any]]:
     ValueError for a file of another kind."""
     from pathlib import Path
 
-    from smoeweather.data.sites import station_ids, unicode_strings
+    from smoeweather.data.sites import station_ids
+    from smoeweather.postprocess.model_file import open_model_file
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"DRN model {path} does not exist")
-    with xr.open_dataset(path) as raw:
-        ds = unicode_strings(raw.load())
+    ds = open_model_file(path, "--drn", "DRN model")
     if ds.attrs.get("kind") != KIND:
         raise ValueError(f"{path} is not a DRN model file of `smoe postprocess fit --method drn` (attribute "
                          f"kind={KIND!r}; an EMOS model file is applied with --emos)")
@@ -603,13 +601,13 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
     from pathlib import Path
 
     from smoeweather.data import ensembles
+    from smoeweather.io import check_output
+    from smoeweather.postprocess import validate
     from smoeweather.postprocess.pipeline import check_non_negative, open_forecast_and_truth, truth_on_valid_times
     from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
 
     settings.check()
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    out = check_output(Path(out), overwrite)  # exists, under a file, read-only folder: before any work
     if window is None and (lag is not None or dates is not None):
         raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
     wanted = list(dict.fromkeys([*variables, *settings.extra_variables])) if variables else None
@@ -631,17 +629,20 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
         win = (d, idx, valid)
         attrs.update(window=str(window), lag=str(lag_td), dates=f"{d[0]} .. {d[-1]}",
                      window_rule="inits s with t - lag - window < s <= t - lag")
-    t0 = time.perf_counter()
-    model = fit_drn(fc.load(), truth_at.load(), settings, window=win, progress=progress, targets=targets)
     sources = " ".join(map(str, forecast_paths))
+    fc, truth_at = fc.load(), truth_at.load()
+    report = validate.check_fit_data(validate.data_counts(fc[targets], truth_at, sources), fc[targets], sources)
+    t0 = time.perf_counter()
+    model = fit_drn(fc, truth_at, settings, window=win, progress=progress, targets=targets)
     attrs.update(forecast=sources, truth=str(truth or sources), fit_seconds=round(time.perf_counter() - t0, 1),
-                 train_period=" ".join(map(str, train_period)) if train_period else "all")
+                 train_period=" ".join(map(str, train_period)) if train_period else "all",
+                 **validate.fit_attrs(report))
     path = write_drn_model(model, fc[targets], out, attrs, overwrite=overwrite)
     kind = "sites" if "site" in fc.dims else "grid points"
     rolling = f", {len(win[0])} forecast dates" if win is not None else ""
     return (f"{path}: DRN ({settings.hidden} hidden, embedding {settings.embedding}, {settings.seeds} seed(s), "
             f"{settings.epochs} epochs, {fc.sizes.get('site', 0) or fc.sizes['latitude'] * fc.sizes['longitude']} "
-            f"{kind}{rolling}) in {attrs['fit_seconds']} s")
+            f"{kind}{rolling}) on {attrs['fit_cases']} cases in {attrs['fit_seconds']} s")
 
 
 def apply_drn_files(model_path: Any, forecast_paths: list[Any], out: Any, *, apply_period: list[str] | None = None,

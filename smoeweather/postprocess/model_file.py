@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from pipelines.errors import DataError
 from smoeweather.data.ensembles import check_grid
 from smoeweather.data.sites import site_coord_names, station_ids, unicode_strings
 from smoeweather.io import write_netcdf
@@ -73,6 +74,7 @@ def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs
         "n_train_inits": len(times), "train_first_init": str(times.min()), "train_last_init": str(times.max()),
         "solver": str(params.attrs.get("solver", "")), "iterations": int(params.attrs.get("iterations", 0)),
         "groups_not_converged": int(params.attrs.get("groups_not_converged", 0)),
+        "groups_without_data": int(params.attrs.get("groups_without_data", 0)),
         "software": f"smoeweather {code_version()}",
         "predictive_distribution": "N(a + b*mean, c + d*var)" + (
             " truncated to [0, inf)" if attrs.get("distribution") == "truncnormal" else "")
@@ -82,13 +84,36 @@ def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs
     return write_model_dataset(ds, out, overwrite)
 
 
+NETCDF_MAGIC = (b"CDF\x01", b"CDF\x02", b"CDF\x05", b"\x89HDF\r\n\x1a\n")
+
+
+def open_model_file(path: str | Path, option: str, what: str) -> xr.Dataset:
+    """The loaded Dataset of the model file ``path`` given as ``option`` (``--emos``, ``--drn``); a one-line
+    error naming the option and the file when it does not exist, is a folder (a zarr store), is not netCDF (a
+    text or YAML file) or cannot be read (truncated or corrupt)."""
+    path = Path(path)
+    hint = f"expected the netCDF {what} file of `smoe postprocess fit`"
+    if path.is_dir():
+        raise DataError(f"{option} {path}: a folder (a zarr store?), not a model file; {hint}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{option} {path}: {what} file does not exist")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not any(head.startswith(m) for m in NETCDF_MAGIC):
+        raise DataError(f"{option} {path}: not a netCDF file (it starts with {head!r}; a text file?); {hint}")
+    try:
+        with xr.open_dataset(path) as raw:
+            return unicode_strings(raw.load())
+    except (OSError, ValueError, RuntimeError, IndexError) as err:
+        reason = " ".join(str(err).split())[:200]
+        raise DataError(f"{option} {path}: cannot read this netCDF file (truncated or corrupt? {reason}); fit the "
+                        "model again") from None
+
+
 def read_model(path: str | Path) -> tuple[xr.Dataset, dict[str, Any]]:
     """(coefficients in :func:`~.emos.fit_emos` form, attrs, with ``latitude``/``longitude`` arrays) of a file."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"EMOS model {path} does not exist")
-    with xr.open_dataset(path) as raw:
-        ds = unicode_strings(raw.load())
+    ds = open_model_file(path, "--emos", "EMOS model")
     if ds.attrs.get("kind") != KIND:
         raise ValueError(f"{path} is not an EMOS model file of `smoe postprocess fit` (attribute kind={KIND!r})")
     params = {}

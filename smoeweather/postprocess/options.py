@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
     t.add_argument("--table-time", choices=["valid", "init"], default="valid",
                    help="the date column is the valid date (default, as ensembleBMA) or the init date")
     t.add_argument("--table-members", nargs="+", help="member columns (default: every other numeric column)")
+    t.add_argument("--units", default=None,
+                   help="units of the table's values, e.g. K, degC or m s-1 (a table carries none; default: unset)")
     if verb == "fit":
         p.add_argument("--per-site", dest="per_gridpoint", action="store_true",
                        help="site forecasts: one fit per site (default: global, pooled over sites)")

@@ -17,8 +17,8 @@ import xarray as xr
 
 from smoeweather.data import ensembles
 from smoeweather.data.sites import is_site_source, open_sites, station_ids
-from smoeweather.io import atomic_path
-from smoeweather.postprocess import chunked
+from smoeweather.io import atomic_path, check_output
+from smoeweather.postprocess import chunked, validate
 from smoeweather.postprocess.distributions import check_distribution
 from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
 
@@ -88,8 +88,7 @@ def fit(
     (:func:`pipelines.compute.dask_client`)."""
     from smoeweather.postprocess.model_file import write_model
 
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    check_output(out, overwrite)  # exists, under a file, read-only folder: before anything is computed
     if window is None and (lag is not None or dates is not None):
         raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
     distribution = check_distribution(distribution)
@@ -111,20 +110,24 @@ def fit(
         rolling_window = (fit_dates, idx, valid)
     members = [str(m) for m in forecast["member"].values] if predictors == "members" else None
     names = list(forecast.data_vars)
+    sources = " ".join(map(str, forecast_paths))
     with chunked.scheduler(scheduler) as client, chunked.staging_dir(out) as tmp:
-        arrays = chunked.training_arrays(chunked.as_dask(forecast), chunked.as_dask(truth_at), predictors)
+        fc_dask, truth_dask = chunked.as_dask(forecast), chunked.as_dask(truth_at)
+        arrays = chunked.training_arrays(fc_dask, truth_dask, predictors)
         factor = (rolling_window[1].shape[0] * rolling_window[1].shape[1] // max(forecast.sizes["time"], 1)
                   if rolling_window else 1)
-        staged = chunked.stage(arrays, tmp / "training.zarr", client, progress, max(1, factor))
+        staged, counts = chunked.stage_with(arrays, tmp / "training.zarr", client, progress, max(1, factor),
+                                            extra=validate.data_counts(fc_dask, truth_dask, sources))
+        report = validate.check_fit_data(counts, forecast, sources)  # refuses before anything is fitted
         params = chunked.fit_staged(staged, names, bool(per_gridpoint), client, progress,
                                     window=rolling_window, members=members, iterations=iterations or 50,
                                     distribution=distribution)
+    validate.check_fitted_groups(params.attrs, sources)
     for n in names:
         params[n].attrs["units"] = forecast[n].attrs.get("units", "")
-    sources = " ".join(map(str, forecast_paths))
     attrs = {"forecast": sources, "truth": str(truth_path or sources), "predictors": predictors,
              "train_period": " ".join(map(str, train_period)) if train_period else "all",
-             "distribution": distribution}
+             "distribution": distribution, **validate.fit_attrs(report)}
     if rolling_window is not None:
         attrs.update(window=str(window), lag=str(lag_td),
                      window_rule="inits s with t - lag - window < s <= t - lag",
@@ -133,8 +136,10 @@ def fit(
     kind = "per site" if "site" in forecast.dims and per_gridpoint else (
         "per grid point" if per_gridpoint else "global")
     rolling = f", {len(rolling_window[0])} forecast dates" if rolling_window is not None else ""
-    return (f"{written}: {params.attrs['groups']} EMOS fit(s) ({kind}, {predictors}{rolling}), "
-            f"{params.attrs['groups_not_converged']} not converged")
+    empty = int(params.attrs.get("groups_without_data", 0))
+    return (f"{written}: {params.attrs['groups']} EMOS fit(s) ({kind}, {predictors}{rolling}) on "
+            f"{attrs['fit_cases']} cases, {params.attrs['groups_not_converged']} not converged"
+            + (f", {empty} without enough cases (NaN)" if empty else ""))
 
 
 def _align_sites(params: xr.Dataset, mattrs: dict[str, Any], forecast: xr.Dataset) -> xr.Dataset:
