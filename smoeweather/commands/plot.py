@@ -57,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", required=True, type=Path, help="output folder")
     _add_frontier(verbs)
     _add_scorecard_spectra(verbs)
+    for verb in verbs.choices.values():  # every plot adds files to --out: an existing one only with --overwrite
+        verb.add_argument("--overwrite", action="store_true",
+                          help="replace files of the same name in --out (default: refuse them)")
 
 
 def _add_scorecard_spectra(verbs: argparse._SubParsersAction) -> None:
@@ -108,11 +111,46 @@ def _run_frontier(args: argparse.Namespace) -> int:
 
     for p in plot_frontier(args.studies, args.out, cost=args.cost, metric=args.metric, pairing=args.pairing,
                            name=args.name, frontier=args.frontier, score=args.score):
-        print(p)
+        args.lines.append(str(args.final_out / Path(p).relative_to(args.out)))
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    """Draw into a staging folder, then add the files to ``--out`` (:func:`smoeweather.io.atomic_files`): a
+    file of the same name is refused without --overwrite, before any is moved; a failed plot leaves none."""
+    from smoeweather.io import atomic_files
+
+    args.final_out, args.lines = Path(args.out), []
+    try:
+        with atomic_files(args.final_out, args.overwrite) as tmp:
+            args.out = tmp
+            try:
+                rc = _run(args)
+            finally:
+                args.out = args.final_out
+            if rc:  # a plot that failed (exit code != 0) adds no file either
+                raise _Failed(rc)
+    except _Failed as failed:
+        return failed.rc
+    for line in args.lines:  # said once the files are in place
+        print(line)
+    return rc
+
+
+class _Failed(Exception):
+    """A plot ended with a non-zero exit code: its staged files are dropped."""
+
+    def __init__(self, rc: int) -> None:
+        super().__init__(rc)
+        self.rc = rc
+
+
+def _final(args: argparse.Namespace, paths: list) -> list[Path]:
+    """``paths`` written under the staging folder ``args.out`` → where they land in ``--out``."""
+    return [args.final_out / Path(p).relative_to(args.out) for p in paths]
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.plot_verb == "frontier":  # no maps: cartopy not needed
         return _run_frontier(args)
     try:
@@ -126,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         from smoeweather.plotting.routing import plot_routing
 
         result = plot_routing(args.checkpoint, args.out, args.land_sea, proj=args.projection, member=args.member)
-        print(json.dumps(result["gates"], indent=2))
+        args.lines.append(json.dumps(result["gates"], indent=2).replace(str(args.out), str(args.final_out)))
         paths = result["netcdf"] + result["png"]
     elif args.plot_verb == "forecast":
         from smoeweather.plotting.fields import plot_forecast
@@ -157,6 +195,5 @@ def run(args: argparse.Namespace) -> int:
         from smoeweather.plotting.scores import plot_scores
 
         paths = plot_scores(args.scores, args.out)
-    for p in paths:
-        print(p)
+    args.lines += [str(p) for p in _final(args, paths)]
     return 0
