@@ -183,13 +183,15 @@ def test_cli_default_regions_land_and_sea_closed_form(tmp_path: Path) -> None:
     md = (out / "scores.md").read_text()
     assert md.index("### region: global") < md.index("### region: land") < md.index("### region: sea")
     assert len(s["time"]) == 7 and s["per_init_mse"].sizes["time"] == 7
-    # WeatherBench 2 results layout, one file per method
-    wb2 = xr.load_dataset(out / "wb2" / "persistence.nc")
+    # WeatherBench 2's evaluation files, one folder per method: mse (time mean) and its square root per init
+    wb2 = xr.load_dataset(out / "wb2" / "persistence" / "deterministic.nc")
     assert wb2["geopotential"].dims == ("metric", "region", "lead_time", "level")
-    assert "rmse_sqrt_before_time_avg" in wb2["metric"].values and wb2.attrs["ensemble_size"] == 1
-    np.testing.assert_allclose(wb2["geopotential"].sel(metric="rmse_sqrt_before_time_avg", level=500).values,
+    assert "rmse_sqrt_before_time_avg" not in wb2["metric"].values and wb2.attrs["ensemble_size"] == 1
+    np.testing.assert_allclose(np.sqrt(wb2["geopotential"].sel(metric="mse", level=500).values),
                                s["rmse"].sel({"method": "persistence", "field": "geopotential_500"}).transpose(
-                                   "region", "prediction_timedelta").values)
+                                   "region", "prediction_timedelta").values, rtol=1e-12)
+    temporal = xr.load_dataset(out / "wb2" / "persistence" / "deterministic_temporal.nc")
+    assert "time" in temporal["geopotential"].dims and "rmse_sqrt_before_time_avg" in temporal["metric"].values
     # a threshold instead of fractions, and WB2's list: a region dim of 16
     s2 = evaluate(fc, store, references=False, regions="wb2", land_threshold=0.5)
     assert s2.sizes["region"] == len(WB2_REGIONS)

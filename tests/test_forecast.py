@@ -225,7 +225,9 @@ def test_cli_forecast_evaluate_end_to_end_and_independent_script(dense: str, wor
     r = subprocess.run([*SMOE, "evaluate", str(fc), "--truth", world, "--climatology", world, "--out", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "| persistence |" in r.stdout and (out / "scores.json").is_file() and (out / "scores.md").is_file()
+    assert "persistence" in r.stdout and (out / "scores.json").is_file() and (out / "scores.md").is_file()
+    # progress when piped: one line per stage, no carriage-return redraws
+    assert "evaluate: scoring" in r.stderr and "\r" not in r.stderr
     ds = xr.open_zarr(fc)
     assert ds.attrs["checkpoint_sha256"] == hashlib.sha256(Path(dense).read_bytes()).hexdigest()
     assert ds.attrs["data_source"] == str(Path(world).resolve()) and ds.attrs["code_version"].startswith("0.")

@@ -1,22 +1,30 @@
 """``smoe evaluate FC.zarr [FC2.zarr ...] --truth STORE [--climatology STORE] [--regions ...] [--spectra] --out DIR``:
 RMSE, bias, ACC (and CRPS, spread–skill, debiased ensemble-mean MSE, energy score for ensembles/Gaussian
-forecasts) per region → DIR/scores.{nc,json,md} and DIR/wb2/METHOD.nc (WeatherBench 2 results layout)."""
+forecasts) per region → DIR/scores.{nc,json,md} and DIR/wb2/METHOD/EVALUATION.nc (WeatherBench 2's evaluation
+files: deterministic, deterministic_temporal, probabilistic, ensemble_binary, gaussian_*)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 NAME = "evaluate"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score forecasts against a truth store, with persistence/climatology")
-    p.add_argument("forecasts", nargs="+", type=Path,
-                   help="forecast stores (smoe forecast / smoe postprocess); NAME=PATH sets the method name")
+    p.add_argument("forecasts", nargs="+",
+                   help="forecast stores (smoe forecast / smoe postprocess, WB2 zarrs), local paths or fsspec URLs "
+                        "(gs://, s3://, https://); NAME=PATH sets the method name")
     p.add_argument("--truth", required=True, nargs="+", help="prepared store or canonical netCDF file(s)")
-    p.add_argument("--climatology", type=Path, default=None,
-                   help="training store: day-of-year climatology for ACC and the climatology reference")
+    p.add_argument("--climatology", default=None,
+                   help="training store (day-of-year climatology, 31-day window) or a WeatherBench 2 climatology "
+                        "zarr (dayofyear, hour), local or a URL: ACC, the climatology reference and the binary "
+                        "scores' thresholds")
     p.add_argument("--climatology-years", nargs=2, type=int, default=None, metavar=("Y0", "Y1"))
     p.add_argument("--no-references", action="store_true", help="do not add persistence/climatology")
     p.add_argument("--regions", nargs="+", default=None, metavar="REGION",
@@ -31,25 +39,75 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also zonal energy spectra of forecasts and truth per lead (plot: smoe plot spectra)")
     p.add_argument("--spectra-band", nargs=2, type=float, default=(30.0, 60.0), metavar=("LAT0", "LAT1"),
                    help="latitude band averaged in the spectra (default 30 60, as WeatherBench 2)")
+    p.add_argument("--binary-quantiles", nargs="+", type=float, default=[0.1, 0.5, 0.9], metavar="Q",
+                   help="climatological quantiles whose exceedance the WB2 binary files score (default 0.1 0.5 0.9)")
+    p.add_argument("--ensemble-dim", default=None, metavar="DIM",
+                   help="the forecasts' ensemble dim (default: found by name: member, realization, number, ensemble)")
+    p.add_argument("--storage-options", default=None, metavar="JSON",
+                   help='fsspec options for URLs, e.g. \'{"token": "anon"}\' for gs://weatherbench2')
+    p.add_argument("--allow-missing", action="store_true",
+                   help="score only the complete initialisations of a forecast with missing values (default: "
+                        "refuse it)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder (as a whole)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--out", required=True, type=Path, help="output directory")
 
 
-def run(args: argparse.Namespace) -> int:
-    from smoeweather.evaluate import evaluate, scores_markdown
+def storage_options(text: str | None) -> dict[str, Any] | None:
+    """``--storage-options JSON`` → dict (ValueError naming the option when it is not a JSON object)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--storage-options must be a JSON object such as '{{\"token\": \"anon\"}}': {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--storage-options must be a JSON object, got {type(value).__name__}")
+    return value
 
-    forecasts: dict[str, Path] | list[Path] = [p for p in args.forecasts if "=" not in str(p)]
-    named = [str(p).split("=", 1) for p in args.forecasts if "=" in str(p)]
+
+def run(args: argparse.Namespace) -> int:
+    from smoeweather.evaluate import evaluate
+
+    forecasts: dict[str, str] | list[str] = [p for p in args.forecasts if "=" not in p]
+    named = [p.split("=", 1) for p in args.forecasts if "=" in p]
     if named:
         if forecasts:
             raise ValueError("name every forecast (NAME=PATH) or none")
-        forecasts = {k: Path(v) for k, v in named}
+        forecasts = {k: v for k, v in named}
+    for q in args.binary_quantiles:
+        if not 0.0 < q < 1.0:
+            raise ValueError(f"--binary-quantiles must lie in (0, 1), got {q}")
     truth = args.truth[0] if len(args.truth) == 1 else args.truth
     scores = evaluate(forecasts, truth, climatology=args.climatology, out_dir=args.out,
                       references=not args.no_references,
                       climatology_years=tuple(args.climatology_years) if args.climatology_years else None,
                       regions=args.regions or "default", land_sea_mask=args.land_sea_mask,
                       land_threshold=args.land_threshold, spectra=args.spectra,
-                      spectra_band=tuple(args.spectra_band))
-    print(scores_markdown(scores))
-    print(f"smoe evaluate: wrote {args.out}/scores.nc, scores.json, scores.md, wb2/")
+                      spectra_band=tuple(args.spectra_band), storage_options=storage_options(args.storage_options),
+                      ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
+                      allow_missing=args.allow_missing, overwrite=args.overwrite, progress=not args.quiet)
+    if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
+        from smoeweather.plotting.ensembles import plot_rank_histograms
+
+        plot_rank_histograms(scores, args.out / "rank_histograms.png")
+    _summary(scores)
+    print(f"smoe evaluate: wrote {args.out}/scores.nc, scores.json, scores.md (all scores), wb2/ (WeatherBench 2 "
+          "evaluation files)")
     return 0
+
+
+def _summary(scores: Any) -> None:
+    """A short printout: the headline RMSE table (the rest is in scores.md)."""
+    from smoeweather.data.ensembles import lead_label
+    from smoeweather.evaluate_files import headline
+
+    h = headline(scores)
+    leads = [lead_label(td) for td in h["prediction_timedelta"].values]
+    print("RMSE (sqrt after the time mean), global:")
+    for f in h["field"].values.tolist():
+        row = "  ".join(f"{lead}" for lead in leads)
+        print(f"  {f}  [{row}]")
+        for m in h["method"].values.tolist():
+            vals = h["rmse"].sel({"method": m, "field": f}).values
+            print(f"    {m:<20} " + "  ".join("–" if np.isnan(v) else f"{v:.4g}" for v in vals))

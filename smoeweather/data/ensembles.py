@@ -98,7 +98,33 @@ def _paths(source: Sources) -> list[Path]:
     return paths
 
 
-def _open_any(path: Path) -> xr.Dataset:
+def is_url(source: str | Path) -> bool:
+    """Whether ``source`` is an fsspec URL (``gs://``, ``s3://``, ``https://``, ``file://``, ``memory://``)."""
+    return "://" in str(source)
+
+
+def open_url(url: str, storage_options: dict[str, Any] | None = None) -> xr.Dataset:
+    """A zarr store (a folder at the URL) or one netCDF file at an fsspec URL, lazily; ``storage_options`` go
+    to fsspec (e.g. ``{"token": "anon"}`` for WB2's public bucket). Needs the protocol's package
+    (``pip install "smoeweather[cloud]"`` for gcsfs and s3fs)."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except (ImportError, ValueError) as err:
+        raise ValueError(f"{url}: cannot open this URL ({err}); install the protocol's package, e.g. "
+                         'pip install "smoeweather[cloud]" for gs:// and s3://') from None
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{url} does not exist")
+    if fs.isdir(path):
+        return xr.open_zarr(fs.get_mapper(path), consolidated=None)
+    return xr.open_dataset(fs.open(path, "rb"), engine="h5netcdf", chunks={})
+
+
+def _open_any(path: Path | str, storage_options: dict[str, Any] | None = None) -> xr.Dataset:
+    if is_url(path):
+        return open_url(str(path), storage_options)
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     return xr.open_zarr(path) if path.is_dir() else xr.open_dataset(path)
@@ -124,14 +150,20 @@ def _files(source: Sources) -> list[str]:
     return [s]
 
 
-def open_canonical(source: Sources) -> xr.Dataset:
+def open_canonical(source: Sources, storage_options: dict[str, Any] | None = None) -> xr.Dataset:
     """Lazy canonical Dataset (fields on valid times) of a prepared store (zarr directory) or canonical
-    netCDF file(s) / a glob: long names, ``latitude`` ascending, ``longitude`` in [0, 360) and ascending."""
+    netCDF file(s) / a glob, local or at an fsspec URL (``storage_options`` for fsspec): long names,
+    ``latitude`` ascending, ``longitude`` in [0, 360) and ascending."""
     files = _files(source)
     for f in files:
-        if "://" not in f and not Path(f).exists():
+        if not is_url(f) and not Path(f).exists():
             raise FileNotFoundError(f"data source {f} does not exist")
-    if len(files) == 1 and (Path(files[0]).is_dir() or files[0].endswith(".zarr")):
+    if len(files) == 1 and is_url(files[0]):
+        from pipelines.canonical import canonicalize
+
+        ds = open_url(files[0], storage_options)
+        ds = ds if "latitude" in ds.dims and "longitude" in ds.dims else canonicalize(ds)
+    elif len(files) == 1 and (Path(files[0]).is_dir() or files[0].endswith(".zarr")):
         ds = xr.open_zarr(files[0])
     else:
         from pipelines.canonical import canonicalize
@@ -253,28 +285,75 @@ def open_ensemble(source: Sources, variables: Sequence[str] | None = None) -> xr
     return out
 
 
-def open_forecast(path: str | Path) -> xr.Dataset:
-    """Any forecast store of :data:`FORECAST_KINDS` (zarr directory or netCDF), latitude ascending; a forecast
-    file in another layout (SEAS5-like) opens as its ensemble. ValueError naming the file if not a forecast."""
-    path = Path(path)
-    if not path.exists():
+ENSEMBLE_DIMS = ("member", "realization", "number", "ensemble")
+"""Names of an ensemble dimension found in forecast stores (WB2 writes ``realization``, ECMWF ``number``);
+:func:`open_forecast` renames the one it finds to ``member``."""
+
+
+def _ensemble_dim(ds: xr.Dataset, where: str, ensemble_dim: str | None) -> str | None:
+    """The ensemble dim of ``ds``: ``ensemble_dim`` if given (ValueError when absent), else the one of
+    :data:`ENSEMBLE_DIMS` it has (ValueError naming them when several), else None."""
+    if ensemble_dim is not None:
+        if ensemble_dim not in ds.dims:
+            raise ValueError(f"forecast {where}: --ensemble-dim {ensemble_dim!r} is not one of its dims "
+                             f"{list(ds.dims)}")
+        return ensemble_dim
+    found = [d for d in ENSEMBLE_DIMS if d in ds.dims]
+    if len(found) > 1:
+        raise ValueError(f"forecast {where}: several dims could be its ensemble ({found}); name it with "
+                         "--ensemble-dim")
+    return found[0] if found else None
+
+
+def open_forecast(path: str | Path, storage_options: dict[str, Any] | None = None,
+                  ensemble_dim: str | None = None) -> xr.Dataset:
+    """Any forecast store of :data:`FORECAST_KINDS` (zarr directory or netCDF, local or an fsspec URL),
+    latitude ascending, longitude in [0, 360), its ensemble dim (any of :data:`ENSEMBLE_DIMS`, or
+    ``ensemble_dim``, in any position) named ``member``; a forecast file in another layout (SEAS5-like) opens
+    as its ensemble. ValueError naming the file if not a forecast; FileNotFoundError if missing."""
+    where = str(path)
+    if not is_url(path) and not Path(path).exists():
         raise FileNotFoundError(f"forecast {path} does not exist")
-    ds = _open_any(path)
-    if "prediction_timedelta" not in ds.dims and any(m in ds.dims for m in MEMBER_NAMES):
-        ds = open_ensemble(path)
-    for dim in ("time", "prediction_timedelta", "latitude", "longitude"):
-        if dim not in ds.dims:
-            raise ValueError(f"forecast {path}: missing dim {dim!r} (WeatherBench 2 layout: time = init, "
+    ds = _open_any(path, storage_options)
+    if (not is_url(path) and "prediction_timedelta" not in ds.dims
+            and any(m in ds.dims for m in MEMBER_NAMES)):
+        ds = open_ensemble(Path(path))
+    dim = _ensemble_dim(ds, where, ensemble_dim)
+    if dim is not None and dim != "member":
+        ds = ds.rename({dim: "member"})
+    for d in ("time", "prediction_timedelta", "latitude", "longitude"):
+        if d not in ds.dims:
+            raise ValueError(f"forecast {where}: missing dim {d!r} (WeatherBench 2 layout: time = init, "
                              f"prediction_timedelta, latitude, longitude); got {dict(ds.sizes)}")
-    return ds.sortby("latitude")
+    ds = ds.assign_coords(longitude=np.mod(ds["longitude"], 360.0))
+    ds = ds.sortby(["latitude", "longitude"])
+    forecast_kind(ds, where)  # refuses an attribute the data contradicts, before anything is computed
+    return ds
 
 
-def forecast_kind(ds: xr.Dataset) -> str:
-    """``attrs["forecast_kind"]`` (default: ensemble with a ``member`` dim, else deterministic)."""
-    kind = ds.attrs.get("forecast_kind") or ("ensemble" if "member" in ds.dims else "deterministic")
-    if kind not in FORECAST_KINDS:
-        raise ValueError(f"forecast_kind must be one of {FORECAST_KINDS}, got {kind!r}")
-    return str(kind)
+def _kind_from_data(ds: xr.Dataset) -> str:
+    if "member" in ds.dims:
+        return "ensemble"
+    if "quantile" in ds.dims:
+        return "quantiles"
+    names = [str(n) for n in ds.data_vars if not str(n).endswith(STD_SUFFIX)]
+    if any(f"{n}{STD_SUFFIX}" in ds.data_vars for n in names):
+        return "gaussian"
+    return "deterministic"
+
+
+def forecast_kind(ds: xr.Dataset, where: str = "forecast") -> str:
+    """The kind the data holds (a ``member`` dim: ensemble; ``quantile``: quantiles; every ``<name>`` with a
+    ``<name>_std``: gaussian; else deterministic). An ``attrs["forecast_kind"]`` that contradicts it is refused
+    by name: the data is never overridden silently."""
+    kind = _kind_from_data(ds)
+    declared = ds.attrs.get("forecast_kind")
+    if declared is not None and declared not in FORECAST_KINDS:
+        raise ValueError(f"{where}: attribute forecast_kind={declared!r} is not one of {FORECAST_KINDS}")
+    if declared is not None and declared != kind:
+        raise ValueError(f"{where}: attribute forecast_kind={declared!r} contradicts the data, which holds a(n) "
+                         f"{kind} forecast (dims {list(ds.dims)}); remove or correct the attribute")
+    return kind
 
 
 def _ens10_truth(ds: xr.Dataset, where: str) -> xr.Dataset:

@@ -99,3 +99,70 @@ def time_mean(da: xr.DataArray) -> xr.DataArray:
     out = da.mean("time")
     out.attrs = dict(da.attrs)
     return out
+
+
+def doy_quantiles(da: xr.DataArray, quantiles: np.ndarray, valid_time: xr.DataArray,
+                  window: int = WINDOW_DAYS) -> xr.DataArray:
+    """Climatological quantiles of ``da`` (time, ...) at the valid times: for each valid time's day of year
+    and hour, the ``quantiles`` (probabilities in (0, 1)) of every sample of that hour within ±window//2 days
+    (circular, the day-of-year convention of :func:`doy_climatology`), per grid point. Returns (quantile,
+    *valid_time.dims, ...), units of ``da``. Only the (day, hour) pairs asked for are computed."""
+    da = da.transpose("time", ...)
+    doy, hour = day_of_year(da["time"].values) - 1, hour_of_day(da["time"].values)
+    values = np.asarray(da.values, np.float64)
+    vt = np.asarray(valid_time.values)
+    v_doy, v_hour = day_of_year(vt).ravel() - 1, hour_of_day(vt).ravel()
+    half = window // 2
+    pairs = sorted(set(zip(v_doy.tolist(), v_hour.tolist())))
+    table: dict[tuple[int, int], np.ndarray] = {}
+    for d, h in pairs:
+        dist = np.abs((doy - d + DAYS // 2) % DAYS - DAYS // 2)
+        pick = (dist <= half) & (hour == h)
+        if not pick.any():
+            raise ValueError(f"climatology of {da.name!r} has no sample within {window} days of day {d + 1} at "
+                             f"{h:02d} UTC: prepare it from a longer training period")
+        table[d, h] = np.nanquantile(values[pick], quantiles, axis=0)
+    out = np.stack([table[d, h] for d, h in zip(v_doy.tolist(), v_hour.tolist())], axis=1)
+    out = out.reshape(len(quantiles), *vt.shape, *values.shape[1:])
+    other = {d: da[d] for d in da.dims[1:] if d in da.coords}
+    return xr.DataArray(out, dims=("quantile", *valid_time.dims, *da.dims[1:]),
+                        coords={"quantile": np.asarray(quantiles, np.float64), **dict(valid_time.coords), **other},
+                        name=da.name, attrs={"units": da.attrs.get("units", ""),
+                                             "climatology": f"quantiles over a {window}-day window per hour"})
+
+
+def is_wb2_climatology(ds: xr.Dataset) -> bool:
+    """A WeatherBench 2 climatology (zarr with a ``dayofyear`` dim, usually ``hour`` too) rather than a store of
+    fields on times."""
+    return "dayofyear" in ds.dims and "time" not in ds.dims
+
+
+def wb2_climatology_at(ds: xr.Dataset, name: str, valid_time: xr.DataArray, where: str,
+                       quantiles: np.ndarray | None = None) -> xr.DataArray:
+    """A WB2 climatology's ``name`` (the mean; ``name_mean`` if absent) or, with ``quantiles``, its
+    ``name_quantile`` at those quantiles (nearest within 0.01, as WB2), at the valid times selected as WB2
+    does: ``dayofyear`` = the calendar day of year (1..366), ``hour`` = the hour when the climatology has one."""
+    var = name if quantiles is None else f"{name}_quantile"
+    if quantiles is None and var not in ds.data_vars:
+        var = f"{name}_mean"
+    if var not in ds.data_vars:
+        raise ValueError(f"{where} has no {var!r} (WeatherBench 2 climatology variables: {sorted(ds.data_vars)})")
+    da = ds[var]
+    t = xr.DataArray(np.asarray(valid_time.values, "datetime64[ns]"), dims=valid_time.dims).dt
+    sel = {"dayofyear": xr.DataArray(t.dayofyear.values, dims=valid_time.dims, coords=valid_time.coords)}
+    if "hour" in da.dims:
+        hours = xr.DataArray(t.hour.values, dims=valid_time.dims, coords=valid_time.coords)
+        missing = sorted(set(np.unique(hours.values).tolist()) - set(da["hour"].values.tolist()))
+        if missing:
+            raise ValueError(f"{where}: {var} has no hour(s) {missing} UTC (it has {da['hour'].values.tolist()})")
+        sel["hour"] = hours
+    if quantiles is not None:
+        if "quantile" not in da.dims:
+            raise ValueError(f"{where}: {var} has no 'quantile' dim")
+        try:
+            da = da.sel(quantile=np.asarray(quantiles, np.float64), method="nearest", tolerance=0.01)
+        except KeyError as err:
+            raise ValueError(f"{where}: {var} lacks quantiles {list(quantiles)} (±0.01); it has "
+                             f"{da['quantile'].values.tolist()}; choose --binary-quantiles among them") from err
+    out = da.sel(sel).drop_vars(["dayofyear", "hour"], errors="ignore")
+    return out.astype(np.float64)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from smoeweather.metrics.weights import latitude_weights
+from smoeweather.metrics.wb2 import cell_area_weights
 
 Band = tuple[float, float]
 SURFACES = ("all", "land", "sea")
@@ -149,7 +149,12 @@ def _in_lon_band(lon: np.ndarray, band: Band) -> np.ndarray:
 
 def _mask_from_file(region: Region, latitude: np.ndarray, longitude: np.ndarray) -> np.ndarray:
     path = region.mask_file
-    with xr.open_dataset(path) as ds:
+    try:
+        ds = xr.open_dataset(path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--regions {region.name}={path}: not a readable netCDF mask file "
+                         f"({type(err).__name__}); give a netCDF with one (latitude, longitude) variable") from None
+    with ds:
         cands = [v for v in ds.data_vars if {"latitude", "longitude"} <= set(ds[v].dims)]
         if len(cands) != 1:
             raise ValueError(f"--regions {region.name}={path}: the mask file needs exactly one (latitude, longitude) "
@@ -157,8 +162,10 @@ def _mask_from_file(region: Region, latitude: np.ndarray, longitude: np.ndarray)
         da = ds[cands[0]].squeeze(drop=True).load()
     if set(da.dims) != {"latitude", "longitude"}:
         raise ValueError(f"--regions {region.name}={path}: mask dims {da.dims}, expected (latitude, longitude)")
+    # longitudes normalised to [0, 360) as every other input of the command (-180..180 masks are common)
+    da = da.assign_coords(longitude=np.mod(da["longitude"].values, 360.0)).sortby("longitude")
     try:
-        da = da.sel(latitude=latitude, longitude=longitude, method="nearest", tolerance=1e-3)
+        da = da.sel(latitude=latitude, longitude=np.mod(longitude, 360.0), method="nearest", tolerance=1e-3)
     except KeyError:
         raise ValueError(f"--regions {region.name}={path}: the mask's grid is not the evaluation grid") from None
     values = da.transpose("latitude", "longitude").values.astype(np.float64)
@@ -180,14 +187,14 @@ def land_fraction(land_sea_mask: xr.DataArray, threshold: float | None = None) -
 
 def region_weights(regions: Sequence[Region], latitude: xr.DataArray, longitude: xr.DataArray,
                    land_sea_mask: xr.DataArray | None = None, threshold: float | None = None) -> xr.DataArray:
-    """Area weights ``(region, latitude, longitude)``, float64: latitude weights × box × surface weight.
+    """Area weights ``(region, latitude, longitude)``, float64: WB2 cell-area weights × box × surface weight.
 
     ``land_sea_mask`` (latitude, longitude) is needed for land and sea regions (ValueError naming them
     otherwise). A region with no grid point inside gets a ValueError naming it.
     """
     lat = np.asarray(latitude, np.float64)
     lon = np.asarray(longitude, np.float64) % 360.0
-    wlat = latitude_weights(xr.DataArray(lat, dims="latitude")).values
+    wlat = cell_area_weights(xr.DataArray(lat, dims="latitude")).values
     needs = [r.name for r in regions if r.surface != "all"]
     land = None
     if needs:
@@ -215,7 +222,7 @@ def region_weights(regions: Sequence[Region], latitude: xr.DataArray, longitude:
     return xr.DataArray(out, dims=("region", "latitude", "longitude"),
                         coords={"region": [r.name for r in regions], "latitude": np.asarray(latitude),
                                 "longitude": np.asarray(longitude)},
-                        attrs={"long_name": "area weight of each region (cos(lat)/mean cos(lat) x box x surface)",
+                        attrs={"long_name": "area weight of each region (WB2 cell-area weight x box x surface)",
                                "units": "1"})
 
 

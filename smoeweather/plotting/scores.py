@@ -73,14 +73,14 @@ def plot_scores(path: str | Path, out_dir: str | Path) -> list[Path]:
     paths = []
     regions = [str(r) for r in ds["region"].values] if "region" in ds.dims else [None]
     for metric, da in ds.data_vars.items():
-        if not {"method", "field", "prediction_timedelta"} <= set(da.dims) or metric.startswith("per_init_"):
+        if not {"method", "field", "prediction_timedelta"} <= set(da.dims) or metric.startswith(("per_init_", "wb2_")):
             continue
         extra = [d for d in da.dims if d not in ("method", "field", "prediction_timedelta", "region")]
         if extra:
             if metric in ("spectrum", "rank_histogram"):
                 continue
             raise ValueError(f"{path}: {metric} has extra dims {extra}; expected method × field × lead")
-        if np.all(np.isnan(da.values)):
+        if np.all(np.isnan(da.values)) or metric == "n_scored":
             continue
         fig, axes = plt.subplots(len(regions), len(fields), figsize=(4.6 * len(fields), 3.4 * len(regions) + 0.4),
                                  squeeze=False)
