@@ -353,7 +353,7 @@ def wb2_terms(point: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.D
 
 @dataclass
 class FieldScores:
-    """The scores of one (method, field): {metric: DataArray} with the field's dims (lead [, region] [, time])."""
+    """The scores of one (method, field): {metric: DataArray} over the lead, region and time dims it has."""
 
     values: dict[str, xr.DataArray]
     n_missing: int = 0
