@@ -152,8 +152,11 @@ def user_message(err: BaseException) -> str | None:
             text = f"{err.filename}: {err.strerror or text}"
     elif isinstance(err, OSError) and err.filename is not None:
         reason = err.strerror or str(err)
-        hint = " (truncated or corrupt?)" if "HDF" in reason or "NetCDF" in reason else ""
-        text = f"{err.filename}: {reason}{hint}"
+        if "HDF" in reason or "NetCDF" in reason:
+            text = (f"{err.filename}: cannot read this netCDF file ({reason}): truncated or corrupt? Write or "
+                    "download it again")
+        else:
+            text = f"{err.filename}: {reason}"
     else:
         return None
     lines = [line.strip() for line in text.splitlines() if line.strip()]

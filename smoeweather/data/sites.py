@@ -120,7 +120,8 @@ def _parse_dates(df: pd.DataFrame, tcol: str, path: Path) -> pd.Series:
     """The date column as datetimes (``YYYYMMDDHH`` integers or ISO strings); DataError naming a bad row."""
     raw = df[tcol]
     text = raw.astype(str).str.strip()
-    fmt = "%Y%m%d%H" if pd.api.types.is_integer_dtype(raw) else None
+    compact = text.str.fullmatch(r"\d{10}")  # YYYYMMDDHH, also in a column a stray text cell made non-numeric
+    fmt = "%Y%m%d%H" if pd.api.types.is_integer_dtype(raw) or compact.any() else None
     times = pd.to_datetime(text.where(raw.notna()), format=fmt, errors="coerce")
     bad = times.isna().to_numpy()
     if bad.any():

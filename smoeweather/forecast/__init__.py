@@ -59,8 +59,15 @@ def make_forecast(
         raise ValueError(f"--lead has duplicates: {leads}")
     inits = np.asarray(init, "datetime64[ns]") if isinstance(init, np.ndarray) else init_times(*init, every)
     where = f"data {describe(data)}"
-    ds = open_canonical(data)
     what = str(method if method is not None else checkpoint)
+    trained = None
+    if checkpoint is not None:  # the checkpoint first: a wrong file is named before the data is opened
+        from smoeweather.models.loader import load_network
+
+        if fields:
+            raise ValueError("--fields applies to --method forecasts; a model forecasts its own targets")
+        trained = load_network(what, map_location=device)
+    ds = open_canonical(data)
     attrs: dict[str, Any] = {"data_source": describe(data), "init_every": str(every)}
     members = None
     if method is not None:
@@ -85,11 +92,7 @@ def make_forecast(
         attrs.update(method=name or what, reference_method=what)
     else:
         from smoeweather.forecast.model import model_forecast, model_metadata
-        from smoeweather.models.loader import load_network
 
-        if fields:
-            raise ValueError("--fields applies to --method forecasts; a model forecasts its own targets")
-        trained = load_network(what, map_location=device)
         run = Path(trained.config.get("output_dir") or Path(what).parent.parent).name
         from smoeweather.forecast.members import is_ensemble_model, members_dataset
 
