@@ -137,8 +137,9 @@ def gaussian_terms(mu: xr.DataArray, sigma: xr.DataArray, truth: xr.DataArray, w
 
 
 def _ignorance(p: xr.DataArray, event: xr.DataArray) -> xr.DataArray:
-    with np.errstate(divide="ignore"):
-        return -xr.where(event > 0.5, np.log(p), np.log(1.0 - p))
+    """−log of the probability given to what happened; +inf where it was 0 (as WB2), NaN where no event."""
+    realized = xr.where(event > 0.5, p, 1.0 - p).where(event.notnull())
+    return xr.where(realized > 0, -np.log(realized.where(realized > 0)), np.inf).where(realized.notnull())
 
 
 def ensemble_binary_terms(forecast: xr.DataArray, truth: xr.DataArray, thresholds: xr.DataArray,
