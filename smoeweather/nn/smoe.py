@@ -49,14 +49,15 @@ from smoeweather.nn.gates import (
     flat_expert_index_channels_last,
     flat_slot_index,
 )
+from smoeweather.nn.selected import LeafConvolutions, SelectedPlan, build_plan
 
 GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
 RouteImpl = Literal["auto", "index_select", "channels_last"]
 RCThreshold = Literal["sample", "slot"]
-ExpertCompute = Literal["auto", "all", "used"]
+ExpertCompute = Literal["auto", "all", "used", "selected"]
 ROUTE_IMPLS = ("auto", "index_select", "channels_last")
-EXPERT_COMPUTES = ("auto", "all", "used")
+EXPERT_COMPUTES = ("auto", "all", "used", "selected")
 
 # (B, E, F, H, W) <-> (B, H, W, E, F): the permutation is its own inverse
 _TO_CHANNELS_LAST = (0, 3, 4, 1, 2)
@@ -299,6 +300,97 @@ def rc_loss_mean(softplus_sum: torch.Tensor, z_expert_sum: torch.Tensor, z_selec
     return (softplus_sum - labelled) / n
 
 
+def _routing_backward(ctx: Any, grad_y: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor, need_slots: bool,
+                      need_scores: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The backward shared by the routing Functions. ``grad_y``: dL/dy (B, E, F, H, W); ``ctx``: ``layer``,
+    ``channels_last``, ``selection``. Returns dL/dy in the memory layout of ``ctx.channels_last``, the damped
+    slot gradient (``need_slots``, else None) and the gate's gradient: RC loss, straight-through (``need_scores``)."""
+    layer: SpatialMoE2d = ctx.layer
+    b, _, f, h, w = grad_y.shape
+    num_experts = layer.num_experts
+    g, e = idx.shape[:2]
+    channels_last = ctx.channels_last
+    # dL/dy in the memory layout the scatter reads (planar, or (B, H, W, E, F)); the elementwise ops
+    # below keep it, so nothing is copied again before the scatter (a no-op when already laid out so)
+    if channels_last:
+        grad_y = grad_y.permute(_TO_CHANNELS_LAST).contiguous().permute(_TO_CHANNELS_LAST)
+    else:
+        grad_y = grad_y.contiguous()
+    damp = layer.damping is not None and num_experts > e and need_slots
+    wrong = wrong_damp = error = wrong_g = None
+    # the tolerances are absolute errors in output units of a mean-reduced MSE, so they are converted to
+    # error-signal units (× 2/N × loss scale) instead of rescaling the (large) error tensor
+    to_signal = 2.0 * layer.loss_scale / grad_y.numel()
+    if layer.rc and need_scores and not damp and g == 1 and layer.rc_threshold == "sample":
+        # the common CPU case: the batch-counted flags straight from dL/dy (None where it does not apply)
+        wrong_g = batch_flagged_fraction_cpu(grad_y.detach(), layer.quantile, layer.tolerance * to_signal)
+    if (layer.rc or damp) and wrong_g is None:
+        # error = |dL/dy| per slot; the quantile itself is scale-free
+        error = _sum_slot_channels(grad_y.detach(), absolute=True)
+        if layer.rc_threshold == "slot":  # each slot (output plane) against its own spatial quantile
+            threshold = quantile_threshold(error.reshape(b * e, 1, h, w), layer.quantile,
+                                           nonnegative=True).view(b, e, 1, 1)
+        else:  # "sample": the paper's per-sample quantile over every slot and location
+            threshold = quantile_threshold(error, layer.quantile, nonnegative=True)
+        wrong = error > threshold + layer.tolerance * to_signal
+        if damp:
+            if layer.damping_quantile != layer.quantile:
+                threshold = quantile_threshold(error, layer.damping_quantile, nonnegative=True)
+            wrong_damp = error > threshold + layer.damping_tolerance * to_signal
+        if not (layer.rc and need_scores):  # else from the batch-counted flags below
+            layer.record_diagnostics(last_misrouted_fraction=flagged_fraction(wrong))
+
+    grad_slots = None
+    if need_slots:
+        grad_slots = grad_y
+        if wrong_damp is not None:
+            # 1 or damping per slot, written into the no longer needed error buffer when possible
+            reuse = error.dtype == grad_y.dtype and f == 1
+            factor = damping_factor(wrong_damp, layer.damping, grad_y.dtype, out=error if reuse else None)
+            grad_slots = factor.unsqueeze(2).mul_(grad_y) if f == 1 else grad_y * factor.unsqueeze(2)
+    grad_scores = None
+    if need_scores:
+        if layer.rc:
+            if wrong_g is None:  # (else counted above by batch_flagged_fraction_cpu, the same bits)
+                if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
+                    # fractions k/B, summed over the slots in routing_labels: contiguous, so that sum runs in
+                    # one order in every layout (a no-op for planar, a 1/B-sized copy for channels-last)
+                    wrong_g = _count_batch(wrong).div_(b).contiguous()
+                else:  # 0/1 values: sums exact in any order; contiguous for the RC loss value's sums
+                    wrong_g = wrong.to(torch.float32).contiguous()
+            z = scores.detach().float()
+            n = z.numel()  # that of the labels, (G, |E|, H, W)
+            memo = ctx.selection.memo if ctx.selection is not None else (lambda key, make, values=False: make())
+            key = ("rc", layer.gate_norm)
+            sigmoid = memo((*key, "sigmoid"), lambda: torch.sigmoid(z), values=True)
+            gate_flat = None
+            if ctx.selection is not None and g == 1 and z.is_contiguous():  # positions in (|E|, H, W)
+                planar_f1 = ctx.selection.out_per_expert == 1 and not ctx.selection.channels_last
+                gate_flat = ctx.selection.flat if planar_f1 else \
+                    ctx.selection.memo(("gate_flat",), lambda: flat_expert_index(idx[0], 1))
+            grad_scores = rc_gate_gradient(sigmoid, wrong_g, idx, num_experts, gate_flat)
+            grad_scores.mul_(layer.rc_weight * layer.loss_scale / n)
+            # logged values, computed when read: from the selection's snapshot of the gate's weight, or (no
+            # snapshot, or normalised scores) from per-gate sums taken now, as the gate is updated in place
+            if ctx.selection is not None and ctx.selection.scores is not None and layer.gate_norm == "none":
+                rc_loss = partial(_selection_rc_loss, ctx.selection, wrong_g, num_experts)
+            else:
+                rc_loss = partial(rc_loss_mean, *_rc_loss_sums(z, idx, memo, key), wrong_g, idx, num_experts, n)
+            layer.record_diagnostics(
+                last_rc_loss=rc_loss,
+                last_label_information=partial(label_information, wrong_g, layer.quantile),
+                last_misrouted_fraction=partial(torch.mean, wrong_g))
+        if grad_scores is None:
+            grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
+        if layer.gate_gets_task_grad and not layer.weighted:
+            straight = _sum_slot_channels(grad_y.detach(), absolute=False)  # (B, E, H, W)
+            if g == 1:
+                straight = straight.sum(0, keepdim=True)
+            grad_scores.scatter_add_(1, idx, straight)
+        grad_scores = grad_scores.to(scores.dtype)
+    return grad_y, grad_slots, grad_scores
+
+
 class _RouteExperts(torch.autograd.Function):
     """Gather the selected experts; in backward: damping, RC-loss gradient for the gate.
 
@@ -350,49 +442,14 @@ class _RouteExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         scores, idx = ctx.saved_tensors
-        layer: SpatialMoE2d = ctx.layer
         b, computed, f, h, w = ctx.expert_shape  # computed: the experts in the forward's block (|E| or n)
-        num_experts = layer.num_experts
+        num_experts = ctx.layer.num_experts
         g, e = idx.shape[:2]
         channels_last = ctx.channels_last
-        # dL/dy in the memory layout the scatter reads (planar, or (B, H, W, E, F)); the elementwise ops
-        # below keep it, so nothing is copied again before the scatter (a no-op when already laid out so)
-        if channels_last:
-            grad_y = grad_y.permute(_TO_CHANNELS_LAST).contiguous().permute(_TO_CHANNELS_LAST)
-        else:
-            grad_y = grad_y.contiguous()
-        damp = layer.damping is not None and num_experts > e and ctx.needs_input_grad[0]
-        wrong = wrong_damp = error = wrong_g = None
-        # the tolerances are absolute errors in output units of a mean-reduced MSE, so they are converted to
-        # error-signal units (× 2/N × loss scale) instead of rescaling the (large) error tensor
-        to_signal = 2.0 * layer.loss_scale / grad_y.numel()
-        if layer.rc and ctx.needs_input_grad[1] and not damp and g == 1 and layer.rc_threshold == "sample":
-            # the common CPU case: the batch-counted flags straight from dL/dy (None where it does not apply)
-            wrong_g = batch_flagged_fraction_cpu(grad_y.detach(), layer.quantile, layer.tolerance * to_signal)
-        if (layer.rc or damp) and wrong_g is None:
-            # error = |dL/dy| per slot; the quantile itself is scale-free
-            error = _sum_slot_channels(grad_y.detach(), absolute=True)
-            if layer.rc_threshold == "slot":  # each slot (output plane) against its own spatial quantile
-                threshold = quantile_threshold(error.reshape(b * e, 1, h, w), layer.quantile,
-                                               nonnegative=True).view(b, e, 1, 1)
-            else:  # "sample": the paper's per-sample quantile over every slot and location
-                threshold = quantile_threshold(error, layer.quantile, nonnegative=True)
-            wrong = error > threshold + layer.tolerance * to_signal
-            if damp:
-                if layer.damping_quantile != layer.quantile:
-                    threshold = quantile_threshold(error, layer.damping_quantile, nonnegative=True)
-                wrong_damp = error > threshold + layer.damping_tolerance * to_signal
-            if not (layer.rc and ctx.needs_input_grad[1]):  # else from the batch-counted flags below
-                layer.record_diagnostics(last_misrouted_fraction=flagged_fraction(wrong))
-
+        grad_y, grad_slots, grad_scores = _routing_backward(ctx, grad_y, scores, idx, ctx.needs_input_grad[0],
+                                                            ctx.needs_input_grad[1])
         grad_expert = None
-        if ctx.needs_input_grad[0]:
-            grad_slots = grad_y
-            if wrong_damp is not None:
-                # 1 or damping per slot, written into the no longer needed error buffer when possible
-                reuse = error.dtype == grad_y.dtype and f == 1
-                factor = damping_factor(wrong_damp, layer.damping, grad_y.dtype, out=error if reuse else None)
-                grad_slots = factor.unsqueeze(2).mul_(grad_y) if f == 1 else grad_y * factor.unsqueeze(2)
+        if grad_slots is not None:
             if channels_last:
                 source = grad_slots.permute(_TO_CHANNELS_LAST)  # (B, H, W, E, F)
                 if g == 1:
@@ -411,48 +468,38 @@ class _RouteExperts(torch.autograd.Function):
                 index = idx.unsqueeze(2).expand(b, e, f, h, w)
                 grad_expert = grad_y.new_zeros(ctx.expert_shape).scatter_(1, index, grad_slots)
 
-        grad_scores = None
-        if ctx.needs_input_grad[1]:
-            grad_scores = None
-            if layer.rc:
-                if wrong_g is None:  # (else counted above by batch_flagged_fraction_cpu, the same bits)
-                    if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
-                        # fractions k/B, summed over the slots in routing_labels: contiguous, so that sum runs in
-                        # one order in every layout (a no-op for planar, a 1/B-sized copy for channels-last)
-                        wrong_g = _count_batch(wrong).div_(b).contiguous()
-                    else:  # 0/1 values: sums exact in any order; contiguous for the RC loss value's sums
-                        wrong_g = wrong.to(torch.float32).contiguous()
-                z = scores.detach().float()
-                n = z.numel()  # that of the labels, (G, |E|, H, W)
-                memo = ctx.selection.memo if ctx.selection is not None else (lambda key, make, values=False: make())
-                key = ("rc", layer.gate_norm)
-                sigmoid = memo((*key, "sigmoid"), lambda: torch.sigmoid(z), values=True)
-                gate_flat = None
-                if ctx.selection is not None and g == 1 and z.is_contiguous():  # positions in (|E|, H, W)
-                    planar_f1 = ctx.selection.out_per_expert == 1 and not ctx.selection.channels_last
-                    gate_flat = ctx.selection.flat if planar_f1 else \
-                        ctx.selection.memo(("gate_flat",), lambda: flat_expert_index(idx[0], 1))
-                grad_scores = rc_gate_gradient(sigmoid, wrong_g, idx, num_experts, gate_flat)
-                grad_scores.mul_(layer.rc_weight * layer.loss_scale / n)
-                # logged values, computed when read: from the selection's snapshot of the gate's weight, or (no
-                # snapshot, or normalised scores) from per-gate sums taken now, as the gate is updated in place
-                if ctx.selection is not None and ctx.selection.scores is not None and layer.gate_norm == "none":
-                    rc_loss = partial(_selection_rc_loss, ctx.selection, wrong_g, num_experts)
-                else:
-                    rc_loss = partial(rc_loss_mean, *_rc_loss_sums(z, idx, memo, key), wrong_g, idx, num_experts, n)
-                layer.record_diagnostics(
-                    last_rc_loss=rc_loss,
-                    last_label_information=partial(label_information, wrong_g, layer.quantile),
-                    last_misrouted_fraction=partial(torch.mean, wrong_g))
-            if grad_scores is None:
-                grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
-            if layer.gate_gets_task_grad and not layer.weighted:
-                straight = _sum_slot_channels(grad_y.detach(), absolute=False)  # (B, E, H, W)
-                if g == 1:
-                    straight = straight.sum(0, keepdim=True)
-                grad_scores.scatter_add_(1, idx, straight)
-            grad_scores = grad_scores.to(scores.dtype)
         return grad_expert, grad_scores, None, None, None, None, None, None
+
+
+class _RouteBlock(torch.autograd.Function):
+    """The selected slots from the leaf outputs of a :class:`~smoeweather.nn.selected.SelectedPlan` (B, N); in
+    backward the routing's (damping, RC-loss gradient for the gate) and the slots' gradient put back in place.
+    ``flat``: the plan's slot positions, ordered (E, F, H, W), or (H, W, E, F) when ``channels_last`` (the output
+    is then laid out (B, H, W, E, F), as :class:`_RouteExperts` lays it out)."""
+
+    @staticmethod
+    def forward(ctx, block: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor, layer: SpatialMoE2d,
+                flat: torch.Tensor, channels_last: bool, selection: Selection | None) -> torch.Tensor:
+        ctx.save_for_backward(scores, idx)
+        ctx.layer, ctx.flat, ctx.channels_last, ctx.selection = layer, flat, channels_last, selection
+        ctx.block_size = block.shape[1]
+        b, (_, e, h, w), f = block.shape[0], idx.shape, layer.out_per_expert
+        y = block.index_select(1, flat)
+        if channels_last:
+            return y.view(b, h, w, e, f).permute(_TO_CHANNELS_LAST)
+        return y.view(b, e, f, h, w)
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        scores, idx = ctx.saved_tensors
+        _, grad_slots, grad_scores = _routing_backward(ctx, grad_y, scores, idx, ctx.needs_input_grad[0],
+                                                       ctx.needs_input_grad[1])
+        grad_block = None
+        if grad_slots is not None:  # laid out as ``flat`` orders the slots: a view
+            source = grad_slots.permute(_TO_CHANNELS_LAST) if ctx.channels_last else grad_slots
+            b = source.shape[0]
+            grad_block = source.new_zeros(b, ctx.block_size).index_add_(1, ctx.flat, source.reshape(b, -1))
+        return grad_block, grad_scores, None, None, None, None, None
 
 
 class SpatialMoE2d(nn.Module):
@@ -508,8 +555,10 @@ class SpatialMoE2d(nn.Module):
             errors elsewhere, which removes the plane-scale confound). ``last_label_information`` records the
             share of locations whose flagged fraction differs from 1 − q by more than 0.1.
         expert_compute: ``all`` (every expert everywhere, no host synchronisation), ``used`` (only the experts
-            selected somewhere, for a shared routing G = 1; same results, see the module docstring) or
-            ``auto`` (``used`` on CPU, ``all`` on accelerators).
+            selected somewhere, for a shared routing G = 1; same results, see the module docstring),
+            ``selected`` (each expert only in the rectangles of the grid where it is selected: a partition of the
+            grid planned on the host once per routing, :mod:`smoeweather.nn.selected`; same results to float32
+            summation order; G = 1 only, else all experts) or ``auto`` (``used`` on CPU, ``all`` on accelerators).
     """
 
     def __init__(
@@ -648,10 +697,48 @@ class SpatialMoE2d(nn.Module):
         return "channels_last" if is_channels_last(x) else "index_select"
 
     def uses_selected_experts(self, x: torch.Tensor, shared_routing: bool) -> bool:
-        """Whether this call convolves only the selected experts (``expert_compute``, resolved for ``x``)."""
-        if not shared_routing or self.expert_compute == "all":
-            return False
-        return self.expert_compute == "used" or x.device.type == "cpu"
+        """Whether this call convolves fewer than all experts (``used`` or ``selected``, resolved for ``x``)."""
+        return self.resolved_expert_compute(x, shared_routing) != "all"
+
+    def resolved_expert_compute(self, x: torch.Tensor, shared_routing: bool) -> str:
+        """What this call computes: ``all``, ``used`` or ``selected`` (``expert_compute`` resolved for ``x``).
+        A per-sample routing computes all experts; ``auto`` is ``used`` on CPU (measured faster than ``selected`` for
+        the SMoE-U-Nets and ResNets on 32 × 64 grids: benchmarks/results/smoe_selected_cpu.md), ``all`` on accelerators.
+        ``selected`` becomes ``used`` under autocast (the leaf convolutions' backward runs in the input's dtype)
+        and ``all`` under ``torch.compile`` (its plan is made on the host)."""
+        mode = self.expert_compute
+        if not shared_routing or mode == "all":
+            return "all"
+        if mode == "auto":
+            mode = "used" if x.device.type == "cpu" else "all"
+        if mode == "selected":
+            if torch.compiler.is_compiling():
+                return "all"
+            if torch.is_autocast_enabled(x.device.type):
+                return "used"
+        return mode
+
+    def selected_plan(self, idx: torch.Tensor, batch: int, channels_last: bool,
+                      selection: Selection | None) -> SelectedPlan:
+        """The leaf plan of the shared selection ``idx`` (1, E, H, W), memoised in the gate's ``selection``."""
+        fan_in = self.in_channels * self.kernel_size ** 2
+
+        def make() -> SelectedPlan:
+            return build_plan(idx[0], self.num_experts, self.out_per_expert, fan_in, batch, channels_last)
+        if selection is None:
+            return make()
+        return selection.memo(("selected", self.num_experts, self.out_per_expert, fan_in, batch, channels_last), make)
+
+    def apply_selected(self, x: torch.Tensor, plan: SelectedPlan, channels_last: bool) -> torch.Tensor:
+        """The plan's leaf convolutions: (B, C, H, W) → (B, N) leaf outputs (see :mod:`smoeweather.nn.selected`)."""
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        pad = self.kernel_size // 2
+        if self.padding == "periodic_lon":
+            xp = F.pad(_pad_lon_circular(x, pad), (0, 0, pad, pad)) if pad else x
+        else:
+            xp = F.pad(x, (pad, pad, pad, pad)) if pad else x
+        return LeafConvolutions.apply(xp, self.experts.weight, self.experts.bias, plan)
 
     def apply_experts(self, x: torch.Tensor, channels_last: bool = False,
                       experts: torch.Tensor | None = None) -> torch.Tensor:
@@ -700,7 +787,15 @@ class SpatialMoE2d(nn.Module):
             idx = routing_scores.detach().topk(self.num_selected, dim=1, sorted=True).indices
         self.__dict__["_last_idx"] = idx  # for last_routing; a plain attribute, set without Module.__setattr__
         experts = local_idx = None
-        if self.uses_selected_experts(x, shared_routing=idx.shape[0] == 1):
+        mode = self.resolved_expert_compute(x, shared_routing=idx.shape[0] == 1)
+        if mode == "selected":
+            plan = self.selected_plan(idx, x.shape[0], channels_last, selection)
+            if len(plan.leaves) > 1:
+                y = _RouteBlock.apply(self.apply_selected(x, plan, channels_last), scores, idx, self, plan.flat,
+                                      channels_last, selection)
+                return self._finish(y, scores, routing_scores, idx)
+            mode = "used"  # one leaf: the used experts on the whole grid, which that path computes faster
+        if mode == "used":
             if selection is None:
                 experts, local_idx = self._used_experts(idx)
             else:  # once per gate and step: the layers sharing the gate share it
@@ -717,6 +812,11 @@ class SpatialMoE2d(nn.Module):
         expert_out = self.apply_experts(x, channels_last, experts)
         y = _RouteExperts.apply(expert_out, scores, idx, self, flat, channels_last, local_idx,
                                 selection)  # (B, E, F, H, W)
+        return self._finish(y, scores, routing_scores, idx)
+
+    def _finish(self, y: torch.Tensor, scores: torch.Tensor, routing_scores: torch.Tensor,
+                idx: torch.Tensor) -> torch.Tensor:
+        """Gate weighting, auxiliary losses, and the slots (B, E, F, H, W) → the output (B, E·F, H, W)."""
         if self.weighted:
             weight_source = scores if self.gate_gets_task_grad else scores.detach()
             weights = weight_source.gather(1, idx).unsqueeze(2)  # (G, E, 1, H, W)
