@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipelines.errors import DataError
 from pipelines.prepare import ERA5_FORMATS
 
 
@@ -69,6 +70,8 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
         help="NaNs in the source: refuse and write nothing (default), or fill with zero, the field mean or "
         "the nearest valid point",
     )
+    prep.add_argument("--storage-options", default=None, metavar="JSON",
+                      help='fsspec options for a URL source, e.g. \'{"token": "anon"}\' for gs://weatherbench2')
     prep.add_argument("--overwrite", action="store_true", help="replace an existing store")
     prep.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -102,6 +105,21 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("store", help="prepared zarr store")
 
 
+def _storage_options(text: str | None) -> dict | None:
+    """``--storage-options JSON`` → dict; DataError naming the option when it is not a JSON object."""
+    if text is None:
+        return None
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"--storage-options must be a JSON object such as '{{\"token\": \"anon\"}}': {err}") from None
+    if not isinstance(value, dict):
+        raise DataError(f"--storage-options must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def run_data_command(args: argparse.Namespace) -> int:
     """Run one ``smoe data`` verb; returns the exit code (errors propagate to ``smoeweather.cli``)."""
     if args.data_verb == "prepare":
@@ -124,6 +142,7 @@ def run_data_command(args: argparse.Namespace) -> int:
             truth=args.truth,
             members=args.members,
             fill_policy=args.fill_policy,
+            storage_options=_storage_options(args.storage_options),
         )
         return 0
     if args.data_verb == "world":

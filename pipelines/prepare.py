@@ -343,7 +343,8 @@ def _open_weatherbench(root: str | Path, years: Sequence[int] | None) -> xr.Data
     return open_weatherbench(root, folders, wanted, grid=grid, check_nans=False)
 
 
-def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | None = None) -> xr.Dataset:
+def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | None = None,
+          storage_options: dict[str, Any] | None = None) -> xr.Dataset:
     """Open ``source`` as a lazy canonical Dataset (ens10 without truth; see ``prepare``)."""
     if kind == "world":
         path = str(source)
@@ -361,7 +362,7 @@ def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | Non
         if fmt == "wb2":
             if stored_args(str(source)) is not None:  # a store written by `smoe data prepare`
                 return xr.open_zarr(str(source))
-            return open_source("wb2", str(source))
+            return open_source("wb2", str(source), storage_options=storage_options)
         return open_source("cds", resolve_sources(source), check_nans=False)
     if kind == "cmip6":
         return open_source("cmip6", resolve_sources(source, "*.nc"), check_nans=False)
@@ -484,6 +485,7 @@ def prepare(
     truth: Source | None = None,
     members: int | None = None,
     fill_policy: str = "error",
+    storage_options: dict[str, Any] | None = None,
 ) -> Path:
     """Prepare an analysis-ready zarr store from a raw ``source`` (file(s), glob, folder, store or fsspec URL).
 
@@ -497,7 +499,8 @@ def prepare(
     source) is brought onto the forecast grid and stored as ``<name>_truth`` at the valid time (init +
     48 h); ``members`` 5 or 10 (default 10). ``fill_policy``: what to do with NaNs (see ``write_store``:
     "error" refuses and writes nothing). The store records a fingerprint of the source files, so a
-    changed source is never reported "up to date".
+    changed source is never reported "up to date". ``storage_options``: fsspec options for a URL source (e.g.
+    ``{"token": "anon"}`` for ``gs://weatherbench2``); not recorded in the store (they may hold credentials).
     """
     if kind not in KINDS:
         raise DataError(f"unknown kind {kind!r}; choose from {KINDS}")
@@ -525,7 +528,7 @@ def prepare(
         if kind == "ens10":
             ds = _open_ens10(source, truth, int(members), grid, variables, levels)
             return select(ds, years, source=str(source))
-        ds = _open(kind, source, fmt, years)
+        ds = _open(kind, source, fmt, years, storage_options)
         ds = select(ds, years, variables, levels, source=str(source))
         return _regrid(ds, grid, str(source))
 

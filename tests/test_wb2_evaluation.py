@@ -272,3 +272,20 @@ def test_wb2_climatology_zarr_for_acc_and_thresholds(world: tuple[Path, xr.Datas
     np.testing.assert_allclose(det.sel(metric="acc", level=850, region="global").values, acc.mean(0), rtol=1e-10)
     assert "climatology" in s["method"].values.tolist()
     del fc_values
+
+
+def test_data_prepare_storage_options_on_a_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`smoe data prepare era5 URL --storage-options JSON`: the options reach fsspec (memory:// takes none, so
+    an empty object works and a non-object is refused by name)."""
+    from fake_layouts import wb2_dataset, write_wb2_zarr
+
+    url = f"memory://prepare-so-{tmp_path.name}/wb2.zarr"
+    write_wb2_zarr(url, times=8)
+    out = tmp_path / "era5.zarr"
+    argv = ["data", "prepare", "era5", "--source", url, "--out", str(out), "--native-grid", "--quiet", "--variables",
+            "temperature", "--storage-options"]
+    assert main([*argv, "[]"]) == 2
+    assert "--storage-options must be a JSON object" in capsys.readouterr().err
+    assert main([*argv, "{}"]) == 0
+    np.testing.assert_array_equal(xr.open_zarr(out)["temperature"].values,
+                                  wb2_dataset(times=8)["temperature"].values)
