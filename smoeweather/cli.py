@@ -148,8 +148,8 @@ def user_message(err: BaseException) -> str | None:
         text = str(err.args[0])
     elif isinstance(err, USER_ERRORS):
         text = str(err)
-        if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in text:
-            text = f"{err.filename}: {err.strerror or text}"
+        if isinstance(err, OSError) and err.filename is not None and err.strerror:  # "[Errno 13] …: 'x'"
+            text = f"{err.filename}: {err.strerror}"
     elif isinstance(err, OSError) and err.filename is not None:
         reason = err.strerror or str(err)
         if "HDF" in reason or "NetCDF" in reason:

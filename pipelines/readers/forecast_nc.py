@@ -19,6 +19,7 @@ Jan 1 → 0, 30, 61 days); otherwise a lead coordinate with time units (``hours`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,8 @@ import xarray as xr
 from pipelines.canonical import VARIABLES
 from pipelines.errors import DataError
 from pipelines.readers._files import PathLike
+
+X = TypeVar("X", xr.Dataset, xr.DataArray)
 
 INIT_NAMES = ("time", "sdate", "init", "init_time", "initial_time", "forecast_reference_time", "reftime")
 LEAD_NAMES = ("prediction_timedelta", "ftime", "lead", "lead_time", "leadtime", "step", "forecast_period")
@@ -111,12 +114,24 @@ def _grid(ds: xr.Dataset, path: object) -> xr.Dataset:
     lon = _find(ds, LON_NAMES, "longitude", path)
     lev = _find(ds, LEVEL_NAMES, "level", path, required=False)
     ds = ds.rename({k: v for k, v in ((lat, "latitude"), (lon, "longitude"), (lev, "level")) if k and k != v})
-    ds = ds.assign_coords(longitude=np.mod(ds["longitude"].values, 360.0))
-    ds = ds.sortby("latitude").sortby("longitude")
+    ds = normalise_grid(ds)
     if "level" in ds.dims:
         ds = ds.assign_coords(level=ds["level"].values.astype(int))
     ds["latitude"].attrs.update(units="degrees_north", standard_name="latitude")
     ds["longitude"].attrs.update(units="degrees_east", standard_name="longitude")
+    return ds
+
+
+def normalise_grid(ds: X) -> X:
+    """``ds`` with ``longitude`` in [0, 360) ascending and ``latitude`` ascending: the one convention of every
+    gridded input (forecast, truth, masks), so that inputs in −180…180 match. Returned as it is (no copy, no
+    reindex) when it already follows it."""
+    if "longitude" in ds.dims:
+        lon = np.asarray(ds["longitude"].values, np.float64)
+        if lon.size and (lon.min() < 0 or lon.max() >= 360 or np.any(np.diff(lon) <= 0)):
+            ds = ds.assign_coords(longitude=np.mod(lon, 360.0)).sortby("longitude")
+    if "latitude" in ds.dims and np.any(np.diff(np.asarray(ds["latitude"].values, np.float64)) <= 0):
+        ds = ds.sortby("latitude")
     return ds
 
 

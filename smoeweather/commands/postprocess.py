@@ -115,10 +115,11 @@ def _crossval(args: argparse.Namespace) -> int:
     from smoeweather.data import ensembles
     from smoeweather.io import atomic_output, check_output
     from smoeweather.postprocess.crossval import crossvalidate, markdown
+    from smoeweather.postprocess.pipeline import open_gridded, open_gridded_truth
 
     check_output(args.out, args.overwrite)
-    forecast = ensembles.open_ensemble(args.forecast, args.variables)
-    truth = ensembles.truth_at_valid_times(forecast, ensembles.open_truth(args.truth, args.forecast))
+    forecast = open_gridded(args.forecast, args.variables)
+    truth = ensembles.truth_at_valid_times(forecast, open_gridded_truth(args.truth, args.forecast))
     result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations,
                            source=" ".join(map(str, args.forecast)))
     with atomic_output(args.out, args.overwrite, kind="dir") as tmp:  # the whole folder, never a part of it
@@ -218,9 +219,9 @@ def _apply(args: argparse.Namespace) -> int:
             print(p)
         return 0
     from smoeweather.postprocess.neural import apply_checkpoint
-    from smoeweather.postprocess.pipeline import check_member_count, distribution_products
+    from smoeweather.postprocess.pipeline import check_member_count, distribution_products, open_gridded
 
-    forecast = ensembles.select_period(ensembles.open_ensemble(args.forecast), args.apply_period)
+    forecast = ensembles.select_period(open_gridded(args.forecast), args.apply_period)
     sources = " ".join(map(str, args.forecast))
     check_member_count(args.members, forecast, sources)
     mu, sigma, attrs = apply_checkpoint(args.model, forecast, batch_size=args.batch_size)

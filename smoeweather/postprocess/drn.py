@@ -34,6 +34,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import pandas as pd
 import torch
 import xarray as xr
 
+from pipelines.readers.forecast_nc import normalise_grid
 from smoeweather.postprocess.distributions import check_distribution, crps_torch
 
 KIND = "smoeweather_drn_model"
@@ -93,8 +95,6 @@ def _space(ds: xr.Dataset | xr.DataArray) -> tuple[str, ...]:
 
 def with_static(forecast: xr.Dataset, paths: list[Any]) -> xr.Dataset:
     """``forecast`` (gridded) with the :data:`STATIC` maps of its source files as coordinates, where present."""
-    from pathlib import Path
-
     if "site" in forecast.dims:
         return forecast
     for p in paths:
@@ -104,7 +104,7 @@ def with_static(forecast: xr.Dataset, paths: list[Any]) -> xr.Dataset:
         with xr.open_dataset(p) as raw:
             for c in STATIC:
                 if c in raw.variables and set(raw[c].dims) == {"latitude", "longitude"} and c not in forecast.coords:
-                    da = raw[c].load()
+                    da = normalise_grid(raw[c].load())  # the forecast's convention, whatever the file's
                     if np.allclose(da["latitude"].values, forecast["latitude"].values) and np.allclose(
                             da["longitude"].values, forecast["longitude"].values):
                         forecast = forecast.assign_coords({c: (("latitude", "longitude"), da.transpose(
@@ -565,8 +565,6 @@ def _names(model: xr.Dataset) -> list[str]:
 def read_drn_model(path: Any) -> tuple[xr.Dataset, dict[str, Any]]:
     """(model Dataset, attrs with ``latitude``/``longitude`` [and ``station_id``] arrays) of a DRN model file;
     ValueError for a file of another kind."""
-    from pathlib import Path
-
     from smoeweather.data.sites import station_ids
     from smoeweather.postprocess.model_file import open_model_file
 
@@ -598,8 +596,6 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
     """``smoe postprocess fit --method drn``: fit on the ensemble files (a gridded store/file, a CF site file
     or a site table) and write the model file ``out``; returns a one-line summary. ``window``/``lag``/``dates``
     as for rolling EMOS (:mod:`.rolling`)."""
-    from pathlib import Path
-
     from smoeweather.data import ensembles
     from smoeweather.io import check_output
     from smoeweather.postprocess import validate
@@ -651,20 +647,23 @@ def apply_drn_files(model_path: Any, forecast_paths: list[Any], out: Any, *, app
                     scheduler: str | None = None, overwrite: bool = False, progress: bool = True) -> list[Any]:
     """``smoe postprocess apply --drn MODEL.nc``: the (μ, σ) store, ECC-Q members and quantiles, as for EMOS.
     Sites the model never saw get the mean embedding (one line says how many)."""
-    from pathlib import Path
-
     from smoeweather.data import ensembles
     from smoeweather.data.sites import is_site_source
     from smoeweather.postprocess import chunked
     from smoeweather.postprocess.model_file import check_forecast
-    from smoeweather.postprocess.pipeline import distribution_products, open_forecast_and_truth, write_stores
+    from smoeweather.postprocess.pipeline import (
+        distribution_products,
+        open_forecast_and_truth,
+        open_gridded,
+        write_stores,
+    )
 
     model, mattrs = read_drn_model(model_path)
     paths = [Path(p) for p in forecast_paths]
     if any(is_site_source(p) for p in paths):
         forecast, _ = open_forecast_and_truth(paths, None, None, table or {})
     else:
-        forecast = ensembles.open_ensemble(paths)
+        forecast = open_gridded(paths)
     forecast = with_static(ensembles.select_period(forecast, apply_period), list(forecast_paths))
     where = " ".join(map(str, forecast_paths))
     if members is not None and members != forecast.sizes["member"]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from pipelines.readers.forecast_nc import normalise_grid
 from smoeweather.data import ensembles
 from smoeweather.data.sites import is_site_source, open_sites, station_ids
 from smoeweather.io import atomic_path, check_output
@@ -37,8 +38,18 @@ def open_forecast_and_truth(paths: Sequence[Path], truth: Path | None, variables
                 raise ValueError(f"{paths[0]}: no variable(s) {lacking}; it has {list(forecast.data_vars)}")
             forecast = forecast[list(variables)]
         return forecast, obs
-    forecast = ensembles.open_ensemble(paths, variables)
-    return forecast, ensembles.open_truth(truth, paths)
+    return open_gridded(paths, variables), open_gridded_truth(truth, paths)
+
+
+def open_gridded(paths: Sequence[Path], variables: Sequence[str] | None = None) -> xr.Dataset:
+    """:func:`smoeweather.data.ensembles.open_ensemble`, longitudes in [0, 360) and latitudes ascending
+    (:func:`pipelines.readers.forecast_nc.normalise_grid`), the convention of every input of a command."""
+    return normalise_grid(ensembles.open_ensemble(paths, variables))
+
+
+def open_gridded_truth(truth: Path | Sequence[Path] | None, paths: Sequence[Path]) -> xr.Dataset:
+    """:func:`smoeweather.data.ensembles.open_truth` on the grid convention of :func:`open_gridded`."""
+    return normalise_grid(ensembles.open_truth(truth, paths))
 
 
 def check_non_negative(truth: xr.Dataset, option: str) -> None:
@@ -200,7 +211,7 @@ def apply(
     params, mattrs = read_model(model)
     sources = " ".join(map(str, forecast_paths))
     forecast, _ = open_forecast_and_truth(forecast_paths, None, None, table or {}) if any(
-        is_site_source(p) for p in forecast_paths) else (ensembles.open_ensemble(forecast_paths), None)
+        is_site_source(p) for p in forecast_paths) else (open_gridded(forecast_paths), None)
     forecast = ensembles.select_period(forecast, apply_period)
     check_member_count(members, forecast, sources)
     forecast = check_forecast(mattrs, forecast, str(model), sources)
