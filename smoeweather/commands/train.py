@@ -18,11 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the config with its overrides (validated against the task's schema in ``train``) and train."""
-    from smoeweather.config import load_config
+    """Load the config with its overrides, validated in full (a typed config) before anything runs, and train."""
     from smoeweather.training.run import train
+    from smoeweather.training.settings import load_train_config
 
-    cfg = load_config(args.config, list(args.overrides or []))
+    cfg = load_train_config(args.config, list(args.overrides or []))
     result = train(cfg, init_from=args.init_from, resume=args.resume)
     if result.trainer.is_global_zero:
         best = result.best_checkpoint or "none (no validation ran: set trainer.max_epochs/val_check_interval)"

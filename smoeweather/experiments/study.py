@@ -39,6 +39,7 @@ Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.c
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -99,7 +100,7 @@ class StudyConfig:
     leads_h: list[int] = field(default_factory=lambda: [72, 120])
     targets: list[str] = field(default_factory=lambda: ["geopotential_500", "temperature_850"])
     overrides: list[str] = field(default_factory=list)
-    scoring: str = "auto"
+    scoring: str = "forecast"  # forecast (RMSE) | ensemble | auto (= forecast); post-processing tasks: by task
     val_every_steps: int | None = None
     reference_baseline: str | None = None  # post-processing: a reference method (e.g. emos_gridpoint) to pair with
     threads: int = 1
@@ -152,6 +153,12 @@ number out of bounds is an error naming the key, before anything runs."""
 VARIANT_SCHEMA = Block({"config": (str,), "overrides": (list, type(None)), "family": (str, type(None))})
 
 
+def _default(key: str) -> Any:
+    """The default of a study key: the field default of :class:`StudyConfig` (the one place it is set)."""
+    spec = StudyConfig.__dataclass_fields__[key]
+    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+
+
 def _check_study_keys(raw: Any, path: Path) -> None:
     """ConfigError naming the study file and the key (:data:`STUDY_SCHEMA`, :data:`VARIANT_SCHEMA`)."""
     try:
@@ -200,13 +207,13 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if every is not None and (int(every) < 1 or steps % int(every)):
         raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
                           "step must be validated)")
-    scoring = str(raw.get("scoring", "forecast"))
+    scoring = str(raw.get("scoring", _default("scoring")))
     if scoring not in ("auto", "forecast", "postprocess", "ensemble"):
         raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate), "
                           f"'postprocess' (Gaussian CRPS of post-processing networks) or 'ensemble' (CRPS, "
                           f"spread/skill, ensemble-mean RMSE of ensemble networks), got {scoring!r}")
-    threads = int(raw.get("threads", 1))
-    schedule = str(raw.get("lr_schedule", "cosine"))
+    threads = int(raw.get("threads", _default("threads")))
+    schedule = str(raw.get("lr_schedule", _default("lr_schedule")))
     if threads < 1 or schedule not in LR_SCHEDULES:
         raise ConfigError(f"study config {path}: threads must be >= 1 and lr_schedule one of {LR_SCHEDULES}, got "
                           f"{threads} and {schedule!r}")
@@ -231,16 +238,16 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         steps=steps,
         baseline=str(raw["baseline"]),
         variants=variants,
-        leads_h=[int(v) for v in raw.get("leads_h", [72, 120])],
-        targets=[str(t) for t in raw.get("targets", ["geopotential_500", "temperature_850"])],
+        leads_h=[int(v) for v in raw.get("leads_h", _default("leads_h"))],
+        targets=[str(t) for t in raw.get("targets", _default("targets"))],
         overrides=[str(o) for o in raw.get("overrides") or []],
         scoring=scoring,
         val_every_steps=None if every is None else int(every),
         reference_baseline=None if raw.get("reference_baseline") is None else str(raw["reference_baseline"]),
         threads=threads,
         lr_schedule=schedule,
-        warmup_steps=int(raw.get("warmup_steps", 0)),
-        min_lr_factor=float(raw.get("min_lr_factor", 0.0)),
+        warmup_steps=int(raw.get("warmup_steps", _default("warmup_steps"))),
+        min_lr_factor=float(raw.get("min_lr_factor", _default("min_lr_factor"))),
         cost=cost,
         label=None if raw.get("label") is None else str(raw["label"]),
         pairs=[(str(a), str(b)) for a, b in pairs],

@@ -14,7 +14,7 @@ from torch import nn
 from smoeweather.models.checkpoint_io import plain
 from smoeweather.models.loader import FORMAT_VERSION, METADATA_KEY, check_checkpoint
 from smoeweather.nn.smoe import SpatialMoE2d, rc_loss_value, set_loss_scale
-from smoeweather.training.settings import ROUTING_LOG_EVERY, TrainingSettings  # noqa: F401 - re-exported
+from smoeweather.training.blocks import ROUTING_LOG_EVERY, TrainingSettings  # noqa: F401 - re-exported
 
 _DEFAULTS = TrainingSettings()  # the defaults of the ``training`` block, set once in TrainingSettings
 

@@ -1,25 +1,18 @@
-"""Typed ``smoe train`` configuration: one dataclass per block, each default and bound set once, here.
+"""The typed blocks of a ``smoe train`` config: one dataclass per block, each default and bound set once, here.
 
-:func:`load_train_config` (or :meth:`TrainConfig.from_dict`) validates a whole config before anything runs
-(unknown keys with did-you-mean at every level, types, bounds, the model's keys) and returns a
-:class:`TrainConfig`: ``task``, ``seed``, ``output_dir`` and the blocks ``data`` (its loader part typed,
-:class:`LoaderSettings`; the rest per task, checked by :mod:`smoeweather.training.schema`), ``model``
-(:class:`ModelBlock`), ``training`` (:class:`TrainingSettings`) and ``trainer`` (``lightning.Trainer``
-keywords). :meth:`TrainConfig.to_dict` gives the config exactly as written (with overrides), which is what
-checkpoints and ``config.yaml`` record; a :class:`TrainConfig` also reads as that mapping (``cfg["data"]``)
-for code that takes a dict.
+:class:`TrainingSettings` (``training``), :class:`LoaderSettings` (the loader keys of ``data``) and
+:class:`ModelBlock` (``model``: the network's name and keywords). Parsed and validated by
+:func:`smoeweather.config.parse_settings`; put together in :class:`smoeweather.training.settings.TrainConfig`.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from smoeweather.config import ConfigError, load_config, parse_settings, setting
+from smoeweather.config import Bounded, parse_settings, setting, settings_specs
 
 ROUTING_LOG_EVERY = 10
 """Default ``training.routing_log_every``: the logged per-batch routing values (RC loss, flagged share, label
@@ -101,71 +94,18 @@ class ModelBlock:
     def to_dict(self) -> dict[str, Any]:
         return {**({"name": self.name} if self.name is not None else {}), **copy.deepcopy(self.params)}
 
-
-@dataclass(frozen=True)
-class TrainConfig(Mapping[str, Any]):
-    """A validated ``smoe train`` config (see the module docstring). Reads as the raw mapping too."""
-
-    task: str
-    raw: dict[str, Any]
-    seed: int = 0
-    output_dir: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    loader: LoaderSettings = field(default_factory=LoaderSettings)
-    model: ModelBlock = field(default_factory=lambda: ModelBlock(None))
-    training: TrainingSettings = field(default_factory=TrainingSettings)
-    trainer: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any] | TrainConfig) -> TrainConfig:
-        """Validate ``cfg`` in full (:func:`~smoeweather.training.schema.validate_train_config`) and type it.
-        A deprecated task alias is replaced (DeprecationWarning); YAML dates become strings."""
-        if isinstance(cfg, TrainConfig):
-            return cfg
-        if not isinstance(cfg, Mapping):
-            raise ConfigError(f"a training config must be a mapping, got {type(cfg).__name__}")
-        from smoeweather.training.schema import validate_train_config
-
-        raw = json.loads(json.dumps(dict(cfg), default=str))  # plain types only: safe to pickle and compare
-        validate_train_config(raw)  # sets raw["task"] to the canonical name
-        return cls(
-            task=raw["task"],
-            raw=raw,
-            seed=int(raw.get("seed", 0)),
-            output_dir=raw.get("output_dir"),
-            data=dict(raw.get("data") or {}),
-            loader=LoaderSettings.of(raw.get("data")),
-            model=ModelBlock.of(raw.get("model")),
-            training=parse_settings(TrainingSettings, raw.get("training"), "training"),
-            trainer=dict(raw.get("trainer") or {}),
-        )
-
-    @property
-    def run_dir(self) -> Path:
-        """Where the run writes: ``output_dir``, default ``runs/<task>``."""
-        return Path(self.output_dir or f"runs/{self.task}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as written (a deep copy): what ``config.yaml`` and checkpoints record."""
-        return copy.deepcopy(self.raw)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.raw[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.raw)
-
-    def __len__(self) -> int:
-        return len(self.raw)
+def loader_specs(keys: tuple[str, ...] = LoaderSettings.KEYS) -> dict[str, Any]:
+    """Schema specs (:class:`~smoeweather.config.Block`) of the loader keys of ``data``: a number of the wrong
+    type or out of bounds names the key (``data.batch_size`` must be a number here, not null)."""
+    specs: dict[str, Any] = settings_specs(LoaderSettings, keys)
+    if "batch_size" in keys:
+        specs["batch_size"] = Bounded((int,), example=32, ge=1)
+    return specs
 
 
 def training_settings(cfg: Mapping[str, Any]) -> TrainingSettings:
     """The typed ``training`` block of a config (a :class:`TrainConfig` or a mapping, e.g. a checkpoint's)."""
-    if isinstance(cfg, TrainConfig):
-        return cfg.training
+    typed = getattr(cfg, "training", None)
+    if isinstance(typed, TrainingSettings):
+        return typed
     return parse_settings(TrainingSettings, cfg.get("training"), "training")
-
-
-def load_train_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """:func:`~smoeweather.config.load_config` of a ``smoe train`` config, validated in full and typed."""
-    return TrainConfig.from_dict(load_config(path, overrides))

@@ -20,10 +20,10 @@ import torch
 
 from smoeweather.models.ensemble import model_kind
 from smoeweather.models.resnet import NormalizedModel
+from smoeweather.training.blocks import training_settings
 from smoeweather.training.ensemble_losses import ENSEMBLE_LOSSES, ensemble_crps, ensemble_loss, gaussian_crps_loss
 from smoeweather.training.forecasting import ForecastingModule
 from smoeweather.training.losses import lat_weighted_mse
-from smoeweather.training.settings import training_settings
 
 DEFAULT_LOSS = {"e3": "mse", "deep_ensemble": "mse", "gaussian": "gaussian_crps", "mc_dropout": "mse"}
 

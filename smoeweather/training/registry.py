@@ -3,8 +3,9 @@
 A task is a name and a builder (config → data module and Lightning module); a task whose network the
 Lightning-free loader rebuilds (:mod:`smoeweather.models.loader`) also gives the training module around such a
 network, so a checkpoint can be reloaded for training. ``smoeweather.training.tasks`` registers the weather,
-post-processing and heat tasks, ``smoeweather.training.vision`` the vision task; a new task registers itself
-the same way, with its config schema (:func:`smoeweather.training.schema.register_task_schema`).
+post-processing and heat tasks, ``smoeweather.training.vision`` the vision task, both imported by the package's
+``__init__``; a new task registers itself the same way, with its config schema
+(:func:`smoeweather.training.schema.register_task_schema`). This module imports nothing above it.
 """
 
 from __future__ import annotations
@@ -39,10 +40,8 @@ def register_task(name: str, build: Builder, module_around: ModuleAround | None 
 
 
 def registered_tasks() -> dict[str, Task]:
-    """Every registered task by name, the built-in ones included."""
-    import smoeweather.training.tasks  # noqa: F401 - registers the weather, post-processing and heat tasks
-    import smoeweather.training.vision  # noqa: F401 - registers the vision task
-
+    """Every registered task by name (the built-in ones register when :mod:`smoeweather.training` is imported,
+    which importing this module does first)."""
     return dict(_TASKS)
 
 

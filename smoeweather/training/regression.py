@@ -10,6 +10,9 @@ from torch.nn import functional as F
 
 from smoeweather.metrics.relative_error import within_tolerance
 from smoeweather.training.base import SMoETrainingModule
+from smoeweather.training.blocks import TrainingSettings
+
+_DEFAULTS = TrainingSettings()
 
 SELECTION_METRICS = {"val_loss": "min", "val_pct_within_1pct": "max"}
 
@@ -24,7 +27,7 @@ class FieldRegressionModule(SMoETrainingModule):
     --opt-metric-max``). The same metric should drive early stopping and the best checkpoint.
     """
 
-    def __init__(self, model: nn.Module, lr: float = 1e-3, plateau_factor: float = 0.1,
+    def __init__(self, model: nn.Module, lr: float = _DEFAULTS.lr, plateau_factor: float = 0.1,
                  plateau_patience: int = 15, aux_weight: float = 0.01, monitor: str = "val_loss",
                  **kwargs: Any) -> None:
         if monitor not in SELECTION_METRICS:

@@ -19,7 +19,7 @@ import inspect
 from typing import Any
 
 from smoeweather.config import Arguments, Block, ConfigError, settings_specs, validate
-from smoeweather.training.settings import LoaderSettings, TrainingSettings
+from smoeweather.training.blocks import TrainingSettings, loader_specs
 
 NUM = (float,)  # an int is accepted where a float is (1e-3 and 1 alike)
 INT, BOOL, STR, LIST = (int,), (bool,), (str,), (list,)
@@ -38,13 +38,13 @@ def trainer_block() -> Block:
 
 
 TRAINING = Block(settings_specs(TrainingSettings))
-"""``training``: the fields of :class:`~smoeweather.training.settings.TrainingSettings` (types, bounds)."""
+"""``training``: the fields of :class:`~smoeweather.training.blocks.TrainingSettings` (types, bounds)."""
 
 SPLIT_KEYS: dict[str, Any] = {
     f"{split}_{kind}": (list, NULL) for split in ("train", "valid", "test") for kind in ("years", "period")
 }
-LOADER_KEYS: dict[str, Any] = settings_specs(LoaderSettings, LoaderSettings.KEYS)
-"""``data`` keys of every task's loader (:class:`~smoeweather.training.settings.LoaderSettings`)."""
+LOADER_KEYS: dict[str, Any] = loader_specs()
+"""``data`` keys of every task's loader (:class:`~smoeweather.training.blocks.LoaderSettings`)."""
 STORE_CREATION: dict[str, Any] = {
     "world": Block(None, nullable=True),  # pipelines.world.generate_world arguments
     "sources": (list, NULL),

@@ -19,11 +19,12 @@ from torch.utils.data import Dataset
 
 from smoeweather.models.loader import canonical_task, complete_model_config
 from smoeweather.training.base import SMoETrainingModule
+from smoeweather.training.blocks import training_settings
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.init import NORMALISATION_BUFFERS
 from smoeweather.training.registry import register_task, task
 from smoeweather.training.regression import FieldRegressionModule
-from smoeweather.training.settings import TrainConfig, training_settings
+from smoeweather.training.settings import TrainConfig
 from smoeweather.training.stores import base_dataset, ensure_store, land_sea_mask, year_splits
 
 

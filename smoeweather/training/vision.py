@@ -16,14 +16,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.config import Block, settings_specs
+from smoeweather.config import Block
 from smoeweather.training.base import SMoETrainingModule
+from smoeweather.training.blocks import loader_specs
 from smoeweather.training.registry import register_task
 from smoeweather.training.schema import common, register_task_schema
-from smoeweather.training.settings import LoaderSettings, TrainConfig
+from smoeweather.training.settings import TrainConfig
 
 VISION_DATA = Block({
-    "dataset": (str,), "path": (str, type(None)), **settings_specs(LoaderSettings, ("batch_size", "num_workers")),
+    "dataset": (str,), "path": (str, type(None)), **loader_specs(("batch_size", "num_workers")),
     "valid_fraction": (float,), "test_fraction": (float,), "max_train": (int, type(None)),
     "resize": (list, type(None)),
 })

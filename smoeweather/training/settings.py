@@ -1,0 +1,87 @@
+"""Typed ``smoe train`` configuration, validated once: :func:`load_train_config` / :meth:`TrainConfig.from_dict`.
+
+A whole config is checked before anything runs (unknown keys with did-you-mean at every level, types, bounds,
+the model's keys: :mod:`smoeweather.training.schema`) and returned as a :class:`TrainConfig`: ``task``,
+``seed``, ``output_dir`` and the blocks ``data`` (its loader part typed, :class:`LoaderSettings`; the rest per
+task), ``model`` (:class:`ModelBlock`), ``training`` (:class:`TrainingSettings`) and ``trainer``
+(``lightning.Trainer`` keywords). Defaults and bounds live in :mod:`smoeweather.training.blocks`.
+:meth:`TrainConfig.to_dict` gives the config exactly as written (with overrides), which is what checkpoints and
+``config.yaml`` record; a :class:`TrainConfig` also reads as that mapping (``cfg["data"]``) for code that
+takes a dict.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smoeweather.config import ConfigError, load_config, parse_settings
+from smoeweather.training.blocks import LoaderSettings, ModelBlock, TrainingSettings, training_settings
+from smoeweather.training.schema import validate_train_config
+
+__all__ = ["LoaderSettings", "ModelBlock", "TrainConfig", "TrainingSettings", "load_train_config",
+           "training_settings"]
+
+
+@dataclass(frozen=True)
+class TrainConfig(Mapping[str, Any]):
+    """A validated ``smoe train`` config (see the module docstring). Reads as the raw mapping too."""
+
+    task: str
+    raw: dict[str, Any]
+    seed: int = 0
+    output_dir: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    loader: LoaderSettings = field(default_factory=LoaderSettings)
+    model: ModelBlock = field(default_factory=lambda: ModelBlock(None))
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    trainer: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any] | TrainConfig) -> TrainConfig:
+        """Validate ``cfg`` in full (:func:`~smoeweather.training.schema.validate_train_config`) and type it.
+        A deprecated task alias is replaced (DeprecationWarning); YAML dates become strings."""
+        if isinstance(cfg, TrainConfig):
+            return cfg
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"a training config must be a mapping, got {type(cfg).__name__}")
+        raw = json.loads(json.dumps(dict(cfg), default=str))  # plain types only: safe to pickle and compare
+        validate_train_config(raw)  # sets raw["task"] to the canonical name
+        return cls(
+            task=raw["task"],
+            raw=raw,
+            seed=int(raw.get("seed", 0)),
+            output_dir=raw.get("output_dir"),
+            data=dict(raw.get("data") or {}),
+            loader=LoaderSettings.of(raw.get("data")),
+            model=ModelBlock.of(raw.get("model")),
+            training=parse_settings(TrainingSettings, raw.get("training"), "training"),
+            trainer=dict(raw.get("trainer") or {}),
+        )
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the run writes: ``output_dir``, default ``runs/<task>``."""
+        return Path(self.output_dir or f"runs/{self.task}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as written (a deep copy): what ``config.yaml`` and checkpoints record."""
+        return copy.deepcopy(self.raw)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+def load_train_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """:func:`~smoeweather.config.load_config` of a ``smoe train`` config, validated in full and typed."""
+    return TrainConfig.from_dict(load_config(path, overrides))
