@@ -634,6 +634,9 @@ class SpatialMoE2d(nn.Module):
         self.gate_task_grad, self.noise, self.aux_losses = gate_task_grad, noise, tuple(aux_losses)
         self.route_impl, self.rc_threshold, self.expert_compute = route_impl, rc_threshold, expert_compute
         self.loss_scale = 1.0
+        # the selected path's per-leaf cost in multiply-adds (None: selected.CALL_OVERHEAD_MACS); 0 cuts the grid
+        # until every leaf holds one expert set (each expert computed exactly where it is selected)
+        self.selected_overhead_macs: float | None = None
         # logged values of the last backward: tensors, or partials that compute them on first read
         self._diagnostics: dict[str, torch.Tensor | Callable[[], torch.Tensor]] = {}
         self.aux_loss: torch.Tensor | None = None
@@ -723,11 +726,14 @@ class SpatialMoE2d(nn.Module):
         """The leaf plan of the shared selection ``idx`` (1, E, H, W), memoised in the gate's ``selection``."""
         fan_in = self.in_channels * self.kernel_size ** 2
 
+        overhead = self.selected_overhead_macs
+
         def make() -> SelectedPlan:
-            return build_plan(idx[0], self.num_experts, self.out_per_expert, fan_in, batch, channels_last)
+            return build_plan(idx[0], self.num_experts, self.out_per_expert, fan_in, batch, channels_last, overhead)
         if selection is None:
             return make()
-        return selection.memo(("selected", self.num_experts, self.out_per_expert, fan_in, batch, channels_last), make)
+        key = ("selected", self.num_experts, self.out_per_expert, fan_in, batch, channels_last, overhead)
+        return selection.memo(key, make)
 
     def apply_selected(self, x: torch.Tensor, plan: SelectedPlan, channels_last: bool) -> torch.Tensor:
         """The plan's leaf convolutions: (B, C, H, W) → (B, N) leaf outputs (see :mod:`smoeweather.nn.selected`)."""
