@@ -34,18 +34,18 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# A real (non-editable) install: build the wheel, install it into a fresh environment whose dependencies come
-# from .venv (nothing downloads), and run from outside the clone: --version, the demo at 2 steps, and a
-# built-in config by name.
+# A real (non-editable) install: build the wheel and install it into a fresh environment with ONLY its declared
+# dependencies (CPU torch first, then the wheel; nothing is borrowed from .venv), and run from outside the clone:
+# --version, the demo at 2 steps, a built-in config by name, and the scoring of an ensemble.
 WHEEL_DIR := build/wheel
 WHEEL_ENV := build/wheel-env
 wheel-smoke: $(STAMP)
 	rm -rf $(WHEEL_DIR) $(WHEEL_ENV) build/wheel-run
 	$(PY) -m pip wheel . --no-deps --no-build-isolation -q -w $(WHEEL_DIR)
 	$(PYTHON) -m venv $(WHEEL_ENV)
-	$(PY) -c "import site; print(site.getsitepackages()[0])" > \
-	    "$$($(WHEEL_ENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/smoe_deps.pth"
-	$(WHEEL_ENV)/bin/python -m pip install -q --no-deps $(WHEEL_DIR)/*.whl
+	$(WHEEL_ENV)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL_ENV)/bin/python -m pip install -q "$(TORCH_PIN)"
+	$(WHEEL_ENV)/bin/python -m pip install -q $(WHEEL_DIR)/*.whl
 	mkdir -p build/wheel-run
 	cd build/wheel-run && ../wheel-env/bin/python -c "import smoeweather, sys; \
 	    assert 'wheel-env' in smoeweather.__file__, smoeweather.__file__"
@@ -54,7 +54,8 @@ wheel-smoke: $(STAMP)
 	cd build/wheel-run && ../wheel-env/bin/smoe train --config weatherbench/world_dense \
 	    data.store=demo/data/default_world.zarr trainer.max_steps=2 output_dir=runs/by_name > train.log
 	test -f build/wheel-run/runs/by_name/checkpoints/last.ckpt
-	@echo "wheel-smoke: the installed wheel ran --version, the demo and a built-in config by name"
+	cd build/wheel-run && ../wheel-env/bin/python ../../.ci/score_ensemble.py
+	@echo "wheel-smoke: the wheel, with only its declared dependencies, ran --version, the demo, a built-in config and scored an ensemble"
 
 benchmarks: $(STAMP)
 	$(PY) benchmarks/smoe_layer.py

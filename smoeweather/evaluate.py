@@ -361,10 +361,11 @@ class FieldScores:
 
 def score_field(ds: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, inits: np.ndarray, leads: np.ndarray,
                 weights: xr.DataArray, regions: xr.DataArray | None, clim_mean: xr.DataArray | None,
-                thresholds: xr.DataArray | None, spectra_band: tuple[float, float] | None,
+                thresholds: xr.DataArray | None, spectra_band: tuple[tuple[float, float], str] | None,
                 allow_missing: bool = False, where: str = "forecast") -> FieldScores:
     """Every score of one forecast field against its truth at the valid times (time, lead, lat, lon): our
-    table's metrics, the per-initialisation terms, the WB2 terms, and with ``spectra_band`` the zonal spectrum.
+    table's metrics, the per-initialisation terms, the WB2 terms, and with ``spectra_band`` ((lat0, lat1),
+    recipe) the zonal spectrum.
     A forecast missing values where the truth has them is refused (ValueError naming ``where``, the field and
     the count) unless ``allow_missing``: then those initialisations are left out of every score (NaN per init)
     and counted in ``n_missing``."""
@@ -392,8 +393,8 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, inits:
     out.update(wb2_terms(point, kind, truth, area, sigma, clim_mean, thresholds))
     if spectra_band is not None:
         sp_in = point if kind != "quantiles" else median_of_quantiles(point)
-        out["spectrum"] = zonal_energy_spectrum(sp_in.astype(np.float64), band=spectra_band,
-                                                mean_dims=("time", "member"))
+        out["spectrum"] = zonal_energy_spectrum(sp_in.astype(np.float64), band=spectra_band[0],
+                                                mean_dims=("time", "member"), recipe=spectra_band[1])
     return FieldScores(out, n_missing)
 
 
@@ -429,9 +430,10 @@ def assemble(parts: list[xr.Dataset], methods: list[str], fields: list[str], rdi
     return _ordered(scores, rdims)
 
 
-def _truth_spectra(truths: dict[str, xr.DataArray], band: tuple[float, float]) -> xr.DataArray:
-    return xr.concat([zonal_energy_spectrum(t, band=band, mean_dims=("time", "member")).drop_vars(
-        "wavelength").expand_dims(field=[n]) for n, t in truths.items()], "field")
+def _truth_spectra(truths: dict[str, xr.DataArray], band: tuple[tuple[float, float], str]) -> xr.DataArray:
+    spectra = [zonal_energy_spectrum(t, band=band[0], mean_dims=("time", "member"), recipe=band[1])
+               for t in truths.values()]
+    return xr.concat([sp.drop_vars("wavelength").expand_dims(field=[n]) for n, sp in zip(truths, spectra)], "field")
 
 
 def _score_all(inp: Inputs, weights: xr.DataArray, regions: xr.DataArray | None,
@@ -488,7 +490,8 @@ def _provenance(inp: Inputs, truth: Any, climatology: Any, clim_kind: str | None
         prov["regions"] = describe_regions(region_list, land_threshold)
         prov["land_sea_mask"] = lsm_from
     if spectra_band is not None:
-        prov["spectra_band"] = list(spectra_band)
+        prov["spectra_band"] = list(spectra_band[0])
+        prov["spectra_recipe"] = spectra_band[1]
     return prov
 
 
@@ -504,6 +507,7 @@ def evaluate(
     land_threshold: float | None = None,
     spectra: bool = False,
     spectra_band: tuple[float, float] = DEFAULT_BAND,
+    spectra_recipe: str = "wavenumber",
     storage_options: dict[str, Any] | None = None,
     ensemble_dim: str | None = None,
     binary_quantiles: Sequence[float] = wb2.DEFAULT_QUANTILES,
@@ -543,7 +547,7 @@ def evaluate(
     if regions is not None:
         region_list, rw, lsm_from = _regions_for(regions, inp.truth, land_sea_mask, land_threshold,
                                                  inp.where_truth)
-    band = spectra_band if spectra else None
+    band = (spectra_band, spectra_recipe) if spectra else None
     parts, truths, missing = _score_all(inp, weights, rw, (clim_means, thresholds), band, allow_missing, progress)
     rdims = ("region",) if rw is not None else ()
     methods, fields = list(inp.forecasts), [field_name(f) for f in inp.fields]

@@ -289,3 +289,23 @@ def test_data_prepare_storage_options_on_a_url(tmp_path: Path, capsys: pytest.Ca
     assert main([*argv, "{}"]) == 0
     np.testing.assert_array_equal(xr.open_zarr(out)["temperature"].values,
                                   wb2_dataset(times=8)["temperature"].values)
+
+
+def test_wb2_spectrum_recipe_closed_forms() -> None:
+    """At one latitude WB2's recipe (interpolation to common frequencies) equals the equal-wavenumber one, and a
+    single wave A cos(6λ) keeps its closed-form peak C A²/2; bad recipes and one-longitude fields are refused."""
+    from smoeweather.metrics.spectra import EARTH_RADIUS_M, zonal_energy_spectrum
+
+    lon = np.arange(128) * 360 / 128
+    lat = np.array([40.0])
+    field = xr.DataArray(np.cos(np.deg2rad(lon) * 6)[None, :] * np.ones((1, 1)), dims=("latitude", "longitude"),
+                         coords={"latitude": lat, "longitude": lon})
+    a = zonal_energy_spectrum(field, band=(30, 60))
+    b = zonal_energy_spectrum(field, band=(30, 60), recipe="wb2")
+    np.testing.assert_allclose(b.values, a.values, rtol=1e-12, atol=1e-12 * float(a.max()))
+    circ = 2 * np.pi * EARTH_RADIUS_M * np.cos(np.deg2rad(40.0))
+    assert float(b.max()) == pytest.approx(circ / 2, rel=1e-12)  # C A²/2 at the wave's frequency
+    with pytest.raises(ValueError, match="--spectra-recipe"):
+        zonal_energy_spectrum(field, recipe="other")
+    with pytest.raises(ValueError, match="--spectra: .*1 longitude"):
+        zonal_energy_spectrum(field.isel(longitude=[0]))

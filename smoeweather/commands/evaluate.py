@@ -39,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also zonal energy spectra of forecasts and truth per lead (plot: smoe plot spectra)")
     p.add_argument("--spectra-band", nargs=2, type=float, default=(30.0, 60.0), metavar=("LAT0", "LAT1"),
                    help="latitude band averaged in the spectra (default 30 60, as WeatherBench 2)")
+    p.add_argument("--spectra-recipe", choices=("wavenumber", "wb2"), default="wavenumber",
+                   help="latitude average of the band: at equal wavenumber (default) or WB2's (every latitude "
+                        "interpolated to common zonal frequencies first; curves comparable with WB2's)")
     p.add_argument("--binary-quantiles", nargs="+", type=float, default=[0.1, 0.5, 0.9], metavar="Q",
                    help="climatological quantiles whose exceedance the WB2 binary files score (default 0.1 0.5 0.9)")
     p.add_argument("--ensemble-dim", default=None, metavar="DIM",
@@ -84,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                       climatology_years=tuple(args.climatology_years) if args.climatology_years else None,
                       regions=args.regions or "default", land_sea_mask=args.land_sea_mask,
                       land_threshold=args.land_threshold, spectra=args.spectra,
-                      spectra_band=tuple(args.spectra_band), storage_options=storage_options(args.storage_options),
+                      spectra_band=tuple(args.spectra_band), spectra_recipe=args.spectra_recipe,
+                      storage_options=storage_options(args.storage_options),
                       ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
                       allow_missing=args.allow_missing, overwrite=args.overwrite, progress=not args.quiet)
     if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
