@@ -15,7 +15,7 @@ from test_fault_data import FAST, _fails, _write
 from test_sites import srft_like
 
 from pipelines import atomic
-from smoeweather.cli import main, user_message
+from smoeweather.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,8 @@ def test_debug_shows_the_traceback_of_a_user_error(tmp_path: Path, capsys: pytes
 
 
 def test_os_errors_naming_a_file_are_one_line() -> None:
+    from smoeweather.cli import user_message
+
     msg = user_message(PermissionError(13, "Permission denied", "/data/out.nc"))
     assert msg == "/data/out.nc: Permission denied"
     msg = user_message(OSError(-101, "NetCDF: HDF error", "/data/cut.nc"))
