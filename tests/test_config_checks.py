@@ -54,6 +54,17 @@ def test_unet_gate_prior_typo_is_named(tmp_path: Path, capsys: pytest.CaptureFix
     assert "unknown config key 'model.gate_prio' (did you mean 'gate_prior'?)" in err
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["model.name=conv", "model.hiden=4"], "unknown config key 'model.hiden' (did you mean 'hidden'?)"),
+    (["model.num_expert=3"], "unknown config key 'model.num_expert' (did you mean 'num_experts'?)"),
+    (["model.name=convv"], "got 'convv' (did you mean 'conv'?)"),
+])
+def test_heat_model_keys_are_checked_before_the_store_is_generated(overrides: list[str], message: str,
+                                                                   tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    assert message in _train(tmp_path, capsys, *overrides, config="heat/smoe")
+
+
 def test_the_typed_config_has_one_default_per_key() -> None:
     """load_train_config gives typed blocks; defaults come from TrainingSettings, not the call sites."""
     import inspect

@@ -170,7 +170,33 @@ def _weather_model_keys(value: Any) -> None:
     check_model_config(value, extra_keys=extra)
 
 
-MODEL_CHECKS: dict[str, Any] = {"weatherbench": _weather_model_keys, "postprocess": _weather_model_keys}
+def _heat_model_keys(value: Any) -> None:
+    """Unknown ``model`` keys of a heat model (its builder's keywords, and the SMoE layer's for SMoE rows)."""
+    import difflib
+    import inspect
+
+    from smoeweather.config import unknown_key_message
+    from smoeweather.models.heat import _BUILDERS, HEAT_MODELS
+    from smoeweather.models.registry import parameters
+    from smoeweather.nn.smoe import SpatialMoE2d
+
+    name = (value or {}).get("name", "smoe")
+    if name not in _BUILDERS:
+        close = difflib.get_close_matches(str(name), list(HEAT_MODELS), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"config key 'model.name' must be one of {', '.join(HEAT_MODELS)}, got {name!r}{hint}")
+    builder = _BUILDERS[name]
+    params = inspect.signature(builder).parameters.values()
+    keys = {p.name for p in params if p.kind is not p.VAR_KEYWORD} - {"size"} | {"name", "init"}
+    if any(p.kind is p.VAR_KEYWORD for p in params):  # SMoE rows pass the rest to the layer
+        keys |= parameters(SpatialMoE2d) or set()
+    for key in value or {}:
+        if key not in keys:
+            raise ConfigError(unknown_key_message(f"model.{key}", keys, "model"))
+
+
+MODEL_CHECKS: dict[str, Any] = {"weatherbench": _weather_model_keys, "postprocess": _weather_model_keys,
+                                "heat": _heat_model_keys}
 """task → check of its ``model`` block's keys (did-you-mean at every level) and bounds, before anything runs."""
 
 ARGUMENTS: dict[str, Arguments] = {

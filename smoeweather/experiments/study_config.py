@@ -1,0 +1,221 @@
+"""Study files (``configs/studies/*.yaml``): :class:`StudyConfig` and :func:`load_study`, every key checked
+(:data:`STUDY_SCHEMA`: unknown keys with did-you-mean, types, bounds) and every variant's training config
+validated in full before anything runs. See :mod:`smoeweather.experiments.study` for the file format."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from smoeweather.config import Block, Bounded, ConfigError, apply_overrides, load_config, validate
+
+STUDY_TASKS = ("weatherbench", "postprocess", "ens10")
+POSTPROCESS_TASKS = ("postprocess", "ens10")
+
+LR_SCHEDULES = ("cosine", "plateau", "config")
+"""Study key ``lr_schedule``: ``cosine`` (the default: warm-up + cosine decay to the last step), ``plateau``
+(ReduceLROnPlateau) or ``config`` (whatever each training config says; the committed studies before
+schedules existed: plateau with a patience that never fires, i.e. a constant rate)."""
+
+# Every run trains exactly ``steps`` optimizer steps: no wall-clock stop, no early stop (patience larger
+# than any possible number of validations), epochs unbounded.
+EQUAL_STEPS_OVERRIDES = (
+    "trainer.max_time=null",
+    "trainer.max_epochs=-1",
+    "training.early_stopping_patience=1000000000",
+)
+
+
+@dataclass
+class Variant:
+    """One arm of the study: a training config plus overrides."""
+
+    name: str
+    config: Path
+    overrides: list[str] = field(default_factory=list)
+    family: str | None = None  # dense | smoe | ensemble on a frontier plot (default: from the model config)
+
+
+@dataclass
+class StudyConfig:
+    """A parsed study file (see the module docstring)."""
+
+    name: str
+    path: Path
+    seeds: list[int]
+    steps: int
+    baseline: str
+    variants: list[Variant]
+    leads_h: list[int] = field(default_factory=lambda: [72, 120])
+    targets: list[str] = field(default_factory=lambda: ["geopotential_500", "temperature_850"])
+    overrides: list[str] = field(default_factory=list)
+    scoring: str = "forecast"  # forecast (RMSE) | ensemble | auto (= forecast); post-processing tasks: by task
+    val_every_steps: int | None = None
+    reference_baseline: str | None = None  # post-processing: a reference method (e.g. emos_gridpoint) to pair with
+    threads: int = 1
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_factor: float = 0.0
+    cost: dict[str, Any] | None = field(default_factory=dict)  # None: not measured; {}: defaults
+    label: str | None = None  # one line shown at the top of study.md (e.g. "reduced preview: ...")
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (a, b): a − b paired by seed, beside the baseline's
+
+    @property
+    def families(self) -> dict[str, str | None]:
+        return {v.name: v.family for v in self.variants}
+
+    def schedule_overrides(self) -> list[str]:
+        """``training.*`` overrides of the study's learning-rate schedule (none for ``config``)."""
+        if self.lr_schedule == "config":
+            return []
+        return [f"training.lr_schedule={self.lr_schedule}", f"training.warmup_steps={self.warmup_steps}",
+                f"training.min_lr_factor={self.min_lr_factor}"]
+
+    def run_config(self, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
+        """The resolved training config of one (variant, seed) run writing to ``out``. The study's schedule
+        comes first, so the study's and the variant's overrides can replace it."""
+        cfg = load_config(variant.config, [*self.schedule_overrides(), *self.overrides, *variant.overrides])
+        if cfg.get("task") not in STUDY_TASKS:
+            raise ConfigError(f"study {self.path}: variant {variant.name!r} ({variant.config}) is task "
+                              f"{cfg.get('task')!r}; a study scores {' or '.join(STUDY_TASKS)} runs only")
+        every = self.val_every_steps or self.steps
+        # validation (and so the best checkpoint) every ``every`` optimizer steps, across epoch ends
+        budget = [f"trainer.max_steps={self.steps}", f"trainer.val_check_interval={every}",
+                  "trainer.check_val_every_n_epoch=null"]
+        return apply_overrides(cfg, [*EQUAL_STEPS_OVERRIDES, *budget, f"seed={seed}", f"output_dir={out}"])
+
+
+STUDY_SCHEMA = Block({
+    "name": (str,), "label": (str, type(None)),
+    "seeds": (list,), "steps": Bounded((int,), example=1000, ge=1),
+    "val_every_steps": Bounded((int, type(None)), example=500, ge=1),
+    "baseline": (str,), "reference_baseline": (str, type(None)), "pairs": (list, type(None)),
+    "leads_h": (list,), "targets": (list,), "overrides": (list, type(None)),
+    "scoring": (str,), "threads": Bounded((int,), example=1, ge=1),
+    "lr_schedule": (str,), "warmup_steps": Bounded((int,), example=0, ge=0),
+    "min_lr_factor": Bounded((float,), example=0.0, ge=0, le=1),
+    "cost": (bool, dict, type(None)),
+    "variants": (dict,),
+})
+"""Keys of a study file (see the module docstring): an unknown key (with did-you-mean), a wrong type or a
+number out of bounds is an error naming the key, before anything runs."""
+VARIANT_SCHEMA = Block({"config": (str,), "overrides": (list, type(None)), "family": (str, type(None))})
+
+
+def _default(key: str) -> Any:
+    """The default of a study key: the field default of :class:`StudyConfig` (the one place it is set)."""
+    spec = StudyConfig.__dataclass_fields__[key]
+    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+
+
+def _check_study_keys(raw: Any, path: Path) -> None:
+    """ConfigError naming the study file and the key (:data:`STUDY_SCHEMA`, :data:`VARIANT_SCHEMA`)."""
+    try:
+        validate(raw, STUDY_SCHEMA)
+        for name, spec in (raw.get("variants") or {}).items():
+            validate(spec, VARIANT_SCHEMA, f"variants.{name}")
+    except ConfigError as err:
+        raise ConfigError(f"study config {path}: {err}") from None
+
+
+def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StudyConfig:
+    """Parse a study YAML file; ``overrides`` (``key=value``) apply to the study file itself (e.g. ``steps=10``).
+    The study's keys and every variant's training config (with the study's overrides) are checked in full
+    here, before anything runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"study config {path} does not exist")
+    raw = apply_overrides(yaml.safe_load(path.read_text()) or {}, list(overrides))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"study config {path} must hold a mapping")
+    _check_study_keys(raw, path)
+    missing = [k for k in ("seeds", "steps", "variants", "baseline") if k not in raw]
+    if missing:
+        raise ConfigError(f"study config {path} lacks {missing}; expected seeds, steps, baseline, variants")
+    variants_raw = raw["variants"]
+    if not isinstance(variants_raw, dict) or not variants_raw:
+        raise ConfigError(f"study config {path}: variants must be a non-empty mapping name → {{config, overrides}}")
+    variants = []
+    for name, spec in variants_raw.items():
+        if not isinstance(spec, dict) or "config" not in spec:
+            raise ConfigError(f"study config {path}: variant {name!r} needs a 'config' path")
+        cfg_path = (path.parent / spec["config"]).resolve()
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"study config {path}: variant {name!r} config {cfg_path} does not exist")
+        family = spec.get("family")
+        variants.append(Variant(str(name), cfg_path, [str(o) for o in spec.get("overrides") or []],
+                                None if family is None else str(family)))
+    if raw["baseline"] not in variants_raw:
+        raise ConfigError(f"study config {path}: baseline {raw['baseline']!r} is not a variant "
+                          f"({sorted(variants_raw)})")
+    steps = int(raw["steps"])
+    seeds = [int(s) for s in raw["seeds"]]
+    if steps < 1 or not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"study config {path}: steps must be ≥ 1 and seeds a non-empty list of distinct ints")
+    every = raw.get("val_every_steps")
+    if every is not None and (int(every) < 1 or steps % int(every)):
+        raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
+                          "step must be validated)")
+    scoring = str(raw.get("scoring", _default("scoring")))
+    if scoring not in ("auto", "forecast", "postprocess", "ensemble"):
+        raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate), "
+                          f"'postprocess' (Gaussian CRPS of post-processing networks) or 'ensemble' (CRPS, "
+                          f"spread/skill, ensemble-mean RMSE of ensemble networks), got {scoring!r}")
+    threads = int(raw.get("threads", _default("threads")))
+    schedule = str(raw.get("lr_schedule", _default("lr_schedule")))
+    if threads < 1 or schedule not in LR_SCHEDULES:
+        raise ConfigError(f"study config {path}: threads must be >= 1 and lr_schedule one of {LR_SCHEDULES}, got "
+                          f"{threads} and {schedule!r}")
+    cost = raw.get("cost", {})
+    if cost is False or cost is None:
+        cost = None
+    elif cost is True:
+        cost = {}
+    elif not isinstance(cost, dict) or set(cost) - {"reference", "steps", "rounds", "warmup"}:
+        raise ConfigError(f"study config {path}: cost must be false or a mapping of reference, steps, rounds, "
+                          f"warmup; got {cost!r}")
+    pairs = raw.get("pairs") or []
+    names = [v.name for v in variants]
+    if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and p[0] in names and p[1] in names and p[0] != p[1] for p in pairs):
+        raise ConfigError(f"study config {path}: pairs must be a list of [variant, other variant] (two distinct "
+                          f"names of {names}), got {pairs!r}")
+    study = StudyConfig(
+        name=str(raw.get("name", path.stem)),
+        path=path,
+        seeds=seeds,
+        steps=steps,
+        baseline=str(raw["baseline"]),
+        variants=variants,
+        leads_h=[int(v) for v in raw.get("leads_h", _default("leads_h"))],
+        targets=[str(t) for t in raw.get("targets", _default("targets"))],
+        overrides=[str(o) for o in raw.get("overrides") or []],
+        scoring=scoring,
+        val_every_steps=None if every is None else int(every),
+        reference_baseline=None if raw.get("reference_baseline") is None else str(raw["reference_baseline"]),
+        threads=threads,
+        lr_schedule=schedule,
+        warmup_steps=int(raw.get("warmup_steps", _default("warmup_steps"))),
+        min_lr_factor=float(raw.get("min_lr_factor", _default("min_lr_factor"))),
+        cost=cost,
+        label=None if raw.get("label") is None else str(raw["label"]),
+        pairs=[(str(a), str(b)) for a, b in pairs],
+    )
+    check_variant_configs(study)
+    return study
+
+
+def check_variant_configs(study: StudyConfig) -> None:
+    """ConfigError naming the study file and variant when a variant's training config (with the study's and
+    the variant's overrides) does not validate: a typo in a study override is refused before any run."""
+    from smoeweather.training.settings import TrainConfig
+
+    for variant in study.variants:
+        try:
+            TrainConfig.from_dict(study.run_config(variant, study.seeds[0], Path("study-check")))
+        except ConfigError as err:
+            raise ConfigError(f"study config {study.path}: variant {variant.name!r}: {err}") from None
