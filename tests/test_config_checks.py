@@ -65,6 +65,16 @@ def test_heat_model_keys_are_checked_before_the_store_is_generated(overrides: li
     assert message in _train(tmp_path, capsys, *overrides, config="heat/smoe")
 
 
+def test_vision_refuses_training_keys_it_would_ignore() -> None:
+    """The vision task trains with Adam and ReduceLROnPlateau: training.optimizer used to be ignored silently."""
+    from smoeweather.training.schema import validate_train_config
+
+    validate_train_config(load_config("vision/vit", ["training.lr=0.01"]))
+    with pytest.raises(ConfigError, match="unknown config key 'training.optimizer'; valid keys under 'training': "
+                                          "aux_weight, early_stopping_patience, lr,"):
+        validate_train_config(load_config("vision/vit", ["training.optimizer=sgd"]))
+
+
 def test_the_typed_config_has_one_default_per_key() -> None:
     """load_train_config gives typed blocks; defaults come from TrainingSettings, not the call sites."""
     import inspect

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from smoeweather.config import Block, Bounded, ConfigError, apply_overrides, load_config, validate
+from smoeweather.config import Block, ConfigError, apply_overrides, load_config, setting, settings_specs, validate
 
 STUDY_TASKS = ("weatherbench", "postprocess", "ens10")
 POSTPROCESS_TASKS = ("postprocess", "ens10")
@@ -47,22 +47,23 @@ class StudyConfig:
     name: str
     path: Path
     seeds: list[int]
-    steps: int
-    baseline: str
-    variants: list[Variant]
-    leads_h: list[int] = field(default_factory=lambda: [72, 120])
-    targets: list[str] = field(default_factory=lambda: ["geopotential_500", "temperature_850"])
-    overrides: list[str] = field(default_factory=list)
-    scoring: str = "forecast"  # forecast (RMSE) | ensemble | auto (= forecast); post-processing tasks: by task
-    val_every_steps: int | None = None
-    reference_baseline: str | None = None  # post-processing: a reference method (e.g. emos_gridpoint) to pair with
-    threads: int = 1
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 0
-    min_lr_factor: float = 0.0
-    cost: dict[str, Any] | None = field(default_factory=dict)  # None: not measured; {}: defaults
-    label: str | None = None  # one line shown at the top of study.md (e.g. "reduced preview: ...")
-    pairs: list[tuple[str, str]] = field(default_factory=list)  # (a, b): a − b paired by seed, beside the baseline's
+    steps: int = setting(example=1000, ge=1, doc="trainer.max_steps of every run")
+    baseline: str = setting(doc="the variant paired differences are taken against")
+    variants: list[Variant] = setting(doc="name → {config, overrides, family}")
+    leads_h: list[int] = setting([72, 120], doc="scored lead times (hours)")
+    targets: list[str] = setting(["geopotential_500", "temperature_850"], doc="scored fields")
+    overrides: list[str] = setting([], doc="overrides applied to every variant")
+    scoring: Literal["auto", "forecast", "postprocess", "ensemble"] = setting(
+        "forecast", doc="forecast (RMSE) | ensemble | auto (= forecast); post-processing tasks: by task")
+    val_every_steps: int | None = setting(None, example=500, ge=1, doc="validation every N steps (divides steps)")
+    reference_baseline: str | None = setting(None, doc="post-processing: a reference method to pair with")
+    threads: int = setting(1, ge=1, doc="torch threads of every run")
+    lr_schedule: Literal["cosine", "plateau", "config"] = setting("cosine", doc="learning-rate schedule of every run")
+    warmup_steps: int = setting(0, ge=0, doc="cosine: linear warm-up steps")
+    min_lr_factor: float = setting(0.0, ge=0, le=1, doc="cosine: final lr / lr")
+    cost: dict[str, Any] | None = setting({}, doc="None: not measured; {}: defaults")
+    label: str | None = setting(None, doc="one line shown at the top of study.md")
+    pairs: list[tuple[str, str]] = setting([], doc="(a, b): a − b paired by seed, beside the baseline's")
 
     @property
     def families(self) -> dict[str, str | None]:
@@ -90,15 +91,10 @@ class StudyConfig:
 
 
 STUDY_SCHEMA = Block({
-    "name": (str,), "label": (str, type(None)),
-    "seeds": (list,), "steps": Bounded((int,), example=1000, ge=1),
-    "val_every_steps": Bounded((int, type(None)), example=500, ge=1),
-    "baseline": (str,), "reference_baseline": (str, type(None)), "pairs": (list, type(None)),
-    "leads_h": (list,), "targets": (list,), "overrides": (list, type(None)),
-    "scoring": (str,), "threads": Bounded((int,), example=1, ge=1),
-    "lr_schedule": (str,), "warmup_steps": Bounded((int,), example=0, ge=0),
-    "min_lr_factor": Bounded((float,), example=0.0, ge=0, le=1),
-    "cost": (bool, dict, type(None)),
+    **settings_specs(StudyConfig, ("seeds", "steps", "baseline", "leads_h", "targets", "scoring", "val_every_steps",
+                                   "reference_baseline", "threads", "lr_schedule", "warmup_steps", "min_lr_factor",
+                                   "label")),
+    "name": (str,), "overrides": (list, type(None)), "pairs": (list, type(None)), "cost": (bool, dict, type(None)),
     "variants": (dict,),
 })
 """Keys of a study file (see the module docstring): an unknown key (with did-you-mean), a wrong type or a

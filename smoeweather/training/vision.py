@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.config import Block
+from smoeweather.config import Block, settings_specs
 from smoeweather.training.base import SMoETrainingModule
-from smoeweather.training.blocks import loader_specs
+from smoeweather.training.blocks import TrainingSettings, loader_specs
 from smoeweather.training.registry import register_task
 from smoeweather.training.schema import common, register_task_schema
 from smoeweather.training.settings import TrainConfig
@@ -29,7 +29,10 @@ VISION_DATA = Block({
     "resize": (list, type(None)),
 })
 # ``model`` keys are checked by the model constructors (they depend on model.name)
-register_task_schema("vision", lambda: common().extended(data=VISION_DATA))
+VISION_TRAINING = Block(settings_specs(TrainingSettings, VISION_TRAINING_KEYS := (
+    "lr", "plateau_factor", "plateau_patience", "aux_weight", "routing_log_every", "early_stopping_patience")))
+"""``training`` keys the vision task uses (Adam with ReduceLROnPlateau): any other is refused, not ignored."""
+register_task_schema("vision", lambda: common().extended(data=VISION_DATA, training=VISION_TRAINING))
 
 
 def weighted_aux_loss(model: nn.Module, default_weight: float) -> torch.Tensor | None:
@@ -117,9 +120,9 @@ def build_vision(config: Mapping[str, Any]) -> tuple[Any, ClassificationModule]:
     metadata = {"task": "vision", "config": cfg.to_dict(), "classes": splits.classes, "source": splits.source,
                 "normalisation": {"mean": mean.tolist(), "std": std.tolist()}}
     t = cfg.training.module_kwargs()
-    module = ClassificationModule(  # the vision task trains with Adam and ReduceLROnPlateau (schedule keys unused)
+    module = ClassificationModule(  # Adam and ReduceLROnPlateau: other training keys are refused by the schema
         model, resize=resize, recluster_emoe=bool(mcfg.get("emoe")), metadata=metadata,
-        **{k: t[k] for k in ("lr", "plateau_factor", "plateau_patience", "aux_weight", "routing_log_every")},
+        **{k: t[k] for k in VISION_TRAINING_KEYS if k != "early_stopping_patience"},
     )
     return data, module
 
