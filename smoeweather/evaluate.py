@@ -168,7 +168,7 @@ def _select(ds: xr.Dataset, f: Field, var: str | None = None) -> xr.DataArray:
 
 def _check_extra_dims(ds: xr.Dataset, name: str, where: str) -> None:
     """Refuse a forecast variable with a dim the scores do not know (one-line error naming it)."""
-    known = {"time", "prediction_timedelta", "member", "quantile", "level", "latitude", "longitude"}
+    known = {"time", "prediction_timedelta", "member", "quantile", "threshold", "level", "latitude", "longitude"}
     for v in ds.data_vars:
         extra = [d for d in ds[v].dims if d not in known]
         if extra:
@@ -359,24 +359,39 @@ class FieldScores:
     n_missing: int = 0
 
 
-def score_field(ds: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, inits: np.ndarray, leads: np.ndarray,
-                weights: xr.DataArray, regions: xr.DataArray | None, clim_mean: xr.DataArray | None,
-                thresholds: xr.DataArray | None, spectra_band: tuple[tuple[float, float], str] | None,
-                allow_missing: bool = False, where: str = "forecast") -> FieldScores:
-    """Every score of one forecast field against its truth at the valid times (time, lead, lat, lon): our
-    table's metrics, the per-initialisation terms, the WB2 terms, and with ``spectra_band`` ((lat0, lat1),
-    recipe) the zonal spectrum.
-    A forecast missing values where the truth has them is refused (ValueError naming ``where``, the field and
-    the count) unless ``allow_missing``: then those initialisations are left out of every score (NaN per init)
-    and counted in ``n_missing``."""
-    own_leads = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
-    ds = ds.sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
-    point, sigma = _point_and_sigma(ds, kind, f)
+@dataclass
+class FieldContext:
+    """What every forecast of one field is scored against: the truth at the valid times (time, lead, lat, lon),
+    the weights (latitude; ``regions``: region, lat, lon), the climatological mean and quantile thresholds, the
+    event thresholds (dim ``threshold``, units of the field) with the climatological probability of each
+    event, and the spectra settings ((lat0, lat1), recipe)."""
+
+    truth: xr.DataArray
+    weights: xr.DataArray
+    regions: xr.DataArray | None = None
+    clim_mean: xr.DataArray | None = None
+    thresholds: xr.DataArray | None = None
+    event_thresholds: xr.DataArray | None = None
+    clim_probability: xr.DataArray | None = None
+    spectra_band: tuple[tuple[float, float], str] | None = None
+
+    @property
+    def area(self) -> xr.DataArray:
+        """Area weights with a ``region`` dim (the global one alone without regions)."""
+        if self.regions is not None:
+            return self.regions
+        template = self.truth.isel(time=0, prediction_timedelta=0, drop=True)
+        return self.weights.broadcast_like(template).expand_dims(region=[HEADLINE_REGION])
+
+
+def _complete(point: xr.DataArray, truth: xr.DataArray, own_leads: np.ndarray, leads: np.ndarray, f: Field,
+              allow_missing: bool, where: str) -> tuple[xr.DataArray, int]:
+    """(truth blanked where the forecast is incomplete, number of such (init, lead) pairs); ValueError naming
+    ``where`` and the field unless ``allow_missing``."""
     space = [d for d in point.dims if d not in ("time", "prediction_timedelta")]
     has_lead = xr.DataArray(np.isin(leads, own_leads), dims="prediction_timedelta",
                             coords={"prediction_timedelta": leads})
-    incomplete = (point.isnull().any(space).compute() & truth.notnull().any(["latitude", "longitude"])
-                  & has_lead)
+    incomplete = point.isnull().any(space).compute() & truth.notnull().any(["latitude", "longitude"]) & has_lead
     n_missing = int(incomplete.sum())
     if n_missing and not allow_missing:
         bad = incomplete.any("prediction_timedelta")
@@ -384,17 +399,57 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, truth: xr.DataArray, inits:
         raise ValueError(f"{where}: {field_name(f)} misses values at {n_missing} (initialisation, lead) pairs of "
                          f"{int(bad.sum())} initialisations (first {first}) where the truth has values; pass "
                          "--allow-missing to score only the complete initialisations")
-    if n_missing:  # an incomplete initialisation is not scored: its truth is blanked out for this forecast
-        truth = truth.where(~incomplete)
-    out = dict(forecast_scores(point, kind, truth, weights, sigma, clim_mean, regions=regions, per_init=True))
-    area = regions if regions is not None else weights.broadcast_like(truth.isel(time=0, prediction_timedelta=0,
-                                                                                  drop=True)).expand_dims(
-        region=[HEADLINE_REGION])
-    out.update(wb2_terms(point, kind, truth, area, sigma, clim_mean, thresholds))
-    if spectra_band is not None:
+    return (truth.where(~incomplete) if n_missing else truth), n_missing
+
+
+def calibration_scores(point: xr.DataArray, kind: str, ctx: FieldContext, truth: xr.DataArray,
+                       sigma: xr.DataArray | None, relative_to: str) -> dict[str, xr.DataArray]:
+    """Brier score per threshold (and per initialisation), the reliability table (global, unweighted cases) and,
+    for Gaussian forecasts, the PIT histogram; computed."""
+    import dask
+
+    from smoeweather.metrics import calibration as cal
+
+    out: dict[str, xr.DataArray] = {}
+    if ctx.event_thresholds is not None and kind != "quantiles":
+        p = cal.exceedance_probability(point.astype(np.float64), kind, ctx.event_thresholds, sigma, relative_to)
+        if kind == "probability":
+            p = p.reindex(threshold=ctx.event_thresholds.values)
+        o = cal.event(truth, ctx.event_thresholds)
+        per_init = cal.brier_terms(p, o, ctx.area)
+        table = cal.reliability_table(p, o, ("time", "latitude", "longitude"))
+        per_init, table = dask.compute(per_init, table)
+        out["per_init_brier_score"] = per_init
+        out["brier_score"] = per_init.mean("time")
+        out.update({f"reliability_{k}": v for k, v in table.data_vars.items()})
+    if kind == "gaussian" and sigma is not None:
+        pit = cal.pit_values(point.astype(np.float64), kind, truth, sigma.astype(np.float64))
+        out["pit_histogram"] = cal.pit_histogram(pit, ("time", "latitude", "longitude")).compute()
+    return out
+
+
+def score_field(ds: xr.Dataset, kind: str, f: Field, ctx: FieldContext, inits: np.ndarray, leads: np.ndarray,
+                allow_missing: bool = False, where: str = "forecast") -> FieldScores:
+    """Every score of one forecast field against ``ctx`` (:class:`FieldContext`): our table's metrics, the
+    per-initialisation terms, the WB2 terms, the Brier scores, reliability and PIT, and the zonal spectrum.
+    A forecast missing values where the truth has them is refused (ValueError naming ``where``, the field and
+    the count) unless ``allow_missing``: then those initialisations are left out of every score (NaN per init)
+    and counted in ``n_missing``."""
+    own_leads = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
+    relative_to = str(ds[f[0]].attrs.get("spp__relative_to_threshold", "greater_than"))
+    ds = ds.sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
+    point, sigma = _point_and_sigma(ds, kind, f)
+    truth, n_missing = _complete(point, ctx.truth, own_leads, leads, f, allow_missing, where)
+    out = calibration_scores(point, kind, ctx, truth, sigma, relative_to)
+    if kind == "probability":  # probabilities of events: the Brier score and reliability are its scores
+        return FieldScores(out, n_missing)
+    out.update(forecast_scores(point, kind, truth, ctx.weights, sigma, ctx.clim_mean, regions=ctx.regions,
+                               per_init=True))
+    out.update(wb2_terms(point, kind, truth, ctx.area, sigma, ctx.clim_mean, ctx.thresholds))
+    if ctx.spectra_band is not None:
         sp_in = point if kind != "quantiles" else median_of_quantiles(point)
-        out["spectrum"] = zonal_energy_spectrum(sp_in.astype(np.float64), band=spectra_band[0],
-                                                mean_dims=("time", "member"), recipe=spectra_band[1])
+        out["spectrum"] = zonal_energy_spectrum(sp_in.astype(np.float64), band=ctx.spectra_band[0],
+                                                mean_dims=("time", "member"), recipe=ctx.spectra_band[1])
     return FieldScores(out, n_missing)
 
 
@@ -416,6 +471,7 @@ def _ordered(scores: xr.Dataset, rdims: tuple[str, ...]) -> xr.Dataset:
     names += sorted(k for k in scores.data_vars if str(k).startswith("per_init_"))
     names += sorted(k for k in scores.data_vars if str(k).startswith("wb2_"))
     names += [k for k in ("spectrum", "rank_histogram") if k in scores]
+    names += [k for k in scores.data_vars if k not in names]  # calibration: Brier, reliability, PIT
     return xr.Dataset({k: scores[k].transpose(*[d for d in head if d in scores[k].dims], ...) for k in names},
                       attrs=scores.attrs)
 
@@ -436,31 +492,85 @@ def _truth_spectra(truths: dict[str, xr.DataArray], band: tuple[tuple[float, flo
     return xr.concat([sp.drop_vars("wavelength").expand_dims(field=[n]) for n, sp in zip(truths, spectra)], "field")
 
 
-def _score_all(inp: Inputs, weights: xr.DataArray, regions: xr.DataArray | None,
-               clim: tuple[dict[Field, xr.DataArray], dict[Field, xr.DataArray]], spectra_band: tuple | None,
-               allow_missing: bool, progress: bool) -> tuple[list[xr.Dataset], dict[str, xr.DataArray], dict]:
-    """Score every (method, field): (per-pair Datasets, truth per field name, {(method, field): n missing})."""
-    clim_means, thresholds = clim
+def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float]] | None) -> dict[Field, np.ndarray]:
+    """{field: sorted thresholds (units of the field)} whose exceedance is scored: those of the probability
+    forecasts (their ``threshold`` coordinate) and those ``given`` by field name (``--thresholds``)."""
+    given = dict(given or {})
+    names = {field_name(f): f for f in inp.fields}
+    unknown = [k for k in given if k not in names]
+    if unknown:
+        raise ValueError(f"--thresholds names unknown field(s) {unknown}; the forecasts' fields are {list(names)}")
+    out: dict[Field, set[float]] = {names[k]: set(map(float, v)) for k, v in given.items()}
+    for m, ds in inp.forecasts.items():
+        if inp.kinds[m] != "probability":
+            continue
+        for f in inp.fields:
+            if f[0] in ds.data_vars:
+                out.setdefault(f, set()).update(map(float, ds["threshold"].values))
+    return {f: np.array(sorted(v)) for f, v in out.items() if v}
+
+
+def _contexts(inp: Inputs, base: FieldContext, clim: tuple[dict, dict], events: dict[Field, np.ndarray],
+              clim_prob: dict[Field, xr.DataArray]) -> dict[Field, FieldContext]:
+    """One :class:`FieldContext` per field (the truth at the valid times loaded here)."""
     valid_at = xr.Dataset(coords={"time": inp.inits, "prediction_timedelta": inp.leads})
-    parts, truths, missing = [], {}, {}
+    out = {}
+    for f in inp.fields:
+        t = truth_at_valid_times(valid_at, _select(inp.truth, f), gaps="nan").astype(np.float64).load()
+        thr = xr.DataArray(events[f], dims="threshold", coords={"threshold": events[f]}) if f in events else None
+        out[f] = FieldContext(t, base.weights, base.regions, clim[0].get(f), clim[1].get(f), thr, clim_prob.get(f),
+                              base.spectra_band)
+    return out
+
+
+def _score_all(inp: Inputs, contexts: dict[Field, FieldContext], allow_missing: bool, progress: bool
+               ) -> tuple[list[xr.Dataset], dict]:
+    """Score every (method, field): (per-pair Datasets, {(method, field name): n missing})."""
+    from smoeweather.forecast.output import forecast_fields
+
+    parts, missing = [], {}
+    has = {m: forecast_fields(ds) for m, ds in inp.forecasts.items()}
     bar = progress_bar(len(inp.forecasts) * len(inp.fields), "evaluate: scoring", unit="fields",
                        enabled=progress)
     with bar:
-        for f in inp.fields:
-            fname = field_name(f)
-            t = truth_at_valid_times(valid_at, _select(inp.truth, f), gaps="nan").astype(np.float64).load()
-            truths[fname] = t
+        for f, ctx in contexts.items():
             for m, ds in inp.forecasts.items():
                 bar.update(1)
-                from smoeweather.forecast.output import forecast_fields
-
-                if f not in forecast_fields(ds):
+                if f not in has[m]:
                     continue
-                fs = score_field(ds, inp.kinds[m], f, t, inp.inits, inp.leads, weights, regions, clim_means.get(f),
-                                 thresholds.get(f), spectra_band, allow_missing, inp.paths.get(m, m))
-                missing[m, fname] = fs.n_missing
-                parts.append(_tidy(fs, m, fname))
-    return parts, truths, missing
+                fs = score_field(ds, inp.kinds[m], f, ctx, inp.inits, inp.leads, allow_missing, inp.paths.get(m, m))
+                missing[m, field_name(f)] = fs.n_missing
+                parts.append(_tidy(fs, m, field_name(f)))
+    return parts, missing
+
+
+def brier_skill_scores(scores: xr.Dataset, contexts: dict[Field, FieldContext], reference: str | None
+                       ) -> xr.Dataset:
+    """Add ``brier_score_climatology`` (the climatological probability's Brier score) and ``brier_skill_score``
+    (dim ``reference``: climatology and/or the ``reference`` method, e.g. the raw ensemble) to ``scores``."""
+    from smoeweather.metrics import calibration as cal
+
+    if "brier_score" not in scores:
+        return scores
+    refs: dict[str, xr.DataArray] = {}
+    clim = [cal.brier_terms(ctx.clim_probability, cal.event(ctx.truth, ctx.event_thresholds), ctx.area).mean(
+        "time").expand_dims(field=[field_name(f)]) for f, ctx in contexts.items()
+        if ctx.clim_probability is not None and ctx.event_thresholds is not None]
+    rdims = "region" in scores.dims
+    if clim:
+        bs_clim = xr.concat(clim, "field").reindex({"field": scores["field"].values,
+                                                    "threshold": scores["threshold"].values})
+        scores["brier_score_climatology"] = bs_clim if rdims else bs_clim.squeeze("region", drop=True)
+        refs["climatology"] = scores["brier_score_climatology"]
+    if reference is not None:
+        if reference not in scores["method"].values.tolist():
+            raise ValueError(f"--bss-reference {reference!r} is not one of the methods "
+                             f"{scores['method'].values.tolist()}")
+        refs[reference] = scores["brier_score"].sel({"method": reference}, drop=True)
+    if refs:
+        scores["brier_skill_score"] = xr.concat([cal.brier_skill(scores["brier_score"], r).expand_dims(reference=[n])
+                                                 for n, r in refs.items()], "reference")
+    return scores
 
 
 def _provenance(inp: Inputs, truth: Any, climatology: Any, clim_kind: str | None, region_list: Any,
@@ -512,6 +622,8 @@ def evaluate(
     ensemble_dim: str | None = None,
     binary_quantiles: Sequence[float] = wb2.DEFAULT_QUANTILES,
     allow_missing: bool = False,
+    thresholds: Mapping[str, Sequence[float]] | None = None,
+    bss_reference: str | None = None,
     overwrite: bool = True,
     progress: bool = False,
 ) -> xr.Dataset:
@@ -524,8 +636,11 @@ def evaluate(
     ``climatology``: a training store (31-day day-of-year climatology) or a WB2 climatology zarr, for ACC, the
     climatology reference and the binary scores at its ``binary_quantiles``. ``regions``: region specs
     (:mod:`smoeweather.metrics.regions`); None: global only, without a region dim. ``allow_missing``: score the
-    complete initialisations of a forecast with missing values instead of refusing it. ``progress``: a bar on a
-    terminal, stage lines when piped.
+    complete initialisations of a forecast with missing values instead of refusing it. ``thresholds``
+    ({field name: values in its units}) and the ``threshold`` coordinates of probability forecasts: the events
+    whose Brier score, reliability table and Brier skill score (against the climatological probability and
+    ``bss_reference``, by default the first ensemble) are computed. ``progress``: a bar on a terminal, stage
+    lines when piped.
     """
     if out_dir is not None:
         from pipelines.atomic import check_output
@@ -538,7 +653,7 @@ def evaluate(
         references = False
     if references:
         add_persistence(inp, truth)
-    clim_means, thresholds, clim_kind = climatology_inputs(climatology, inp.fields, climatology_years, inp.inits,
+    clim_means, clim_thresholds, clim_kind = climatology_inputs(climatology, inp.fields, climatology_years, inp.inits,
                                                           inp.leads, binary_quantiles, storage_options)
     if references and climatology is not None:
         add_climatology_reference(inp, truth, climatology, climatology_years, clim_means, clim_kind)
@@ -548,16 +663,20 @@ def evaluate(
         region_list, rw, lsm_from = _regions_for(regions, inp.truth, land_sea_mask, land_threshold,
                                                  inp.where_truth)
     band = (spectra_band, spectra_recipe) if spectra else None
-    parts, truths, missing = _score_all(inp, weights, rw, (clim_means, thresholds), band, allow_missing, progress)
+    events = event_thresholds(inp, thresholds)
+    clim_prob = climatological_probabilities(climatology, events, climatology_years, inp.inits, inp.leads,
+                                             clim_kind)
+    contexts = _contexts(inp, FieldContext(xr.DataArray(), weights, rw, spectra_band=band),
+                         (clim_means, clim_thresholds), events, clim_prob)
+    parts, missing = _score_all(inp, contexts, allow_missing, progress)
     rdims = ("region",) if rw is not None else ()
     methods, fields = list(inp.forecasts), [field_name(f) for f in inp.fields]
     scores = assemble(parts, methods, fields, rdims)
     if rw is None:
-        scores = scores.drop_vars([k for k in scores.data_vars if str(k).startswith("wb2_")]).merge(
-            xr.Dataset({k: v.squeeze("region", drop=True) if "region" in v.dims else v
-                        for k, v in scores.data_vars.items() if str(k).startswith("wb2_")}))
-        scores = _ordered(scores, rdims)
-    scores = _finish(scores, inp, truths, band, rw)
+        squeezed = {k: v.squeeze("region", drop=True) for k, v in scores.data_vars.items() if "region" in v.dims}
+        scores = _ordered(scores.drop_vars(list(squeezed)).merge(xr.Dataset(squeezed)), rdims)
+    scores = brier_skill_scores(scores, contexts, bss_reference or _default_reference(inp, events))
+    scores = _finish(scores, inp, {field_name(f): c.truth for f, c in contexts.items()}, band)
     prov = _provenance(inp, truth, climatology, clim_kind, region_list, land_threshold, lsm_from, band,
                        binary_quantiles, missing)
     scores.attrs = {"provenance": json.dumps(prov)}
@@ -569,8 +688,31 @@ def evaluate(
     return scores
 
 
-def _finish(scores: xr.Dataset, inp: Inputs, truths: dict[str, xr.DataArray], band: tuple | None,
-            rw: xr.DataArray | None) -> xr.Dataset:
+def _default_reference(inp: Inputs, events: dict) -> str | None:
+    """The raw ensemble the Brier skill score is measured against by default: the first ensemble method."""
+    if not events:
+        return None
+    return next((m for m, k in inp.kinds.items() if k == "ensemble"), None)
+
+
+def climatological_probabilities(climatology: Source | None, events: dict[Field, np.ndarray],
+                                 years: tuple[int, int] | None, inits: np.ndarray, leads: np.ndarray,
+                                 clim_kind: str | None) -> dict[Field, xr.DataArray]:
+    """{field: probability of each event in the training store's day-of-year window at the valid times}
+    (threshold, time, lead, lat, lon); empty without a training-store climatology (a WB2 climatology holds no
+    samples to count)."""
+    from smoeweather.forecast.climatology import doy_exceedance
+    from smoeweather.forecast.reference import training_fields
+
+    if climatology is None or clim_kind != "store" or not events:
+        return {}
+    vt = xr.DataArray(inits[:, None] + leads[None, :], dims=("time", "prediction_timedelta"),
+                      coords={"time": inits, "prediction_timedelta": leads})
+    return {f: doy_exceedance(da, events[f], vt)
+            for f, da in training_fields(str(climatology), list(events), years).items()}
+
+
+def _finish(scores: xr.Dataset, inp: Inputs, truths: dict[str, xr.DataArray], band: tuple | None) -> xr.Dataset:
     """Add the counts, units, ensemble sizes, kinds and the truth's spectra."""
     n_time = xr.concat([t.notnull().any(["latitude", "longitude"]).sum("time").expand_dims(field=[n])
                         for n, t in truths.items()], "field")

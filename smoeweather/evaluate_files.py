@@ -49,12 +49,21 @@ LONG_NAMES = {
     "rank_histogram": "relative frequency of the truth's rank among the members (latitude-weighted, global)",
     "debiased_ensemble_mean_mse": "latitude-weighted ensemble-mean MSE minus the member variance / M "
                                   "(WeatherBench 2)",
-    "energy_score": "energy score per field (area-weighted L2 norm), mean over initialisations"}
+    "energy_score": "energy score per field (area-weighted L2 norm), mean over initialisations",
+    "brier_score": "Brier score of the event truth > threshold: (p - 1{y > t})**2, area mean per "
+                   "initialisation, then the mean over initialisations",
+    "brier_score_climatology": "Brier score of the climatological probability of the event (training store, "
+                               "31-day day-of-year window)",
+    "brier_skill_score": "1 - Brier score / Brier score of the reference (climatology or a method)",
+    "reliability_forecast_probability": "mean forecast probability in the bin (all points and initialisations)",
+    "reliability_observed_frequency": "observed frequency of the event in the bin",
+    "reliability_count": "number of cases (grid points x initialisations) in the bin",
+    "pit_histogram": "relative frequency of the PIT F(y) per bin of [0, 1] (flat: calibrated)"}
 PER_INIT_LONG = {"mse": "area-mean squared error", "bias": "area-mean error", "acc": "anomaly correlation",
                  "crps": "area-mean fair CRPS", "crps_ecdf": "area-mean ECDF CRPS",
                  "quantile_loss": "area-mean pinball loss",
                  "debiased_ensemble_mean_mse": "area-mean debiased ensemble-mean squared error",
-                 "energy_score": "energy score"}
+                 "energy_score": "energy score", "brier_score": "area-mean Brier score"}
 WB2_SQUARED = ("mse", "ensemble_mean_mse", "debiased_ensemble_mean_mse", "ensemble_variance")
 WB2_UNITLESS = ("acc", "brier_score", "debiased_brier_score", "ignorance_score")
 
@@ -74,7 +83,7 @@ def describe_scores(scores: xr.Dataset, spectra_band: tuple[float, float]) -> No
         if name.startswith("per_init_"):
             q = name.removeprefix("per_init_")
             da.attrs = {"long_name": f"{PER_INIT_LONG[q]} of each initialisation (time = init)",
-                        "units": "1" if q == "acc" else _units_of(q, ("mse", *SQUARED), ())}
+                        "units": "1" if q in ("acc", "brier_score") else _units_of(q, ("mse", *SQUARED), ())}
         elif name.startswith("wb2_"):
             q = name.removeprefix("wb2_")
             da.attrs = {"long_name": f"WeatherBench 2 {q} of each initialisation (time = init)",
@@ -87,7 +96,8 @@ def describe_scores(scores: xr.Dataset, spectra_band: tuple[float, float]) -> No
                                      "and initialisations", "units": "(units of the field)**2 m"}
         else:
             da.attrs = {"long_name": LONG_NAMES[name],
-                        "units": "1" if name in (*UNITLESS, "n_time", "n_scored", "rank_histogram")
+                        "units": "1" if name in (*UNITLESS, "n_time", "n_scored", "rank_histogram") or
+                        name.startswith(("brier", "reliability", "pit"))
                         else _units_of(name, SQUARED, ())}
             if name in ESTIMATORS:
                 da.attrs["estimator"] = ESTIMATORS[name]
@@ -126,6 +136,12 @@ def scores_json(scores: xr.Dataset) -> dict[str, Any]:
     if "region" in scores.dims:
         out["regions"] = {r: _json_table(scores.sel(region=r, drop=True))
                           for r in scores["region"].values.tolist()}
+    h = headline(scores)
+    if "brier_score" in h:  # {method: {field: {threshold: {lead: value}}}}
+        out["brier_score"] = {m: {f: {f"{t:g}": {lead_label(td): (None if np.isnan(v) else float(v)) for td, v in zip(
+            h["prediction_timedelta"].values, h["brier_score"].sel({"method": m, "field": f, "threshold": t}).values)}
+            for t in h["threshold"].values.tolist()} for f in h["field"].values.tolist()}
+            for m in h["method"].values.tolist()}
     return out
 
 
@@ -148,6 +164,29 @@ def _markdown_tables(scores: xr.Dataset) -> list[str]:
     return lines
 
 
+def _brier_tables(scores: xr.Dataset) -> list[str]:
+    """Brier score and skill tables (rows: methods; columns: field × threshold × lead), headline region."""
+    h = headline(scores)
+    if "brier_score" not in h:
+        return []
+    leads = [lead_label(td) for td in h["prediction_timedelta"].values]
+    cols = [(f, t, lead) for f in h["field"].values.tolist() for t in h["threshold"].values.tolist()
+            for lead in leads]
+    head = "| method | " + " | ".join(f"{f} > {t:g} {lead}" for f, t, lead in cols) + " |"
+    lines = []
+    tables = [("brier_score", h["brier_score"])]
+    if "brier_skill_score" in h:
+        tables += [(f"brier_skill_score vs {r}", h["brier_skill_score"].sel(reference=r))
+                   for r in h["reference"].values.tolist()]
+    for title, da in tables:
+        lines += [f"**{title}**", "", head, "|---|" + "---:|" * len(cols)]
+        for m in h["method"].values.tolist():
+            vals = da.sel({"method": m}).transpose("field", "threshold", "prediction_timedelta").values.ravel()
+            lines.append(f"| {m} | " + " | ".join("–" if np.isnan(v) else f"{v:.4g}" for v in vals) + " |")
+        lines.append("")
+    return lines
+
+
 def scores_markdown(scores: xr.Dataset) -> str:
     """One markdown table per metric: rows = methods, columns = field × lead; with regions, the headline
     (global) region first, then one section per other region."""
@@ -159,6 +198,7 @@ def scores_markdown(scores: xr.Dataset) -> str:
         for r in names:
             if r != first:
                 lines += [f"### region: {r}", "", *_markdown_tables(scores.sel(region=r, drop=True))]
+    lines += _brier_tables(scores)
     n = scores["n_time"].values
     lines.append(f"RMSE is the square root after the mean over initialisations (√ of WB2's mse). "
                  f"Initialisations scored per lead: {sorted(set(n.ravel().tolist()))}.")

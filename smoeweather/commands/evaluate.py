@@ -44,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "interpolated to common zonal frequencies first; curves comparable with WB2's)")
     p.add_argument("--binary-quantiles", nargs="+", type=float, default=[0.1, 0.5, 0.9], metavar="Q",
                    help="climatological quantiles whose exceedance the WB2 binary files score (default 0.1 0.5 0.9)")
+    p.add_argument("--thresholds", nargs="+", default=None, metavar="FIELD=T1,T2",
+                   help="events scored by the Brier score, reliability table and Brier skill score, per field in "
+                        "its units, e.g. temperature_850=265,275 (probability forecasts bring their own)")
+    p.add_argument("--bss-reference", default=None, metavar="METHOD",
+                   help="the method the Brier skill score is measured against besides climatology (default: the "
+                        "first ensemble, i.e. the raw ensemble)")
     p.add_argument("--ensemble-dim", default=None, metavar="DIM",
                    help="the forecasts' ensemble dim (default: found by name: member, realization, number, ensemble)")
     p.add_argument("--storage-options", default=None, metavar="JSON",
@@ -69,6 +75,23 @@ def storage_options(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def parse_thresholds(items: list[str] | None) -> dict[str, list[float]] | None:
+    """``["temperature_850=265,275", ...]`` → {field: [values]}; ValueError naming --thresholds otherwise."""
+    if not items:
+        return None
+    out: dict[str, list[float]] = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        try:
+            out[name] = [float(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            out[name] = []
+        if not name or not out[name]:
+            raise ValueError(f"--thresholds {item!r}: expected FIELD=T1[,T2...] with numbers in the field's units, "
+                             "e.g. temperature_850=265,275")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from smoeweather.evaluate import evaluate
 
@@ -90,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
                       spectra_band=tuple(args.spectra_band), spectra_recipe=args.spectra_recipe,
                       storage_options=storage_options(args.storage_options),
                       ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
-                      allow_missing=args.allow_missing, overwrite=args.overwrite, progress=not args.quiet)
+                      allow_missing=args.allow_missing, thresholds=parse_thresholds(args.thresholds),
+                      bss_reference=args.bss_reference, overwrite=args.overwrite, progress=not args.quiet)
     if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
         from smoeweather.plotting.ensembles import plot_rank_histograms
 

@@ -7,6 +7,8 @@ score curves, scorecards and spectra.
     smoe plot scores DIR/scores.nc --out DIR
     smoe plot scorecard DIR/scores.nc --baseline METHOD --out DIR
     smoe plot spectra DIR/scores.nc --out DIR            (scores of smoe evaluate --spectra)
+    smoe plot reliability DIR/scores.nc --out DIR       (probability forecasts or evaluate --thresholds)
+    smoe plot pit DIR/scores.nc --out DIR               (Gaussian forecasts)
     smoe plot emos MODEL.nc --out DIR
     smoe plot frontier STUDY.json [STUDY.json ...] --cost {params,flops,time,infer} [--metric T@LEAD]
         [--frontier dense|ensemble] [--score crps_ecdf] --out DIR
@@ -78,6 +80,13 @@ def _add_scorecard_spectra(verbs: argparse._SubParsersAction) -> None:
     sp.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate --spectra`")
     sp.add_argument("--methods", nargs="+", default=None, help="methods drawn (default: all)")
     sp.add_argument("--out", required=True, type=Path, help="output folder")
+    for verb, text in (("reliability", "reliability diagram per field and threshold: observed frequency vs forecast "
+                                       "probability, the diagonal, and the cases per bin"),
+                       ("pit", "PIT histograms of Gaussian (mu/sigma) forecasts per field and lead")):
+        c = verbs.add_parser(verb, help=text)
+        c.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
+        c.add_argument("--methods", nargs="+", default=None, help="methods drawn (default: all that have it)")
+        c.add_argument("--out", required=True, type=Path, help="output folder")
 
 
 def _add_frontier(verbs: argparse._SubParsersAction) -> None:
@@ -153,6 +162,12 @@ def _final(args: argparse.Namespace, paths: list) -> list[Path]:
 def _run(args: argparse.Namespace) -> int:
     if args.plot_verb == "frontier":  # no maps: cartopy not needed
         return _run_frontier(args)
+    if args.plot_verb in ("reliability", "pit"):
+        from smoeweather.plotting.calibration import plot_pit, plot_reliability
+
+        draw = plot_reliability if args.plot_verb == "reliability" else plot_pit
+        args.lines += [str(p) for p in _final(args, draw(args.scores, args.out, methods=args.methods))]
+        return 0
     try:
         from smoeweather.plotting.cartography import offline_cartopy
 

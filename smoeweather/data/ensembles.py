@@ -41,7 +41,7 @@ HOUR = np.timedelta64(1, "h")
 """One hour: leads are whole hours everywhere (``int(td // HOUR)``)."""
 STD_SUFFIX = "_std"
 """σ of a ``gaussian`` store's ``<name>`` is the variable ``<name>_std``."""
-FORECAST_KINDS = ("deterministic", "ensemble", "gaussian", "quantiles")
+FORECAST_KINDS = ("deterministic", "ensemble", "gaussian", "quantiles", "probability")
 GRID_ATOL = 1e-4
 """Degrees: two grids are the same when every coordinate agrees to this (float32 round-off at 360°)."""
 
@@ -318,6 +318,8 @@ def open_forecast(path: str | Path, storage_options: dict[str, Any] | None = Non
     if (not is_url(path) and "prediction_timedelta" not in ds.dims
             and any(m in ds.dims for m in MEMBER_NAMES)):
         ds = open_ensemble(Path(path))
+    if "percentile" in ds.dims and "quantile" not in ds.dims:  # IMPROVER's percentiles (0-100) as quantiles
+        ds = ds.assign_coords(percentile=ds["percentile"].values / 100.0).rename(percentile="quantile")
     dim = _ensemble_dim(ds, where, ensemble_dim)
     if dim is not None and dim != "member":
         ds = ds.rename({dim: "member"})
@@ -332,6 +334,8 @@ def open_forecast(path: str | Path, storage_options: dict[str, Any] | None = Non
 
 
 def _kind_from_data(ds: xr.Dataset) -> str:
+    if "threshold" in ds.dims:
+        return "probability"
     if "member" in ds.dims:
         return "ensemble"
     if "quantile" in ds.dims:
@@ -343,8 +347,10 @@ def _kind_from_data(ds: xr.Dataset) -> str:
 
 
 def forecast_kind(ds: xr.Dataset, where: str = "forecast") -> str:
-    """The kind the data holds (a ``member`` dim: ensemble; ``quantile``: quantiles; every ``<name>`` with a
-    ``<name>_std``: gaussian; else deterministic). An ``attrs["forecast_kind"]`` that contradicts it is refused
+    """The kind the data holds (a ``threshold`` dim: probability of exceeding (or, with the attribute
+    ``spp__relative_to_threshold``, falling below) each threshold; a ``member`` dim: ensemble; ``quantile``:
+    quantiles; a ``<name>`` with a ``<name>_std``: gaussian; else deterministic). An ``attrs["forecast_kind"]``
+    that contradicts it is refused
     by name: the data is never overridden silently."""
     kind = _kind_from_data(ds)
     declared = ds.attrs.get("forecast_kind")

@@ -12,6 +12,8 @@ in their window are NaN, and asking for them is an error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import xarray as xr
 
@@ -101,34 +103,65 @@ def time_mean(da: xr.DataArray) -> xr.DataArray:
     return out
 
 
+def _doy_window_reduce(da: xr.DataArray, valid_time: xr.DataArray, window: int, size: int,
+                       reduce: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``reduce`` (samples, ...) → (size, ...) applied, for each valid time's (day of year, hour), to every
+    sample of that hour within ±window//2 days (circular); → (size, *valid_time.shape, ...)."""
+    da = da.transpose("time", ...)
+    doy, hour = day_of_year(da["time"].values) - 1, hour_of_day(da["time"].values)
+    values = np.asarray(da.values, np.float64)
+    vt = np.asarray(valid_time.values)
+    v_doy, v_hour = day_of_year(vt).ravel() - 1, hour_of_day(vt).ravel()
+    table: dict[tuple[int, int], np.ndarray] = {}
+    for d, h in sorted(set(zip(v_doy.tolist(), v_hour.tolist()))):
+        dist = np.abs((doy - d + DAYS // 2) % DAYS - DAYS // 2)
+        pick = (dist <= window // 2) & (hour == h)
+        if not pick.any():
+            raise ValueError(f"climatology of {da.name!r} has no sample within {window} days of day {d + 1} at "
+                             f"{h:02d} UTC: prepare it from a longer training period")
+        table[d, h] = reduce(values[pick])
+    out = np.stack([table[d, h] for d, h in zip(v_doy.tolist(), v_hour.tolist())], axis=1)
+    return out.reshape(size, *vt.shape, *values.shape[1:])
+
+
+def _on_valid(values: np.ndarray, da: xr.DataArray, valid_time: xr.DataArray, dim: str, coord: np.ndarray,
+              note: str) -> xr.DataArray:
+    other = {d: da[d] for d in da.dims if d != "time" and d in da.coords}
+    dims = [d for d in da.dims if d != "time"]
+    return xr.DataArray(values, dims=(dim, *valid_time.dims, *dims),
+                        coords={dim: coord, **dict(valid_time.coords), **other}, name=da.name,
+                        attrs={"climatology": note})
+
+
 def doy_quantiles(da: xr.DataArray, quantiles: np.ndarray, valid_time: xr.DataArray,
                   window: int = WINDOW_DAYS) -> xr.DataArray:
     """Climatological quantiles of ``da`` (time, ...) at the valid times: for each valid time's day of year
     and hour, the ``quantiles`` (probabilities in (0, 1)) of every sample of that hour within ±window//2 days
     (circular, the day-of-year convention of :func:`doy_climatology`), per grid point. Returns (quantile,
     *valid_time.dims, ...), units of ``da``. Only the (day, hour) pairs asked for are computed."""
-    da = da.transpose("time", ...)
-    doy, hour = day_of_year(da["time"].values) - 1, hour_of_day(da["time"].values)
-    values = np.asarray(da.values, np.float64)
-    vt = np.asarray(valid_time.values)
-    v_doy, v_hour = day_of_year(vt).ravel() - 1, hour_of_day(vt).ravel()
-    half = window // 2
-    pairs = sorted(set(zip(v_doy.tolist(), v_hour.tolist())))
-    table: dict[tuple[int, int], np.ndarray] = {}
-    for d, h in pairs:
-        dist = np.abs((doy - d + DAYS // 2) % DAYS - DAYS // 2)
-        pick = (dist <= half) & (hour == h)
-        if not pick.any():
-            raise ValueError(f"climatology of {da.name!r} has no sample within {window} days of day {d + 1} at "
-                             f"{h:02d} UTC: prepare it from a longer training period")
-        table[d, h] = np.nanquantile(values[pick], quantiles, axis=0)
-    out = np.stack([table[d, h] for d, h in zip(v_doy.tolist(), v_hour.tolist())], axis=1)
-    out = out.reshape(len(quantiles), *vt.shape, *values.shape[1:])
-    other = {d: da[d] for d in da.dims[1:] if d in da.coords}
-    return xr.DataArray(out, dims=("quantile", *valid_time.dims, *da.dims[1:]),
-                        coords={"quantile": np.asarray(quantiles, np.float64), **dict(valid_time.coords), **other},
-                        name=da.name, attrs={"units": da.attrs.get("units", ""),
-                                             "climatology": f"quantiles over a {window}-day window per hour"})
+    q = np.asarray(quantiles, np.float64)
+    values = _doy_window_reduce(da, valid_time, window, len(q), lambda x: np.nanquantile(x, q, axis=0))
+    out = _on_valid(values, da, valid_time, "quantile", q, f"quantiles over a {window}-day window per hour")
+    out.attrs["units"] = da.attrs.get("units", "")
+    return out
+
+
+def doy_exceedance(da: xr.DataArray, thresholds: np.ndarray, valid_time: xr.DataArray,
+                   window: int = WINDOW_DAYS) -> xr.DataArray:
+    """Climatological probability of exceeding each threshold (units of ``da``) at the valid times: the
+    fraction of the window's samples above it (:func:`doy_quantiles`' samples), per grid point →
+    (threshold, *valid_time.dims, ...), dimensionless."""
+    t = np.asarray(thresholds, np.float64)
+
+    def frac(x: np.ndarray) -> np.ndarray:
+        ok = np.isfinite(x)
+        above = (x[None] > t.reshape(-1, *([1] * x.ndim))) & ok[None]
+        return above.sum(1) / np.maximum(ok.sum(0), 1)
+
+    values = _doy_window_reduce(da, valid_time, window, len(t), frac)
+    out = _on_valid(values, da, valid_time, "threshold", t, f"fraction above threshold in a {window}-day window")
+    out.attrs["units"] = "1"
+    return out
 
 
 def is_wb2_climatology(ds: xr.Dataset) -> bool:
