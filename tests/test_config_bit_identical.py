@@ -1,7 +1,8 @@
 """Refactors of the configuration keep outputs bit-identical: a tiny seeded train → forecast gives the same
 weights and forecast values, byte for byte, as before the typed configuration (digests recorded on the
 commit before it, torch 2.x on x86-64 CPU, 2 intra-op threads; another torch build or CPU may round
-differently, so the digests are only compared where they were recorded)."""
+differently, so the digests are only compared where they were recorded). Every digest was recorded by running this
+file's ``__main__`` on the code of commit f1bf021 (``git archive f1bf021``), before the refactor."""
 
 from __future__ import annotations
 
@@ -33,7 +34,13 @@ CASES = {
     "world_smoe_all_prior": ("weatherbench/world_smoe_all_prior.yaml", []),
     "gcm_e3": ("weatherbench/gcm_e3.yaml", ["model.smoe.experts_factor=8", "model.members=2"]),
     "heat_smoe": ("heat/smoe.yaml", ["data.batch_size=4"]),
+    "postprocess_unet_prior": ("postprocess/gcm_ens_smoe_unet_prior.yaml", []),
 }
+POSTPROCESS = ["data.variables=[geopotential_500, temperature_500]", "data.target_variables=[geopotential_500]",
+               "data.leads_h=null", "data.train_period=[2000-01-01, 2000-01-31T18:00]",
+               "data.valid_period=[2000-02-01, 2000-02-10]", "data.test_period=[2000-02-11, 2000-02-20]",
+               "data.batch_size=4", "model.widths=[4, 8, 16]", "trainer.max_steps=-1",
+               "trainer.val_check_interval=1.0", "trainer.check_val_every_n_epoch=1"]
 
 
 def _machine() -> str:
@@ -56,7 +63,29 @@ def make_stores(root: Path) -> dict[str, str]:
                 train_years=None, source="test", time_chunk=8, scheduler="synchronous", progress=False)
     heat = root / "heat.zarr"
     generate(heat, runs=4, val_runs=2, test_runs=2, steps=6, size=16, seed=0, progress=False)
-    return {"world": str(world), "heat": str(heat)}
+    return {"world": str(world), "heat": str(heat), "ens": make_ens_store(str(world), root / "ens.zarr")}
+
+
+def make_ens_store(world_store: str, path: Path) -> str:
+    """ENS-like store from the world: 3 perturbed members of the truth 48 h ahead, daily inits, one lead."""
+    import xarray as xr
+
+    world = xr.open_zarr(world_store).sel(level=[500]).isel(time=slice(0, None, 4)).load()
+    rng = np.random.default_rng(0)
+    data = {}
+    for name in ("geopotential", "temperature"):
+        truth = world[name].values  # (T, 1, H, W)
+        later = np.concatenate([truth[2:], truth[-2:]])
+        noise = 0.1 * truth.std() * rng.normal(size=(truth.shape[0], 3, *truth.shape[1:]))
+        data[name] = (("time", "member", "level", "latitude", "longitude"),
+                      (truth[:, None] + 0.5 * (later - truth)[:, None] + noise).astype(np.float32))
+        data[name + "_truth"] = (("time", "level", "latitude", "longitude"), truth)
+    ds = xr.Dataset(data, coords={"time": world.time.values, "member": np.arange(3), "level": [500],
+                                  "latitude": world.latitude.values, "longitude": world.longitude.values,
+                                  "prediction_timedelta": np.timedelta64(48, "h")})
+    write_store(lambda: ds, path, args={"test": "ens"}, train_years=None, source="test", time_chunk=8,
+                scheduler="synchronous", progress=False)
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +102,15 @@ def run_case(name: str, stores: dict[str, str], out: Path) -> dict[str, str]:
     common = [f"output_dir={out}", *TRAINER]
     if cfg["task"] == "heat":
         overrides = [*common, f"data.store={stores['heat']}", *extra]
+    elif cfg["task"] == "postprocess":
+        overrides = [*common, f"data.source={stores['ens']}", f"data.constants={stores['world']}", *POSTPROCESS]
     else:
         overrides = [*common, f"data.store={stores['world']}", *WORLD, *extra]
     result = train(apply_overrides(cfg, overrides))
     state = result.module.model.state_dict()
     weights = _digest(*(state[k].detach().cpu().numpy() for k in sorted(state)))
     digests = {"weights": weights}
-    if cfg["task"] != "heat":
+    if cfg["task"] == "weatherbench":
         from smoeweather.forecast import make_forecast
 
         ds = make_forecast(stores["world"], (np.datetime64("2000-02-12"), np.datetime64("2000-02-13")),
