@@ -9,6 +9,7 @@ gradient is bitwise equal. The leaf convolutions pass a float64 ``gradcheck``.
 
 from __future__ import annotations
 
+import copy
 import io
 
 import numpy as np
@@ -209,3 +210,49 @@ def test_trained_model_forecasts_the_same_through_both_paths(every_leaf: None) -
     scale = float(forecasts["all"].abs().max())
     # every conv of the U-Net (4 of them, 3×3·8 terms at most) and the BatchNorm/upsampling between them
     torch.testing.assert_close(forecasts["selected"], forecasts["all"], **float_tol(torch.float32, 4 * 9 * 16, scale))
+
+
+def test_compiled_training_step_has_no_graph_break_and_matches_eager() -> None:
+    """Under torch.compile the layer computes all experts and routes through an opaque custom operator
+    (smoeweather.nn.route_op): ``torch._dynamo.explain`` of the training forward finds one graph, no break; two
+    compiled training steps (the second with the updated gate) equal eager ones, RC loss included."""
+    torch._dynamo.reset()
+
+    def model() -> nn.Module:
+        torch.manual_seed(7)
+        return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(),
+                             SpatialMoE2d(3, 6, 2, grid=(6, 8), damping=0.1), nn.ReLU(), nn.Conv2d(2, 1, 1))
+
+    x, target = torch.randn(3, 2, 6, 8), torch.randn(3, 1, 6, 8)
+
+    def loss_of(net: nn.Module) -> torch.Tensor:
+        return nn.functional.mse_loss(net(x), target)
+
+    explained = torch._dynamo.explain(loss_of)(model())
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    torch._dynamo.reset()
+    eager, compiled = model(), model()
+    runs = []
+    for net, module in ((eager, eager), (torch.compile(compiled, backend="aot_eager"), compiled)):
+        for _ in range(2):
+            module.zero_grad()
+            loss = nn.functional.mse_loss(net(x), target)
+            loss.backward()
+            with torch.no_grad():
+                for p in module.parameters():
+                    p -= 0.1 * p.grad
+        runs.append([loss.detach(), module[2].last_rc_loss, *[p.detach().clone() for p in module.parameters()]])
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, **float_tol(torch.float32, 64, scale=float(a.abs().max())))
+    torch._dynamo.reset()
+
+
+def test_copies_route_compiled_code_through_themselves() -> None:
+    """The compiled routing operator finds its layer by key: a deep copy (an EMA model, an ensemble member) has its
+    own, so its logged RC values land on the copy."""
+    from smoeweather.nn import route_op
+
+    layer = SpatialMoE2d(2, 4, 1, grid=(3, 4))
+    twin = copy.deepcopy(layer)
+    assert twin._route_key != layer._route_key
+    assert route_op._LAYERS[twin._route_key] is twin and route_op._LAYERS[layer._route_key] is layer

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from smoeweather.nn import route_op
 from smoeweather.nn.gates import (
     Selection,
     TensorRoutingGate,
@@ -637,10 +638,16 @@ class SpatialMoE2d(nn.Module):
         # the selected path's per-leaf cost in multiply-adds (None: selected.CALL_OVERHEAD_MACS); 0 cuts the grid
         # until every leaf holds one expert set (each expert computed exactly where it is selected)
         self.selected_overhead_macs: float | None = None
+        self._route_key = route_op.register(self, _RouteExperts)  # for compiled code (smoeweather.nn.route_op)
         # logged values of the last backward: tensors, or partials that compute them on first read
         self._diagnostics: dict[str, torch.Tensor | Callable[[], torch.Tensor]] = {}
         self.aux_loss: torch.Tensor | None = None
         self._last_idx: torch.Tensor | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``, unpickling) registers itself for compiled code under its own key."""
+        super().__setstate__(state)
+        self._route_key = route_op.register(self, _RouteExperts)
 
     def record_diagnostics(self, **values: torch.Tensor | Callable[[], torch.Tensor]) -> None:
         """Set logged values of this backward (``last_rc_loss``, ``last_label_information``,
@@ -707,18 +714,16 @@ class SpatialMoE2d(nn.Module):
         """What this call computes: ``all``, ``used`` or ``selected`` (``expert_compute`` resolved for ``x``).
         A per-sample routing computes all experts; ``auto`` is ``used`` on CPU (measured faster than ``selected`` for
         the SMoE-U-Nets and ResNets on 32 × 64 grids: benchmarks/results/smoe_selected_cpu.md), ``all`` on accelerators.
-        ``selected`` becomes ``used`` under autocast (the leaf convolutions' backward runs in the input's dtype)
-        and ``all`` under ``torch.compile`` (its plan is made on the host)."""
+        ``selected`` becomes ``used`` under autocast (the leaf convolutions' backward runs in the input's dtype);
+        under ``torch.compile`` every mode computes ``all`` (the used experts and the plan have data-dependent
+        shapes, which would break the graph)."""
         mode = self.expert_compute
-        if not shared_routing or mode == "all":
-            return "all"
+        if not shared_routing or mode == "all" or torch.compiler.is_compiling():
+            return "all"  # (compiled: the used experts' count and the plan are data-dependent shapes)
         if mode == "auto":
             mode = "used" if x.device.type == "cpu" else "all"
-        if mode == "selected":
-            if torch.compiler.is_compiling():
-                return "all"
-            if torch.is_autocast_enabled(x.device.type):
-                return "used"
+        if mode == "selected" and torch.is_autocast_enabled(x.device.type):
+            return "used"
         return mode
 
     def selected_plan(self, idx: torch.Tensor, batch: int, channels_last: bool,
@@ -793,6 +798,9 @@ class SpatialMoE2d(nn.Module):
             idx = routing_scores.detach().topk(self.num_selected, dim=1, sorted=True).indices
         self.__dict__["_last_idx"] = idx  # for last_routing; a plain attribute, set without Module.__setattr__
         experts = local_idx = None
+        if torch.compiler.is_compiling():  # all experts, an opaque routing operator: no graph break (route_op)
+            y = route_op.route(self.apply_experts(x, channels_last), scores, idx, self._route_key, channels_last)
+            return self._finish(y, scores, routing_scores, idx)
         mode = self.resolved_expert_compute(x, shared_routing=idx.shape[0] == 1)
         if mode == "selected":
             plan = self.selected_plan(idx, x.shape[0], channels_last, selection)
