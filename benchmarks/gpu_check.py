@@ -23,6 +23,11 @@ passes when its first-step loss is within ``FORWARD_RTOL`` and its largest loss 
 at most ``TWIN_FACTOR`` × its dense twin's: a routing error (a wrong expert, a lost gradient) shows as a
 difference of order one at the first or second step, far outside either.
 
+``selected``: ``expert_compute="selected"`` against ``"all"`` on ``--device``: single layers (outputs, input,
+expert and gate gradients from the same weights and batch, tolerances K·eps32 for sums of K float32 terms) and
+the SMoE-U-Net's ``--steps`` Adam steps. Where the layer does not accept "selected" (ValueError), the result
+says "not available" and the part still succeeds.
+
 ``step``: warm training-step time (forward, MSE, backward, Adam) on ``--device`` of the SMoE networks against
 their dense twins and against wider and deeper dense networks, so that the dense network of equal measured
 cost can be read off (the frontier studies' frame). ResNets: batch 32, 34 input channels (the GCM configs:
@@ -34,10 +39,12 @@ and the median of per-round ratios are reported, with each network's peak memory
 ``profile``: profiler tables of the benchmark layer (``benchmarks/smoe_layer.py``'s, batch 64, fp32) against the
 dense 256-filter convolution, both routing paths: device kernels against host-side launches.
 
-Writes ``benchmarks/results/gpu_correctness_<device>.{json,md}``, ``gpu_step_<device>.{json,md}`` and
-``gpu_profile_<device>.txt``; ``render --json FILE`` rewrites a fetched result's .md.
+Writes ``benchmarks/results/gpu_correctness_<device>.{json,md}``, ``gpu_selected_<device>.{json,md}``,
+``gpu_step_<device>.{json,md}`` and ``gpu_profile_<device>.txt``;
+``render --json FILE`` rewrites a fetched result's .md.
 
     python benchmarks/gpu_check.py correctness [--device cuda] [--steps 20]
+    python benchmarks/gpu_check.py selected [--device cuda] [--steps 20]
     python benchmarks/gpu_check.py step [--device cuda] [--rounds 5] [--block 10]
     python benchmarks/gpu_check.py profile [--device cuda]
     python benchmarks/gpu_check.py render --json benchmarks/results/gpu_correctness_cuda.json
@@ -161,6 +168,121 @@ def verdicts(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                              "drift_to_twin": drift, "passed": (e["first_step_loss_relative_difference"] <= FORWARD_RTOL
                                         and drift <= TWIN_FACTOR)}
     return out
+
+
+SELECTED_LAYERS: dict[str, dict[str, Any]] = {  # SpatialMoE2d kwargs of the selected-vs-all layer checks
+    "E8_F1_planar": {"in_channels": 16, "num_experts": 32, "num_selected": 8, "route_impl": "index_select"},
+    "E8_F1_channels_last": {"in_channels": 16, "num_experts": 32, "num_selected": 8, "route_impl": "channels_last"},
+    "E4_F2_planar": {"in_channels": 16, "num_experts": 16, "num_selected": 4, "out_per_expert": 2,
+                     "route_impl": "index_select"},
+    "E2_F1_no_rc": {"in_channels": 8, "num_experts": 8, "num_selected": 2, "rc": False, "damping": None,
+                    "route_impl": "index_select"},
+}
+SELECTED_GATE_SHARE = 0.999  # gate-gradient elements that must agree (an RC flag at its threshold may flip)
+
+
+def _rel(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    """max |a − b| / max |a| (0 for two missing gradients)."""
+    if a is None or b is None:
+        return 0.0 if a is None and b is None else float("inf")
+    return float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
+
+
+def _selected_layer(name: str, kwargs: dict[str, Any], device: str) -> dict[str, Any]:
+    """One forward + backward of the layer with expert_compute all and selected from the same weights and batch."""
+    from smoeweather.nn import SpatialMoE2d
+
+    grid = (16, 32)
+    layers = {}
+    for mode in ("all", "selected"):
+        torch.manual_seed(0)
+        layers[mode] = SpatialMoE2d(**kwargs, grid=grid, padding="periodic_lon", expert_compute=mode).to(device)
+    layers["selected"].load_state_dict(layers["all"].state_dict())
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(8, kwargs["in_channels"], *grid, generator=g).to(device)
+    out: dict[str, dict[str, torch.Tensor | None]] = {}
+    for mode, layer in layers.items():
+        x = x0.clone().requires_grad_(True)
+        y = layer(x)
+        target = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(device)
+        torch.nn.functional.mse_loss(y, target).backward()
+        out[mode] = {"y": y.detach(), "x_grad": x.grad, "expert_grad": layer.experts.weight.grad,
+                     "gate_grad": getattr(layer.gate, "weight", torch.empty(0)).grad}
+    a, s = out["all"], out["selected"]
+    # float32 sums of K = C·9 terms (outputs, input grads) and B·H·W terms (weight grads): |error| ≤ K·eps32·max
+    eps = torch.finfo(torch.float32).eps
+    k_out, k_w = kwargs["in_channels"] * 9, 8 * grid[0] * grid[1]
+    rel = {k: _rel(a[k], s[k]) for k in ("y", "x_grad", "expert_grad")}
+    k_in = kwargs["num_experts"] * kwargs.get("out_per_expert", 1) * 9
+    tol = {"y": k_out * eps, "x_grad": k_in * eps, "expert_grad": k_w * eps}
+    gate_share = 1.0
+    if a["gate_grad"] is not None and s["gate_grad"] is not None:
+        scale = a["gate_grad"].abs().max().clamp_min(1e-30)
+        gate_share = float(((a["gate_grad"] - s["gate_grad"]).abs() <= k_w * eps * scale).float().mean())
+    passed = all(rel[k] <= tol[k] for k in rel) and gate_share >= SELECTED_GATE_SHARE
+    return {"layer": name, "kwargs": kwargs, "relative_difference": rel, "tolerance": tol,
+            "gate_grad_share_within_tolerance": gate_share, "passed": passed}
+
+
+def selected_check(device: str, steps: int) -> dict[str, Any]:
+    """``expert_compute="selected"`` against ``"all"`` on ``device``: layer outputs and gradients, then the
+    SMoE-U-Net's ``steps`` Adam steps. ``available: false`` where the layer does not know "selected"."""
+    from smoeweather.nn import SpatialMoE2d
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    setup = _setup(device) | {"steps": steps, "tf32": False}
+    try:
+        SpatialMoE2d(8, 8, 2, grid=(4, 8), expert_compute="selected")
+    except (ValueError, TypeError) as err:
+        print(f"selected: not available ({err})", flush=True)
+        return {"setup": setup, "available": False, "reason": str(err)}
+    layers = []
+    for name, kwargs in SELECTED_LAYERS.items():
+        layers.append(_selected_layer(name, kwargs, device))
+        print(f"selected layer {name}: {layers[-1]['relative_difference']}, passed {layers[-1]['passed']}", flush=True)
+
+    def selected_unet() -> torch.nn.Module:
+        net = unet((8, 16, 32), True)
+        for layer in smoe_layers(net):
+            layer.expert_compute = "selected"
+        return net
+
+    all_losses, all_net = _train(lambda: unet((8, 16, 32), True), device, steps)
+    sel_losses, sel_net = _train(selected_unet, device, steps)
+    loss_rel = [abs(a - b) / abs(a) for a, b in zip(all_losses, sel_losses, strict=True)]
+    same = [float((a == b).all(0).float().mean()) for a, b in
+            zip(_selected_sets(all_net), _selected_sets(sel_net), strict=True)]
+    network = {"network": "smoe_unet_8_16_32", "loss_all": all_losses, "loss_selected": sel_losses,
+               "first_step_loss_relative_difference": loss_rel[0], "max_loss_relative_difference": max(loss_rel),
+               "same_selected_set_share_per_layer": same,
+               "passed": loss_rel[0] <= FORWARD_RTOL and min(same) >= SELECTED_GATE_SHARE}
+    print(f"selected unet: loss rel. diff step 1 {loss_rel[0]:.1e}, max {max(loss_rel):.1e}", flush=True)
+    return {"setup": setup, "available": True, "layers": layers, "network": network,
+            "passed": all(c["passed"] for c in layers) and network["passed"]}
+
+
+def _selected_md(out: dict[str, Any]) -> list[str]:
+    s = out["setup"]
+    lines = [f"# SMoE layer: expert_compute=\"selected\" against \"all\" on {s.get('gpu', s['device'])}", ""]
+    if not out["available"]:
+        return lines + [f"Not available in this code: `{out['reason']}`."]
+    lines += [f"torch {s['torch']}; TF32 off. Layer rows: one forward + backward from the same weights and batch "
+              "(batch 8 on 16×32, periodic longitude); relative difference = max |all − selected| / max |all|, "
+              "tolerance K·eps32 (K: the summed terms). Gate gradient: share of elements within tolerance (an RC "
+              f"flag at its quantile may flip), at least {SELECTED_GATE_SHARE}.", "",
+              "| layer | output | input grad | expert grad | gate grad share | passed |",
+              "|---|---:|---:|---:|---:|---|"]
+    for c in out["layers"]:
+        r = c["relative_difference"]
+        lines.append(f"| {c['layer']} | {r['y']:.1e} | {r['x_grad']:.1e} | {r['expert_grad']:.1e} | "
+                     f"{c['gate_grad_share_within_tolerance']:.4f} | {'yes' if c['passed'] else 'no'} |")
+    n = out["network"]
+    lines += ["", f"SMoE-U-Net 8/16/32, {s['steps']} Adam steps from one seed: step-1 loss rel. diff "
+              f"{n['first_step_loss_relative_difference']:.1e} (≤ {FORWARD_RTOL:.0e}), max "
+              f"{n['max_loss_relative_difference']:.1e}, same expert sets at the end (min over layers) "
+              f"{min(n['same_selected_set_share_per_layer']):.1%}: {'passed' if n['passed'] else 'FAILED'}."]
+    return lines
 
 
 def _resnet(width: int, blocks: int, smoe: str | None) -> Callable[[], torch.nn.Module]:
@@ -355,7 +477,7 @@ def _step_md(out: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["correctness", "step", "profile", "render"],
+    parser.add_argument("part", choices=["correctness", "selected", "step", "profile", "render"],
                         help="render: rewrite the .md of a result .json (--json) fetched from the device")
     parser.add_argument("--json", type=Path, help="render: the gpu_correctness_*.json or gpu_step_*.json")
     parser.add_argument("--device", default="cuda")
@@ -371,7 +493,7 @@ def main() -> None:
         if args.json is None:
             parser.error("render needs --json FILE (a gpu_correctness_*.json or gpu_step_*.json)")
         out = json.loads(args.json.read_text())
-        md = _correctness_md if "entries" in out else _step_md
+        md = _correctness_md if "entries" in out else _selected_md if "available" in out else _step_md
         args.json.with_suffix(".md").write_text("\n".join(md(out)) + "\n")
         print(f"wrote {args.json.with_suffix('.md')}")
         return
@@ -382,6 +504,8 @@ def main() -> None:
         return
     if args.part == "correctness":
         out, md = correctness(args.device, args.steps), _correctness_md
+    elif args.part == "selected":
+        out, md = selected_check(args.device, args.steps), _selected_md
     else:
         out, md = step_costs(args.device, args.rounds, args.block, args.warmup), _step_md
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,154 @@
+"""Pack what the device call needs into ``.gpu/`` small enough for its 64 MiB transfer limit, and unpack it there.
+
+``gcm OUT SRC [--until T]``: a GCM-world netCDF year (``../shared/data/gcm_world``) → a pack of its
+geopotential and temperature (the gcm configs' variables), constants and coordinates, ~20.8 MB a year against
+~23.9 MB for ``../shared/tools/gpu/pack_gcm.py``: the stored int16 values are differenced along time, level
+and longitude (a Lorenzo predictor), zig-zag coded, split into high and low byte planes and compressed with
+xz (lzma, preset 9e). Lossless: the round trip is checked when packing (values bit-identical).
+``unpack PACK OUT.nc``: rebuild the netCDF (CF-packed int16 as stored) with xarray and h5netcdf (or netCDF4);
+lzma from the standard library.
+``site OUT.tar.xz WHEEL...``: the wheels unzipped into one tree (tests dropped), xz-compressed: ~7.5 MB against
+~13 MB of wheels; on the device extracting it into /tmp/site installs them (pure copies, no pip).
+
+    python benchmarks/gpu_pack.py gcm .gpu/gcm_year1.pack ../shared/data/gcm_world/gcm_5.625deg_year1.nc
+    python benchmarks/gpu_pack.py unpack .gpu/gcm_year1.pack /tmp/gcm_world/gcm_5.625deg_year1.nc
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import lzma
+import pickle
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PACKED = ("geopotential", "temperature")
+CONSTANTS = ("land_sea_mask", "geopotential_at_surface")
+COORDS = ("time", "level", "latitude", "longitude")
+XZ = 9 | lzma.PRESET_EXTREME
+DIFF_AXES = (0, 1, 3)  # time, level, longitude of (time, level, latitude, longitude)
+
+
+def encode(values: np.ndarray) -> bytes:
+    """int16 (T, L, Y, X) → xz bytes of the zig-zag coded Lorenzo residual, high then low byte plane."""
+    r = values.astype(np.int32)
+    for axis in DIFF_AXES:
+        r = np.diff(r, axis=axis, prepend=0)
+    r16 = r.astype(np.int16)
+    if not np.array_equal(r16, r):
+        raise ValueError("a Lorenzo residual does not fit int16: this data is not a GCM-world year")
+    z = ((r16.astype(np.int32) << 1) ^ (r16.astype(np.int32) >> 31)).astype(np.uint16)
+    planes = np.stack([(z >> 8).astype(np.uint8), (z & 0xFF).astype(np.uint8)])
+    return lzma.compress(planes.tobytes(), preset=XZ)
+
+
+def decode(payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
+    """Inverse of :func:`encode`: int16 of ``shape``."""
+    planes = np.frombuffer(lzma.decompress(payload), np.uint8).reshape(2, *shape)
+    z = (planes[0].astype(np.int32) << 8) | planes[1].astype(np.int32)
+    r = (z >> 1) ^ -(z & 1)
+    for axis in reversed(DIFF_AXES):
+        r = np.cumsum(r, axis=axis, dtype=np.int32)
+    return r.astype(np.int16)
+
+
+def pack_gcm(out: Path, src: Path, until: str | None) -> float:
+    """Write the pack of ``src`` (through ``until``, a time label) to ``out``; returns its size in MB."""
+    import xarray as xr
+
+    ds = xr.open_dataset(src, mask_and_scale=False)
+    if until:
+        ds = ds.sel(time=slice(None, until))
+    missing = [v for v in PACKED + CONSTANTS if v not in ds]
+    if missing:
+        raise ValueError(f"{src}: no variables {missing}; expected a gcm_5.625deg_yearN.nc GCM-world file")
+    doc: dict[str, Any] = {"coords": {k: (ds[k].dims, ds[k].values, dict(ds[k].attrs)) for k in COORDS},
+                           "attrs": dict(ds.attrs), "vars": {}}
+    for v in PACKED:
+        raw = ds[v].values
+        if ds[v].dims != COORDS or raw.dtype != np.int16:
+            raise ValueError(f"{src}: {v} is {raw.dtype} {ds[v].dims}; expected int16 {COORDS} as stored")
+        payload = encode(raw)
+        if not np.array_equal(decode(payload, raw.shape), raw):
+            raise AssertionError(f"{src}: {v} does not round-trip")
+        doc["vars"][v] = ("lorenzo", ds[v].dims, raw.shape, payload, dict(ds[v].attrs))
+    for v in CONSTANTS:
+        doc["vars"][v] = ("raw", ds[v].dims, ds[v].shape, ds[v].values, dict(ds[v].attrs))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL))
+    return out.stat().st_size / 1e6
+
+
+def unpack_gcm(pack: Path, out: Path) -> dict[str, int]:
+    """Rebuild the netCDF file of ``pack`` at ``out`` (CF-packed int16 as the source); returns its sizes."""
+    import xarray as xr
+
+    doc = pickle.loads(pack.read_bytes())  # our own file, made by pack_gcm
+    coords = {k: xr.Variable(d, v, a) for k, (d, v, a) in doc["coords"].items()}
+    data = {}
+    for name, (kind, dims, shape, payload, attrs) in doc["vars"].items():
+        values = decode(payload, tuple(shape)) if kind == "lorenzo" else payload
+        data[name] = xr.Variable(dims, values, attrs)
+    ds = xr.decode_cf(xr.Dataset(data, coords=coords, attrs=doc["attrs"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.nc")
+    try:  # h5netcdf where h5py is installed (the GPU image), else netCDF4
+        import h5py  # noqa: F401
+        engine = "h5netcdf"
+    except ImportError:
+        engine = "netcdf4"
+    ds.to_netcdf(tmp, engine=engine)
+    tmp.replace(out)
+    return dict(ds.sizes)
+
+
+def pack_site(out: Path, wheels: list[Path]) -> float:
+    """Unzip ``wheels`` into one tree (dropping test folders) and write it xz-compressed to ``out`` (MB)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:xz", preset=XZ) as tar:
+        for wheel in sorted(wheels):
+            with zipfile.ZipFile(wheel) as z:
+                for info in z.infolist():
+                    parts = Path(info.filename).parts
+                    if info.is_dir() or "tests" in parts[1:] or parts[0].endswith(".data"):
+                        continue
+                    data = z.read(info)
+                    member = tarfile.TarInfo(info.filename)
+                    member.size, member.mode = len(data), 0o755 if info.filename.endswith(".so") else 0o644
+                    tar.addfile(member, io.BytesIO(data))
+    return out.stat().st_size / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    g = sub.add_parser("gcm", help="pack one GCM-world year")
+    g.add_argument("out", type=Path)
+    g.add_argument("src", type=Path)
+    g.add_argument("--until", default=None, help="last time label to keep, e.g. 2002-08-31T18")
+    u = sub.add_parser("unpack", help="rebuild a GCM-world netCDF from its pack")
+    u.add_argument("pack", type=Path)
+    u.add_argument("out", type=Path)
+    s = sub.add_parser("site", help="wheels → one xz-compressed tree")
+    s.add_argument("out", type=Path)
+    s.add_argument("wheels", type=Path, nargs="+")
+    args = parser.parse_args()
+    if args.verb == "gcm":
+        if not args.src.is_file():
+            parser.error(f"gcm: {args.src} does not exist (the GCM world is in ../shared/data/gcm_world)")
+        print(f"{args.out}: {pack_gcm(args.out, args.src, args.until):.2f} MB")
+    elif args.verb == "unpack":
+        if not args.pack.is_file():
+            parser.error(f"unpack: {args.pack} does not exist; make it here with `gpu_pack.py gcm` and carry .gpu")
+        print(f"{args.out}: {unpack_gcm(args.pack, args.out)}")
+    else:
+        print(f"{args.out}: {pack_site(args.out, args.wheels):.2f} MB")
+
+
+if __name__ == "__main__":
+    main()
