@@ -74,12 +74,14 @@ case "${1:-}" in
     fi
     OUT=${OUT:-runs/gpu_measure}
     LOGS=${LOGS:-/tmp/gpu_measure}
+    S=${SCRATCH:-/tmp}  # heat store, heat and study outputs
+    GCM_STORE=${GCM_STORE:-/tmp/gcm_world.zarr}
     RES=${RESULTS_DIR:-$([ "$DEVICE" = cuda ] && echo benchmarks/results || echo /tmp/gpu_measure_results)}
     mkdir -p "$OUT" "$LOGS/heat" "$LOGS/study"
     pack() { cp -f "$RES"/gpu_*_"$DEVICE"*.* "$LOGS/" 2>/dev/null || true
-             cp -f /tmp/gpu_heat/heat_*.json* "$LOGS/heat/" 2>/dev/null || true
-             if [ -d /tmp/gpu_study/runs ]; then
-               (cd /tmp/gpu_study && find . -name metrics.csv -o -name result.json -o -name 'study.*' | \
+             cp -f $S/gpu_heat/heat_*.json* "$LOGS/heat/" 2>/dev/null || true
+             if [ -d $S/gpu_study/runs ]; then
+               (cd $S/gpu_study && find . -name metrics.csv -o -name result.json -o -name 'study.*' | \
                   tar cf - -T - | tar xf - -C "$LOGS/study") 2>/dev/null || true
              fi
              tar czf "$OUT/gpu_measure.tar.gz.tmp" -C "$LOGS" . && mv -f "$OUT/gpu_measure.tar.gz.tmp" "$OUT/gpu_measure.tar.gz"; }
@@ -97,11 +99,11 @@ case "${1:-}" in
       return "$rc"
     }
     # background, CPU only (niced, 2 threads each; parts.txt says when they ended): the data of parts 3 and 4
-    OMP_NUM_THREADS=2 part heat_generate "${PREP_TIMEOUT:-300}" nice python -m smoeweather heat generate --out /tmp/gpu_heat.zarr \
+    OMP_NUM_THREADS=2 part heat_generate "${PREP_TIMEOUT:-300}" nice python -m smoeweather heat generate --out $S/gpu_heat.zarr \
       --generator reference --overwrite ${HEAT_GEN_ARGS:---runs 1000 --val-runs 20 --test-runs 20 --size 64} \
       > /dev/null & heat_gen=$!
     OMP_NUM_THREADS=2 part gcm_prepare "${PREP_TIMEOUT:-300}" nice python benchmarks/gpu_study.py prepare --packs "$GPU" \
-      --world /tmp/gcm_world --store /tmp/gcm_world.zarr > /dev/null & gcm_prep=$!
+      --world /tmp/gcm_world --store "$GCM_STORE" > /dev/null & gcm_prep=$!
     # 1. correctness: side by side, none of it is timed
     part cuda_tests "${CHECK_TIMEOUT:-120}" python -m pytest -q -p no:cacheprovider tests/test_smoe_fastpath.py \
       -k cuda & p1=$!
@@ -127,21 +129,21 @@ case "${1:-}" in
     heat_minutes=$(python -c "print(max(0.1, ($budget - ${HEAT_MARGIN:-40}) / 60))")
     pids=()
     for row in ${HEAT_ROWS:-smoe smoe_no_rc_no_damping conv}; do
-      OMP_NUM_THREADS=2 part "heat_$row" "$budget" python benchmarks/gpu_heat.py --row "$row" --store /tmp/gpu_heat.zarr \
-        --out /tmp/gpu_heat --minutes "$heat_minutes" ${HEAT_MAX_EPOCHS:+--max-epochs "$HEAT_MAX_EPOCHS"} & pids+=($!)
+      OMP_NUM_THREADS=2 part "heat_$row" "$budget" python benchmarks/gpu_heat.py --row "$row" --store $S/gpu_heat.zarr \
+        --out $S/gpu_heat --minutes "$heat_minutes" ${HEAT_MAX_EPOCHS:+--max-epochs "$HEAT_MAX_EPOCHS"} & pids+=($!)
     done
     python benchmarks/gpu_study.py config --study configs/studies/gcm_16x3.yaml --device "$DEVICE" \
-      --arms ${STUDY_ARMS:-dense smoe_all_prior} --out /tmp/gpu_study.yaml --workers "${STUDY_WORKERS:-1}" \
-      ${STUDY_STEPS:+--steps "$STUDY_STEPS"} > "$LOGS/study_config.log" 2>&1 && cp /tmp/gpu_study.yaml "$LOGS/"
+      --store "$GCM_STORE" --arms ${STUDY_ARMS:-dense smoe_all_prior} --out $S/gpu_study.yaml --workers "${STUDY_WORKERS:-1}" \
+      ${STUDY_STEPS:+--steps "$STUDY_STEPS"} > "$LOGS/study_config.log" 2>&1 && cp $S/gpu_study.yaml "$LOGS/"
     n=${STUDY_PROCS:-6}
     for k in $(seq 0 $((n - 1))); do
-      part "study_$k" "$budget" python -m smoeweather study --config /tmp/gpu_study.yaml --out /tmp/gpu_study \
+      part "study_$k" "$budget" python -m smoeweather study --config $S/gpu_study.yaml --out $S/gpu_study \
         --shard "$k/$n" ${STUDY_SEEDS:+seeds="$STUDY_SEEDS"} & pids+=($!)
     done
     alive() { for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
     while alive "${pids[@]}"; do sleep 30; pack; done  # while any runs: partial results every 30 s
     for p in "${pids[@]}"; do wait "$p" || status=$?; done
-    python benchmarks/gpu_heat.py --summary /tmp/gpu_heat > /dev/null 2>&1 && cp /tmp/gpu_heat/heat_gpu.md "$LOGS/heat/"
+    python benchmarks/gpu_heat.py --summary $S/gpu_heat > /dev/null 2>&1 && cp $S/gpu_heat/heat_gpu.md "$LOGS/heat/"
     pack
     echo "total $((SECONDS - T0)) s" | tee -a "$LOGS/parts.txt"
     exit "$status"
