@@ -204,6 +204,7 @@ def _write(out: dict[str, Any], device: str, dest: Path) -> None:
 def _item(out: dict[str, Any], key: str, fn: Callable[[], dict[str, Any]], device: str, dest: Path) -> None:
     """Run one measurement into ``out["items"][key]`` (an error is recorded, not raised); write the files."""
     start = time.perf_counter()
+    print(f"{key}: started", flush=True)  # a time-out mid-item shows here (what did not finish compiling)
     try:
         out["items"][key] = fn() | {"seconds": time.perf_counter() - start}
         r = out["items"][key]
