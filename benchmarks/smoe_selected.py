@@ -226,6 +226,20 @@ def compile_part(calls: int) -> dict[str, Any]:
     return out
 
 
+READING = """How to read it. `exact` computes what the paper's ideal implementation would: its counted FLOPs are
+those of
+the dense twin plus the gate's (the plan's leaves hold one expert set each; computed / selected ≈ 1.0–1.2, the
+excess where a coast cuts a rectangle of side < 2). Its time is not: on one CPU thread each leaf is a separate
+oneDNN convolution whose fixed cost (the window copy into the blocked layout, `aten::copy_`; primitive setup; the
+input-gradient add into the overlapping halo, `aten::add_`; `LeafConvolutionsBackward`) is paid 11–13 times per
+layer on leaves of a few hundred points, so the experts' convolutions cost more than those of the used experts on
+the whole grid at twice the FLOPs. `selected` (the default cost model, `CALL_OVERHEAD_MACS`) therefore keeps one
+leaf, i.e. the used experts, nearly everywhere on these 32 × 64 grids. Even at zero expert overhead the targets
+would be missed: the routing's own work (`_RouteExpertsBackward` / `_RouteBlockBackward`: RC quantiles and labels;
+`index_select`, `scatter_add_`: the slot gather and scatter; `topk`; the gates' Adam step) costs a U-Net step
+about 0.3–0.5 of the dense twin's step (benchmarks/results/smoe_step_cpu.md, "fixed routing")."""
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     lines = ["# SMoE expert computations against the dense twins (CPU, batch 8, 32 × 64)", "",
              f"Load average at start {results['loadavg_start']}, at end {results['loadavg_end']} on "
@@ -262,11 +276,17 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                       "| dense | ms | used | ms | exact | ms |", "|---|---:|---|---:|---|---:|"]
             for row in zip(profile["dense"], profile["used"], profile["exact"], strict=False):
                 lines.append("| " + " | ".join(f"`{r['name']}` | {r['ms_per_step']:.1f}" for r in row) + " |")
+    lines += ["", READING]
     if "compile" in results:
         c = results["compile"]
         lines += ["", f"torch.compile (SMoE-U-Net 8/16/32, 1 thread): `torch._dynamo.explain` of the training "
                       f"forward: {c['graph_count']} graphs, {c['graph_break_count']} graph breaks.", ""]
         lines += [f"- break: {reason}" for reason in c["break_reasons"]]
+        lines += ["Compiled, every SMoE layer computes all |E| = 4E experts (the used experts' count and the selected "
+                  "plan are data-dependent shapes) and routes through one opaque custom operator "
+                  "(smoeweather/nn/route_op.py); `auto` is the eager CPU default (`used`). Losses of the first "
+                  "compiled step minus eager: "
+                  + ", ".join(f"{k.split('_')[0]} {v:.1e}" for k, v in c.items() if k.endswith("minus_eager")) + "."]
         lines += ["", "| step | ms |", "|---|---:|"] + [f"| {k} | {v:.1f} |" for k, v in c["step_ms"].items()]
     path.write_text("\n".join(lines) + "\n")
 
