@@ -396,9 +396,10 @@ def _coords(model: GCM) -> dict[str, Any]:
             "longitude": ("longitude", model.lon_wb, {"units": "degrees_east"})}
 
 
-def _write(ds: xr.Dataset, path: Path) -> None:
-    """Atomic netCDF write (float32, zlib): a failed run leaves no half-written file."""
-    write_netcdf(ds, path, encoding={v: {"zlib": True, "complevel": 4} for v in ds.data_vars})
+def _write(ds: xr.Dataset, path: Path, overwrite: bool) -> None:
+    """Atomic netCDF write (float32, zlib): a failed run leaves no half-written file; without ``overwrite`` a
+    file another run wrote meanwhile is refused at the write, never replaced."""
+    write_netcdf(ds, path, overwrite=overwrite, encoding={v: {"zlib": True, "complevel": 4} for v in ds.data_vars})
 
 
 def _check_out(out: Path, names: Sequence[str], overwrite: bool, written: Sequence[str] = ()) -> None:
@@ -552,7 +553,7 @@ def generate_world(out: str | Path, years: int = 2, days_per_year: int = 365, se
             coords={"time": times, "level": ("level", np.asarray(levels, "int32"), {"units": "hPa"}), **_coords(model)},
             attrs=_attrs(model, "world", seed, spin_up_days, config),
         )
-        _write(ds, out / name)
+        _write(ds, out / name, overwrite)
         paths.append(out / name)
         written.append(name)
         t0 = times[-1] + pd.Timedelta(hours=6)
@@ -643,7 +644,7 @@ def generate_ensemble(out: str | Path, year: int = 2005, days: int = 300, seed: 
                "perturbation": "0.05 K random temperature noise (total wavenumber >= 3), all layers",
                "lead_times": f"{', '.join(map(str, sorted(leads_h)))} h; truth daily at 00 UTC"},
     )
-    _write(ds, out / name)
+    _write(ds, out / name, overwrite)
     restart.remove()
     return out / name
 
