@@ -124,7 +124,7 @@ case "${1:-}" in
     # 3. + 4. together in the time left
     wait "$heat_gen" || status=$?
     wait "$gcm_prep" || status=$?
-    budget=$(( $(left) - 15 ))
+    budget=$(( $(left) - 15 )); [ "$budget" -gt 60 ] || budget=60
     echo "parts 3+4: ${budget} s left" | tee -a "$LOGS/parts.txt"
     heat_minutes=$(python -c "print(max(0.1, ($budget - ${HEAT_MARGIN:-40}) / 60))")
     pids=()
