@@ -12,7 +12,7 @@ API (every command that writes an output uses it; ``smoeweather.io`` re-exports 
 
 - refuses an existing ``path`` without ``overwrite`` with :class:`OutputExistsError` (a FileExistsError)
   ``"PATH already exists (pass --overwrite to replace it)"``, on entry *and again at the commit*, under an
-  ``O_EXCL`` lock file ``.NAME.lock`` beside it and with a rename that cannot replace (Linux ``renameat2``
+  ``O_EXCL`` lock file ``.NAME.commit-lock`` beside it and with a rename that cannot replace (Linux ``renameat2``
   ``RENAME_NOREPLACE``, else a hard link for files): of two concurrent writers exactly one wins;
 - refuses an output under a file, or in a folder it cannot write to, with a one-line :class:`OutputError`
   (a ValueError) naming the path, before anything is computed;
@@ -162,11 +162,12 @@ def _remove_empty(folders: list[Path]) -> None:
 
 @contextlib.contextmanager
 def _commit_lock(target: Path) -> Iterator[None]:
-    """Hold an exclusive kernel lock on ``.NAME.lock`` beside ``target`` (removed on release)."""
+    """Hold an exclusive kernel lock on ``.NAME.commit-lock`` beside ``target`` (removed on release; not
+    ``.NAME.lock``, which callers such as the store makers may hold around the whole write)."""
     if fcntl is None:  # pragma: no cover
         yield
         return
-    lock = target.parent / f".{target.name}.lock"
+    lock = target.parent / f".{target.name}.commit-lock"
     while True:
         fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
