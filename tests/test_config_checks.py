@@ -42,6 +42,7 @@ def _train(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str, confi
     ("training.optimizer=adamw", "config key 'training.optimizer' must be one of 'adam', 'sgd', got str 'adamw'"),
     ("training.crps_alpha=2", "config key 'training.crps_alpha' must be >= 0 and <= 1, got 2"),
     ("model.dropout=1.5", "config key 'model.dropout' must be >= 0 and < 1, got 1.5; set e.g. model.dropout=0.1"),
+    ("training.loss=crps", "training.loss 'crps' needs an ensemble model (model.name e3, deep_ensemble or gaussian)"),
 ])
 def test_smoe_train_refuses_before_anything_runs(override: str, message: str, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture) -> None:

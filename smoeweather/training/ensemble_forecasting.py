@@ -50,6 +50,18 @@ def loss_settings(cfg: Mapping[str, Any]) -> tuple[str, float]:
     return loss, alpha
 
 
+def check_loss(cfg: Mapping[str, Any]) -> None:
+    """ValueError unless ``training.loss`` fits ``model.name`` (a deterministic model trains on mse; an ensemble
+    model as :func:`loss_settings` says): a pure config check, run before anything is built."""
+    if model_kind(cfg["model"]) == "deterministic":
+        loss = training_settings(cfg).loss
+        if loss not in (None, "mse"):
+            raise ValueError(f"training.loss {loss!r} needs an ensemble model (model.name e3, deep_ensemble or "
+                             "gaussian); a deterministic model trains on mse")
+    else:
+        loss_settings(cfg)
+
+
 class EnsembleForecastingModule(ForecastingModule):
     """Trains an ensemble network (see the module docstring); ``forward`` gives physical units.
 
@@ -102,10 +114,8 @@ def build_forecasting_module(cfg: Mapping[str, Any], model: NormalizedModel, lat
     """The Lightning module of a weatherbench config: :class:`EnsembleForecastingModule` for an ensemble
     ``model.name``, else the deterministic :class:`ForecastingModule`."""
     kind = model_kind(cfg["model"])
+    check_loss(cfg)
     if kind == "deterministic":
-        if training_settings(cfg).loss not in (None, "mse"):
-            raise ValueError(f"training.loss {training_settings(cfg).loss!r} needs an ensemble model "
-                             "(model.name e3, deep_ensemble or gaussian); a deterministic model trains on mse")
         return ForecastingModule(model, latitude, target_names, **kwargs)
     loss, alpha = loss_settings(cfg)
     return EnsembleForecastingModule(model, latitude, target_names, kind=kind, loss=loss, crps_alpha=alpha,

@@ -234,3 +234,10 @@ def validate_train_config(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"config key 'task' must name the task (one of {', '.join(TASK_SCHEMAS)}), got {task!r}")
     validate(cfg, schema_for(task))
     check_argument_types(cfg)
+    if task == "weatherbench" and isinstance(cfg.get("model"), dict):
+        from smoeweather.training.ensemble_forecasting import check_loss
+
+        try:
+            check_loss(cfg)  # training.loss against model.name, before the store is built
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
