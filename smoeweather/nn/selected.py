@@ -30,11 +30,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-CALL_OVERHEAD_MACS = 8e6
+CALL_OVERHEAD_MACS = 2e7
 """Fixed cost of one leaf (its forward and backward convolution calls, the window copies oneDNN makes) in
-multiply-adds, for the partition's cost model: measured as the time 12 leaves took beyond one convolution of the
-same multiply-adds (SMoE-U-Net level 0, one CPU thread), ≈ 2.6 ms per leaf at ≈ 2.9 GMAC/s on a loaded machine
-(benchmarks/smoe_selected.py). A larger value gives fewer, larger leaves."""
+multiply-adds, for the partition's cost model. Measured: 12 leaves took ≈ 2.6 ms per leaf beyond one convolution of
+the same multiply-adds at ≈ 2.9 GMAC/s (SMoE-U-Net level 0, one thread, loaded machine: ≈ 7.5e6), and on a quiet
+machine plans of 3 leaves at 1.69× the selected experts' MACs were still slower than the used experts on the whole
+grid (benchmarks/results/smoe_selected_cpu_quiet.md), hence the margin. A larger value gives fewer, larger leaves."""
 
 MIN_SIDE = 2
 """The smallest leaf side the partition splits down to (grid points)."""
