@@ -173,3 +173,30 @@ def test_leftovers_of_live_runs_and_other_outputs_are_kept(tmp_path: Path) -> No
         p.mkdir()
     assert atomic.clean_leftovers(out) == [old_pp]
     assert live.exists() and other.exists() and legacy.exists() and not old_pp.exists()
+
+
+def test_killed_fit_keeps_the_old_model_and_the_next_fit_cleans_its_work_folder(tmp_path: Path) -> None:
+    """`smoe postprocess fit --overwrite` killed (SIGKILL) while it stages its training data: the old model
+    file is untouched, and the next run removes the killed run's hidden work folder."""
+    from test_sites import srft_like
+
+    from smoeweather.cli import main
+
+    table, model = tmp_path / "t.csv", tmp_path / "m.nc"
+    srft_like(table, n_days=20, n_sites=3)
+    argv = ["postprocess", "fit", "--forecast", str(table), "--out", str(model), "--quiet", "--scheduler", "threads"]
+    assert main(argv) == 0
+    old = model.read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "smoeweather", *argv, "--overwrite"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    work = tmp_path / f".m.nc.{proc.pid}.work"
+    deadline = time.monotonic() + 120
+    while not work.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the fit ended before it was killed"
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert work.exists() and model.read_bytes() == old
+    assert main([*argv, "--overwrite"]) == 0
+    assert not work.exists() and _leftovers(tmp_path) == []
