@@ -11,9 +11,9 @@ API (every command that writes an output uses it; ``smoeweather.io`` re-exports 
         ...write files into tmp...                 # it exists, all checked before any is moved in
 
 - refuses an existing ``path`` without ``overwrite`` with :class:`OutputExistsError` (a FileExistsError)
-  ``"PATH already exists (pass --overwrite to replace it)"``, on entry *and again at the commit*, under an
-  ``O_EXCL`` lock file ``.NAME.commit-lock`` beside it and with a rename that cannot replace (Linux ``renameat2``
-  ``RENAME_NOREPLACE``, else a hard link for files): of two concurrent writers exactly one wins;
+  ``"PATH already exists (pass --overwrite to replace it)"``, on entry *and again at the commit*, under a
+  kernel lock (flock) on ``.NAME.commit-lock`` beside it and with a rename that cannot replace (Linux
+  ``renameat2`` ``RENAME_NOREPLACE``, else a hard link for files): of two concurrent writers exactly one wins;
 - refuses an output under a file, or in a folder it cannot write to, with a one-line :class:`OutputError`
   (a ValueError) naming the path, before anything is computed;
 - ``--overwrite`` never loses data either: the old output is renamed aside, the new one renamed in, and only
