@@ -43,11 +43,19 @@ def _train(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str, confi
     ("training.crps_alpha=2", "config key 'training.crps_alpha' must be >= 0 and <= 1, got 2"),
     ("model.dropout=1.5", "config key 'model.dropout' must be >= 0 and < 1, got 1.5; set e.g. model.dropout=0.1"),
     ("training.loss=crps", "training.loss 'crps' needs an ensemble model (model.name e3, deep_ensemble or gaussian)"),
+    ("model.smoe={placement: all, upcycle: true}", "smoe.upcycle needs gate_init='coherent' and gate_prior='land_sea'"),
 ])
 def test_smoe_train_refuses_before_anything_runs(override: str, message: str, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture) -> None:
     """`model.widht=8` used to build and write a data store (246 MB, 117 s on the full world) first."""
     assert message in _train(tmp_path, capsys, override)
+
+
+def test_e3_experts_that_do_not_split_are_refused_before_the_store(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """The network's own argument checks run on the meta device when the config is validated."""
+    err = _train(tmp_path, capsys, "model.members=3", config="weatherbench/gcm_e3")
+    assert "model e3: smoe.experts_factor × width = 128 experts must split into members=3 groups" in err
 
 
 def test_unet_gate_prior_typo_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

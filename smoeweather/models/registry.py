@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from smoeweather.models.ensemble import ENSEMBLE_KEYS, ENSEMBLE_MODELS, build_ensemble_model
+from smoeweather.models.ensemble import ENSEMBLE_KEYS, ENSEMBLE_MODELS, build_ensemble_model, uses_land_sea_prior
 from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
 from smoeweather.models.unet import PostprocessingUNet
 
@@ -79,6 +79,13 @@ def parameters(fn: Any) -> set[str] | None:
     return {p.name for p in params if p.name not in ("self", "land_sea_prior")}  # the map comes from the data
 
 
+def known_model_keys(name: Any) -> set[str]:
+    """The ``model`` keys :func:`build_weather_model` takes for the network ``name`` (besides ``name``)."""
+    if name in ENSEMBLE_MODELS:
+        return set(ENSEMBLE_KEYS[name])
+    return set(_RESNET_KEYS if name == "resnet" else _UNET_KEYS if name == "unet" else ())
+
+
 def check_model_config(cfg: Any, where: str = "model", extra_keys: Mapping[str, set[str]] | None = None) -> None:
     """ConfigError before anything is built for a weather ``model`` block with an unknown ``name``, an unknown
     key at any level (with did-you-mean, like the top level) or a number out of bounds (:data:`MODEL_BOUNDS`).
@@ -97,7 +104,7 @@ def check_model_config(cfg: Any, where: str = "model", extra_keys: Mapping[str, 
         close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"config key '{where}.name' must be one of {', '.join(names)}, got {name!r}{hint}")
-    allowed = ENSEMBLE_KEYS[name] if name in ENSEMBLE_MODELS else _RESNET_KEYS if name == "resnet" else _UNET_KEYS
+    allowed = known_model_keys(name)
     blocks: list[tuple[dict[str, Any], set[str] | None, str]] = [(cfg, allowed | {"name"}, where)]
     nested = cfg.get("smoe") if name != "unet" else None
     if isinstance(nested, dict):
@@ -114,6 +121,24 @@ def check_model_config(cfg: Any, where: str = "model", extra_keys: Mapping[str, 
                 raise ConfigError(unknown_key_message(f"{path}.{key}", keys, path))
             if key in MODEL_BOUNDS and path in (where, f"{where}.smoe"):
                 check_bounds(f"{path}.{key}", value, MODEL_BOUNDS[key], MODEL_EXAMPLES.get(key))
+
+
+def check_model_builds(cfg: dict[str, Any], where: str = "model") -> None:
+    """ConfigError with the constructor's own message when the network of ``cfg`` refuses its arguments (e.g.
+    an E³ whose experts do not split into its members), found by building it on the ``meta`` device (no memory,
+    no data: placeholder channel counts and grid where the data would fill them in). Failures of the meta
+    build itself (data-dependent steps such as the gate prior) are left to the real build."""
+    from smoeweather.config import ConfigError
+
+    mcfg = {"in_channels": 4, "out_channels": 2, "grid": [64, 128], **cfg}
+    prior = torch.zeros(tuple(mcfg["grid"]), dtype=torch.long) if uses_land_sea_prior(mcfg) else None
+    try:
+        with torch.device("meta"):
+            build_weather_model(mcfg, land_sea_prior=prior)
+    except ValueError as err:
+        raise ConfigError(str(err) if str(err).startswith(where) else f"{where}: {err}") from None
+    except Exception:  # noqa: BLE001 - a step the meta device cannot run: the real build checks it
+        return
 
 
 def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:

@@ -161,13 +161,15 @@ MODEL_ARGUMENTS: dict[str, Arguments] = {
 
 
 def _weather_model_keys(value: Any) -> None:
-    from smoeweather.models.registry import check_model_config, parameters
+    from smoeweather.models.registry import check_model_builds, check_model_config, known_model_keys, parameters
 
     extra: dict[str, set[str]] = {}
     for fn, values, suffix in MODEL_ARGUMENTS["weatherbench"].targets(value) if isinstance(value, dict) else []:
         if fn is not None and isinstance(values, dict):
             extra.setdefault(suffix, set()).update(parameters(fn) or ())
     check_model_config(value, extra_keys=extra)
+    known = known_model_keys(value.get("name")) | {"name"}
+    check_model_builds({k: v for k, v in value.items() if k in known})  # keys the builder takes (not a mock's)
 
 
 def _heat_model_keys(value: Any) -> None:
