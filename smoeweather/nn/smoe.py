@@ -28,6 +28,12 @@ measurements behind them are in docs/smoe-weather-findings.md, "Design notes of 
   32–34 of 64, 64–67 of 128, 130 of 256), which halves the dominant cost of a CPU step. The unselected
   experts' outputs are never read and their weight gradient is exactly zero either way, so results are the
   same (bitwise on exact data; tested). It reads the set size on the host, hence CPU only by default.
+* ``expert_compute="selected"`` convolves each expert only in the rectangles of the grid that select it
+  (:mod:`smoeweather.nn.selected`): the paper's ideal cost (§2.4) in FLOPs when every leaf holds one expert set,
+  but on CPU each leaf is a separate oneDNN call, and on the 32 × 64 grids of the studies that costs more time
+  than the FLOPs it saves (benchmarks/results/smoe_selected_cpu_quiet.md), so ``auto`` keeps ``used``.
+* Under ``torch.compile`` every layer computes all experts and routes through an opaque custom operator
+  (:mod:`smoeweather.nn.route_op`), so the layer compiles without a graph break.
 """
 
 from __future__ import annotations
