@@ -7,6 +7,7 @@ cross-validation; a synthetic imperfect ensemble for demos.
     smoe postprocess apply (--emos MODEL.nc | --drn DRN.nc | --network CKPT) --forecast NEW --out PP.zarr
                            [--apply-period A B]
                            [--members N [--members-out ENS_PP.zarr]] [--quantiles 0.1 0.5 0.9 [--quantiles-out Q.zarr]]
+                           [--thresholds T ... | VAR=T1,T2 ... [--below]] [--percentiles 10 50 90]
     smoe postprocess crossval --forecast ENS [--truth TRUTH] [--fold year|month] --out DIR
     smoe postprocess synthetic STORE --out ENS.zarr [--members 10] [--lead 24h 48h] [--init A B] [--seed 0]
 
@@ -68,6 +69,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--members-out", type=Path, help="members store (default: <out>_members.zarr)")
     a.add_argument("--quantiles", nargs="+", type=float, help="also write these predictive quantiles, e.g. 0.1 0.5 0.9")
     a.add_argument("--quantiles-out", type=Path, help="quantile store (default: <out>_quantiles.zarr)")
+    a.add_argument("--thresholds", nargs="+", metavar="T",
+                   help="also write probabilities of exceeding these thresholds (the variable's units), e.g. "
+                        "--thresholds 273.15 283.15; per variable: --thresholds temperature=265,275 geopotential=54000")
+    a.add_argument("--below", action="store_true", help="with --thresholds: probabilities of not exceeding them")
+    a.add_argument("--thresholds-out", type=Path, help="probability store (default: <out>_probabilities.zarr)")
+    a.add_argument("--percentiles", nargs="+", type=float, metavar="P",
+                   help="also write these percentiles (0-100) of the predictive distribution, e.g. 10 50 90")
+    a.add_argument("--percentiles-out", type=Path, help="percentile store (default: <out>_percentiles.zarr)")
+    a.add_argument("--netcdf", action="store_true",
+                   help="also write every output as CF netCDF beside it (<name>.nc, IMPROVER's names: time = validity, "
+                        "forecast_reference_time, forecast_period, realization)")
     a.add_argument("--batch-size", type=int, default=8, help="checkpoints: samples per network batch")
     add_scale_arguments(a, "apply")
 
@@ -184,6 +196,25 @@ def apply_model(args: argparse.Namespace) -> tuple[str, Path]:
     return ("emos", args.emos) if args.emos is not None else ("network", args.network)
 
 
+def _output_forms(args: argparse.Namespace) -> object:
+    """The :class:`~smoeweather.postprocess.forms.OutputForms` of ``--thresholds``/``--below``/``--percentiles``
+    (checked)."""
+    from smoeweather.postprocess.forms import OutputForms, check_percentiles, parse_thresholds
+
+    if args.below and not args.thresholds:
+        raise ValueError("--below needs --thresholds (probabilities of not exceeding them)")
+    if args.thresholds_out and not args.thresholds:
+        raise ValueError("--thresholds-out needs --thresholds")
+    if args.percentiles_out and not args.percentiles:
+        raise ValueError("--percentiles-out needs --percentiles")
+    thresholds = parse_thresholds(args.thresholds) if args.thresholds else None
+    percentiles = check_percentiles(args.percentiles) if args.percentiles else None
+    thresholds_out = (args.thresholds_out or _sibling(args.out, "probabilities")) if thresholds else None
+    percentiles_out = (args.percentiles_out or _sibling(args.out, "percentiles")) if percentiles is not None else None
+    return OutputForms(thresholds=thresholds, below=args.below, thresholds_out=thresholds_out,
+                       percentiles=percentiles, percentiles_out=percentiles_out)
+
+
 def _apply(args: argparse.Namespace) -> int:
     from smoeweather.data import ensembles
     from smoeweather.io import check_output
@@ -194,7 +225,9 @@ def _apply(args: argparse.Namespace) -> int:
     members_out = (args.members_out or _sibling(args.out, "members")) if args.members is not None else None
     quantiles_out = (args.quantiles_out or _sibling(args.out, "quantiles")) if args.quantiles else None
     levels = check_quantile_levels(args.quantiles) if args.quantiles else None
-    outs = [p for p in (args.out, members_out, quantiles_out) if p is not None]
+    forms = _output_forms(args)
+    outs = [p for p in (args.out, members_out, quantiles_out, forms.thresholds_out, forms.percentiles_out)
+            if p is not None]
     if len({p.resolve() for p in outs}) < len(outs):
         raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
     for p in outs:  # exists, under a file, read-only folder; checked again when each is written
@@ -207,16 +240,16 @@ def _apply(args: argparse.Namespace) -> int:
         for p in apply_drn_files(args.model, args.forecast, args.out, apply_period=args.apply_period,
                                  members_out=members_out, members=args.members, quantiles_out=quantiles_out,
                                  levels=levels, table=_table_options(args), scheduler=args.scheduler,
-                                 overwrite=args.overwrite, progress=not args.quiet):
-            print(p)
+                                 overwrite=args.overwrite, progress=not args.quiet, forms=forms):
+            _written(p, args)
         return 0
     if method == "emos":  # out of core on dask, streamed to zarr; sites and rolling windows
         from smoeweather.postprocess.pipeline import apply
 
         for p in apply(args.model, args.forecast, args.out, apply_period=args.apply_period, members_out=members_out,
                        members=args.members, quantiles_out=quantiles_out, levels=levels, table=_table_options(args),
-                       scheduler=args.scheduler, progress=not args.quiet, overwrite=args.overwrite):
-            print(p)
+                       scheduler=args.scheduler, progress=not args.quiet, overwrite=args.overwrite, forms=forms):
+            _written(p, args)
         return 0
     from smoeweather.postprocess.neural import apply_checkpoint
     from smoeweather.postprocess.pipeline import check_member_count, distribution_products, open_gridded
@@ -227,7 +260,16 @@ def _apply(args: argparse.Namespace) -> int:
     mu, sigma, attrs = apply_checkpoint(args.model, forecast, batch_size=args.batch_size)
     mu, sigma = mu.load(), sigma.load()
     products = distribution_products(mu, sigma, forecast.load(), {**attrs, "forecast": sources}, "normal",
-                                     args.out, members_out, args.members, quantiles_out, levels)
+                                     args.out, members_out, args.members, quantiles_out, levels, forms)
     for ds, path, kind, a in products:
-        print(ensembles.write_store(ds, path, kind, a, overwrite=args.overwrite))
+        _written(ensembles.write_store(ds, path, kind, a, overwrite=args.overwrite), args)
     return 0
+
+
+def _written(path: Path, args: argparse.Namespace) -> None:
+    """Print a written store; with ``--netcdf`` write its CF netCDF twin too."""
+    print(path)
+    if args.netcdf and Path(path).suffix != ".nc":
+        from smoeweather.postprocess.forms import write_cf_netcdf
+
+        print(write_cf_netcdf(Path(path), Path(path).with_suffix(".nc"), overwrite=args.overwrite))

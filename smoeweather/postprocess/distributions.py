@@ -17,10 +17,12 @@ Quantiles of N₀: μ + σ Φ⁻¹(Φ(−μ/σ) + q (1 − Φ(−μ/σ))).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-from scipy.special import ndtr, ndtri
+from scipy.special import log_ndtr, ndtr, ndtri, ndtri_exp
 
 DISTRIBUTIONS = ("normal", "truncnormal")
 """``normal``: N(μ, σ²); ``truncnormal``: N(μ, σ²) truncated to [0, ∞)."""
@@ -107,5 +109,89 @@ def moments(distribution: str, mu: np.ndarray, sigma: np.ndarray) -> tuple[np.nd
     return mean, np.sqrt(np.maximum(var, 0.0))
 
 
-__all__ = ["DISTRIBUTIONS", "check_distribution", "crps", "crps_normal", "crps_torch", "crps_truncnormal",
-           "moments", "quantile_levels_z", "quantiles"]
+class Distribution(Protocol):
+    """A predictive distribution family evaluated element-wise (numpy, broadcast): what every output form
+    (probabilities, percentiles, members) is computed from. A new family plugs in by implementing these."""
+
+    name: str
+
+    def cdf(self, x: np.ndarray) -> np.ndarray:
+        """P(Y ≤ x)."""
+        ...
+
+    def ppf(self, q: np.ndarray) -> np.ndarray:
+        """q-quantile, q in (0, 1)."""
+        ...
+
+    def mean(self) -> np.ndarray:
+        """Mean of the distribution."""
+        ...
+
+    def std(self) -> np.ndarray:
+        """Standard deviation of the distribution."""
+        ...
+
+
+@dataclass(frozen=True)
+class Normal:
+    """N(μ, σ²); ``mu``, ``sigma`` arrays of one shape (or broadcastable)."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    name: str = "normal"
+
+    def cdf(self, x: np.ndarray) -> np.ndarray:
+        return ndtr((np.asarray(x, np.float64) - self.mu) / self.sigma)
+
+    def ppf(self, q: np.ndarray) -> np.ndarray:
+        return quantiles("normal", self.mu, self.sigma, q)
+
+    def mean(self) -> np.ndarray:
+        return moments("normal", self.mu, self.sigma)[0]
+
+    def std(self) -> np.ndarray:
+        return moments("normal", self.mu, self.sigma)[1]
+
+
+@dataclass(frozen=True)
+class TruncatedNormal:
+    """N(μ, σ²) truncated to [0, ∞); μ, σ the location and scale before truncation. With the survival
+    functions S(x) = Φ((μ − x)/σ), CDF for x ≥ 0: 1 − S(x)/S(0) (0 below 0), quantile μ − σ Φ⁻¹((1 − q) S(0)),
+    both through log Φ so they keep their precision when μ lies far below 0."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    name: str = "truncnormal"
+
+    def cdf(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, np.float64)
+        p = -np.expm1(log_ndtr((self.mu - x) / self.sigma) - log_ndtr(self.mu / self.sigma))
+        return np.where(x < 0.0, 0.0, np.clip(p, 0.0, 1.0))
+
+    def ppf(self, q: np.ndarray) -> np.ndarray:
+        log_s = np.log1p(-np.asarray(q, np.float64)) + log_ndtr(self.mu / self.sigma)
+        return np.maximum(self.mu - self.sigma * ndtri_exp(log_s), 0.0)
+
+    def mean(self) -> np.ndarray:
+        return self._scipy().mean()
+
+    def std(self) -> np.ndarray:
+        return self._scipy().std()
+
+    def _scipy(self) -> Any:
+        from scipy.stats import truncnorm  # its moments keep their precision far in the tail
+
+        return truncnorm(-self.mu / self.sigma, np.inf, loc=self.mu, scale=self.sigma)
+
+
+FAMILIES: dict[str, type] = {"normal": Normal, "truncnormal": TruncatedNormal}
+"""Distribution family of each name of :data:`DISTRIBUTIONS`."""
+
+
+def family(name: str, mu: np.ndarray, sigma: np.ndarray) -> Distribution:
+    """The :class:`Distribution` ``name`` with location ``mu`` and scale ``sigma`` (float64 arrays)."""
+    return FAMILIES[check_distribution(name)](np.asarray(mu, np.float64), np.asarray(sigma, np.float64))
+
+
+__all__ = ["DISTRIBUTIONS", "FAMILIES", "Distribution", "Normal", "TruncatedNormal", "check_distribution", "crps",
+           "crps_normal", "crps_torch", "crps_truncnormal", "family", "moments", "quantile_levels_z", "quantiles"]

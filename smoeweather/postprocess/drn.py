@@ -644,8 +644,10 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
 def apply_drn_files(model_path: Any, forecast_paths: list[Any], out: Any, *, apply_period: list[str] | None = None,
                     members_out: Any | None = None, members: int | None = None, quantiles_out: Any | None = None,
                     levels: np.ndarray | None = None, table: dict[str, Any] | None = None,
-                    scheduler: str | None = None, overwrite: bool = False, progress: bool = True) -> list[Any]:
-    """``smoe postprocess apply --drn MODEL.nc``: the (μ, σ) store, ECC-Q members and quantiles, as for EMOS.
+                    scheduler: str | None = None, overwrite: bool = False, progress: bool = True,
+                    forms: Any = None) -> list[Any]:
+    """``smoe postprocess apply --drn MODEL.nc``: the (μ, σ) store, ECC-Q members and quantiles, and the
+    probabilities/percentiles of ``forms`` (:class:`.forms.OutputForms`), as for EMOS.
     Sites the model never saw get the mean embedding (one line says how many)."""
     from smoeweather.data import ensembles
     from smoeweather.data.sites import is_site_source
@@ -688,6 +690,6 @@ def apply_drn_files(model_path: Any, forecast_paths: list[Any], out: Any, *, app
     raw = forecast[fields]
     products = distribution_products(mu, sigma, raw, attrs, str(mattrs.get("distribution", "normal")), Path(out),
                                      Path(members_out) if members_out else None, members,
-                                     Path(quantiles_out) if quantiles_out else None, levels)
+                                     Path(quantiles_out) if quantiles_out else None, levels, forms)
     with chunked.scheduler(scheduler) as client:
         return write_stores(products, client, progress, overwrite)

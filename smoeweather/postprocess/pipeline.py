@@ -201,10 +201,12 @@ def apply(
     scheduler: str | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    forms: Any = None,
 ) -> list[Path]:
     """Calibrate a forecast with an EMOS model file (``smoe postprocess apply --emos``): the (μ, σ) store ``out``,
     with ``members`` ECC-Q members to ``members_out`` and the quantiles ``levels`` to ``quantiles_out``; streamed
-    out of core. The caller has checked the output paths."""
+    out of core; ``forms`` (:class:`.forms.OutputForms`): probabilities and percentiles too. The caller has
+    checked the output paths."""
     from smoeweather.postprocess.emos import apply_emos
     from smoeweather.postprocess.model_file import check_forecast, read_model
 
@@ -225,7 +227,7 @@ def apply(
              "predictors": mattrs.get("predictors", "mean"), "window": mattrs.get("window"),
              "forecast": sources}
     products = distribution_products(mu, sigma, forecast, attrs, str(mattrs.get("distribution", "normal")),
-                                     out, members_out, members, quantiles_out, levels)
+                                     out, members_out, members, quantiles_out, levels, forms)
     with chunked.scheduler(scheduler) as client:
         return write_stores(products, client, progress, overwrite)
 
@@ -239,15 +241,18 @@ def check_member_count(members: int | None, forecast: xr.Dataset, sources: str) 
 
 def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Dataset, attrs: dict[str, Any],
                           distribution: str, out: Path, members_out: Path | None, members: int | None,
-                          quantiles_out: Path | None, levels: np.ndarray | None
+                          quantiles_out: Path | None, levels: np.ndarray | None, forms: Any = None
                           ) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
-    """The stores of a (μ, σ) forecast of ``distribution``: the (μ, σ) store, ECC-Q members and quantiles.
+    """The stores of a (μ, σ) forecast of ``distribution``: the (μ, σ) store, ECC-Q members and quantiles, and
+    the probabilities and percentiles of ``forms`` (:class:`.forms.OutputForms`), each with CF metadata
+    (:func:`.forms.cf_decorate`).
 
     For the truncated normal the (μ, σ) store holds the location and scale of the normal before truncation
     (attribute ``predictive_distribution`` says so; a Gaussian scorer would misread it); its members and
     quantiles are the truncated distribution's, and ``smoe evaluate`` scores those correctly."""
     from smoeweather.postprocess.distributions import LONG_NAMES
     from smoeweather.postprocess.ecc import ecc_members, gaussian_quantiles
+    from smoeweather.postprocess.forms import cf_decorate, form_products
 
     attrs = {**attrs, "distribution": distribution, "predictive_distribution": LONG_NAMES[distribution]}
     products = [(ensembles.gaussian_dataset(mu, sigma), out, "gaussian", attrs)]
@@ -261,4 +266,6 @@ def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Datase
     if quantiles_out is not None:
         products.append((gaussian_quantiles(mu, sigma, levels, distribution=distribution), quantiles_out,
                          "quantiles", {**attrs, "method": f"{attrs['method']}_quantiles"}))
-    return products
+    if forms is not None:
+        products.extend(form_products(mu, sigma, distribution, attrs, forms))
+    return [(cf_decorate(ds, distribution), path, kind, a) for ds, path, kind, a in products]

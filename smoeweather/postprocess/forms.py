@@ -1,0 +1,245 @@
+"""Operational output forms of a post-processed forecast, the forms IMPROVER and the Iris/CF tools read, each
+computed from the predictive distribution's own CDF and quantile function (:class:`.distributions.Distribution`):
+
+- probabilities of exceeding (``--thresholds``; ``--below``: of not exceeding) thresholds: ``<name>`` (units 1)
+  on a ``threshold`` coordinate in the variable's units, ``spp__relative_to_threshold`` = ``greater_than`` or
+  ``less_than`` (IMPROVER's values), on the variable and on the coordinate;
+- percentiles (``--percentiles``): ``<name>`` on a ``percentile`` coordinate on 0–100 (units ``%``);
+- realizations (``--members``, ECC-Q, :mod:`.ecc`): a ``realization`` coordinate (standard_name realization).
+
+Every store gets CF metadata (:func:`cf_decorate`): the validity time ``valid_time`` (standard_name ``time``,
+init + lead) beside ``time`` (standard_name ``forecast_reference_time``, the store convention's init dim) and
+``prediction_timedelta`` (``forecast_period``); a ``<name>_std`` loses the field's standard_name (a standard
+deviation is not ``air_temperature``). Site stores keep their station ids and coordinates in every form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from smoeweather.postprocess.distributions import family
+
+ABOVE, BELOW = "greater_than", "less_than"
+STD_SUFFIX = "_std"
+
+
+@dataclass(frozen=True)
+class OutputForms:
+    """The forms asked for besides μ/σ: ``thresholds`` (:func:`parse_thresholds`; None: no probabilities),
+    ``below`` (non-exceedance), ``percentiles`` (0–100; None: none) and where each goes."""
+
+    thresholds: dict[str | None, np.ndarray] | None = None
+    below: bool = False
+    thresholds_out: Path | None = None
+    percentiles: np.ndarray | None = None
+    percentiles_out: Path | None = None
+
+
+def _numbers(text: str, token: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or not all(math.isfinite(v) for v in vals):
+        raise ValueError(f"--thresholds {token!r}: expected numbers in the variable's units, e.g. "
+                         "--thresholds 265 275, or per variable --thresholds temperature=265,275 geopotential=54000")
+    return vals
+
+
+def parse_thresholds(tokens: Sequence[str]) -> dict[str | None, np.ndarray]:
+    """``--thresholds`` tokens → {variable: sorted thresholds}; the key None when they are given for every
+    variable (``265 275`` or ``265,275``). ValueError naming the option for bad numbers or mixed forms."""
+    bare: list[float] = []
+    named: dict[str | None, np.ndarray] = {}
+    for t in tokens:
+        if "=" in t:
+            name, vals = t.split("=", 1)
+            if not name or name in named:
+                raise ValueError(f"--thresholds {t!r}: expected VARIABLE=T1,T2 with each variable once")
+            named[name] = np.unique(np.asarray(_numbers(vals, t), np.float64))
+        else:
+            bare.extend(_numbers(t, t))
+    if bare and named:
+        raise ValueError(f"--thresholds {' '.join(tokens)}: give thresholds either for every variable (265 275) "
+                         "or per variable (temperature=265,275 geopotential=54000), not both")
+    return named if named else {None: np.unique(np.asarray(bare, np.float64))}
+
+
+def thresholds_for(spec: dict[str | None, np.ndarray], variables: Sequence[str]) -> dict[str, np.ndarray]:
+    """{variable: thresholds} of ``spec`` for the forecast's ``variables``; ValueError when bare thresholds meet
+    several variables or a named variable is not in the forecast."""
+    if None in spec:
+        if len(variables) > 1:
+            raise ValueError(f"--thresholds: the forecast has several variables {list(variables)}; give the "
+                             "thresholds per variable, e.g. --thresholds " + " ".join(f"{v}=T1,T2" for v in variables))
+        return {variables[0]: spec[None]}
+    unknown = [k for k in spec if k not in variables]
+    if unknown:
+        raise ValueError(f"--thresholds: no variable(s) {unknown} in the forecast; it has {list(variables)}")
+    return {str(k): v for k, v in spec.items()}
+
+
+def check_percentiles(values: Sequence[float]) -> np.ndarray:
+    """Sorted unique percentiles strictly between 0 and 100; ValueError naming the option otherwise."""
+    p = np.unique(np.asarray(values, np.float64))
+    if len(p) == 0 or not np.isfinite(p).all() or (p <= 0).any() or (p >= 100).any():
+        raise ValueError("--percentiles must be numbers strictly between 0 and 100 (e.g. 10 50 90), "
+                         f"got {list(values)}")
+    return p
+
+
+def _evaluate(distribution: str, method: str, mu: xr.DataArray, sigma: xr.DataArray, points: xr.DataArray
+              ) -> xr.DataArray:
+    """``family(distribution, μ, σ).<method>(points)`` element-wise, ``points``' dim appended (lazy on dask)."""
+    def block(m: np.ndarray, s: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return getattr(family(distribution, m, s), method)(p)
+
+    return xr.apply_ufunc(block, mu, sigma.transpose(*mu.dims), points, dask="parallelized",
+                          output_dtypes=[np.float64])
+
+
+def _ordered(da: xr.DataArray, dim: str) -> xr.DataArray:
+    order = [d for d in ("time", "prediction_timedelta", dim) if d in da.dims]
+    return da.transpose(*order, ...)
+
+
+def probability_dataset(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, thresholds: np.ndarray,
+                        below: bool = False) -> xr.Dataset:
+    """P(Y > t) (``below``: P(Y ≤ t)) of every variable of ``mu`` at ``thresholds`` (its units): ``<name>``
+    (time, prediction_timedelta, threshold, ...), units 1."""
+    relative = BELOW if below else ABOVE
+    out = xr.Dataset()
+    for n in mu.data_vars:
+        attrs = mu[n].attrs
+        thr = xr.DataArray(np.asarray(thresholds, np.float64), dims="threshold")
+        p = _evaluate(distribution, "cdf", mu[n], sigma[n], thr)
+        p = p if below else 1.0 - p
+        what = attrs.get("standard_name", n)
+        out[n] = _ordered(p, "threshold").assign_attrs(
+            units="1", long_name=f"probability_of_{what}_{'below' if below else 'above'}_threshold",
+            spp__relative_to_threshold=relative)
+        out = out.assign_coords(threshold=("threshold", np.asarray(thresholds, np.float64), {
+            "units": attrs.get("units", ""), "long_name": f"threshold of {n}",
+            "spp__relative_to_threshold": relative,
+            **({"standard_name": attrs["standard_name"]} if "standard_name" in attrs else {})}))
+    return out
+
+
+def percentile_dataset(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, percentiles: np.ndarray) -> xr.Dataset:
+    """Percentiles (the distribution's ppf at p/100) of every variable of ``mu``: ``<name>`` (time,
+    prediction_timedelta, percentile, ...) in the field's units; ``percentile`` on 0–100."""
+    pct = np.asarray(percentiles, np.float64)
+    out = xr.Dataset()
+    for n in mu.data_vars:
+        q = xr.DataArray(pct / 100.0, dims="percentile")
+        out[n] = _ordered(_evaluate(distribution, "ppf", mu[n], sigma[n], q), "percentile").assign_attrs(
+            mu[n].attrs)
+    return out.assign_coords(percentile=("percentile", pct, {"units": "%", "long_name": "percentile"}))
+
+
+def _sibling(path: Path, name: str) -> Path:
+    return path.with_name(f"{path.stem}_{name}{path.suffix or '.zarr'}")
+
+
+def form_products(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, attrs: dict[str, Any], forms: OutputForms
+                  ) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
+    """The probability and percentile stores of ``forms``: (Dataset, path, forecast_kind, attrs). Variables
+    with different thresholds go to one store each (``<thresholds_out>_<variable>``)."""
+    products: list[tuple[xr.Dataset, Path, str, dict[str, Any]]] = []
+    if forms.thresholds is not None and forms.thresholds_out is not None:
+        per_var = thresholds_for(forms.thresholds, [str(n) for n in mu.data_vars])
+        groups: dict[tuple[float, ...], list[str]] = {}
+        for v, t in per_var.items():
+            groups.setdefault(tuple(t), []).append(v)
+        for t, names in groups.items():
+            path = forms.thresholds_out if len(groups) == 1 else _sibling(forms.thresholds_out, names[0])
+            ds = probability_dataset(mu[names], sigma[names], distribution, np.asarray(t), forms.below)
+            products.append((ds, path, "probability", {**attrs, "method": f"{attrs['method']}_probabilities"}))
+    if forms.percentiles is not None and forms.percentiles_out is not None:
+        ds = percentile_dataset(mu, sigma, distribution, forms.percentiles)
+        products.append((ds, forms.percentiles_out, "quantiles", {**attrs, "method": f"{attrs['method']}_percentiles"}))
+    return products
+
+
+def cf_decorate(ds: xr.Dataset, distribution: str = "normal") -> xr.Dataset:
+    """CF metadata of a post-processed store (module doc): validity time, realization, the standard names of
+    σ (and of μ for the truncated normal, whose parameters are not its mean and standard deviation)."""
+    ds = ds.copy()
+    if "time" in ds.dims and "prediction_timedelta" in ds.dims:
+        valid = ds["time"].values[:, None] + ds["prediction_timedelta"].values[None, :]
+        ds = ds.assign_coords(valid_time=(("time", "prediction_timedelta"), valid.astype("datetime64[ns]"),
+                                          {"standard_name": "time", "long_name": "validity time"}))
+    if "member" in ds.dims:
+        ds = ds.assign_coords(realization=("member", np.arange(ds.sizes["member"], dtype=np.int32),
+                                           {"standard_name": "realization", "units": "1"}))
+    for c, long_name in (("site", "station index"), ("station_id", "station identifier")):
+        if c in ds.coords and "long_name" not in ds[c].attrs:
+            ds[c].attrs = {**ds[c].attrs, "long_name": long_name}
+    names = {str(n) for n in ds.data_vars}
+    for n in names:
+        base = n[: -len(STD_SUFFIX)] if n.endswith(STD_SUFFIX) and n[: -len(STD_SUFFIX)] in names else None
+        if base is None and not (distribution == "truncnormal" and f"{n}{STD_SUFFIX}" in names):
+            continue
+        attrs = {k: v for k, v in ds[n].attrs.items() if k != "standard_name"}
+        if distribution == "truncnormal":
+            what = "scale" if base else "location"
+            attrs["long_name"] = f"{base or n} {what} parameter of the normal truncated at 0 (before truncation)"
+        elif "standard deviation" not in str(attrs.get("long_name", "")):
+            attrs["long_name"] = f"{base} predictive standard deviation"
+        ds[n].attrs = attrs
+    return ds
+
+
+CF_NAMES = {"time": "forecast_reference_time", "prediction_timedelta": "forecast_period", "valid_time": "time"}
+"""Store names → the CF/IMPROVER names of the netCDF export: the init dim is ``forecast_reference_time``, the
+lead ``forecast_period`` and the validity time ``time``."""
+
+
+def cf_netcdf_dataset(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, dict[str, Any]]]:
+    """(Dataset, encoding) of a post-processed store in IMPROVER's CF layout (:data:`CF_NAMES`, members on a
+    ``realization`` dim): times as int32
+    minutes since 1970 and the lead in minutes (CF-1.8 has no int64), integer coordinates int32, no fill value
+    on coordinates; a title."""
+    ds = cf_decorate(ds) if "valid_time" not in ds.coords and "time" in ds.dims else ds
+    ds = ds.copy()
+    for v in ds.variables.values():  # the store's codecs and stale ``coordinates`` lists
+        v.encoding = {}
+        v.attrs.pop("coordinates", None)
+    ds = ds.rename({k: v for k, v in CF_NAMES.items() if k in ds.variables})
+    if "member" in ds.dims:  # IMPROVER's realization dim
+        ds = ds.drop_vars("realization", errors="ignore").rename(member="realization")
+        ds["realization"].attrs = {"standard_name": "realization", "units": "1"}
+    enc: dict[str, dict[str, Any]] = {}
+    for name, var in ds.variables.items():
+        if np.issubdtype(var.dtype, np.datetime64):
+            enc[str(name)] = {"dtype": "int32", "units": "minutes since 1970-01-01 00:00:00", "_FillValue": None}
+        elif np.issubdtype(var.dtype, np.timedelta64):
+            enc[str(name)] = {"dtype": "int32", "units": "minutes", "_FillValue": None}
+        elif np.issubdtype(var.dtype, np.integer):
+            enc[str(name)] = {"dtype": "int32", "_FillValue": None}
+        elif name in ds.coords and np.issubdtype(var.dtype, np.floating):
+            enc[str(name)] = {"_FillValue": None}
+    kind = ds.attrs.get("forecast_kind", "forecast")
+    ds.attrs = {"title": f"smoeweather post-processed {kind} forecast ({ds.attrs.get('method', '')})", **ds.attrs}
+    return ds, enc
+
+
+def write_cf_netcdf(store: Path, out: Path, overwrite: bool = False) -> Path:
+    """The post-processed zarr ``store`` as a CF netCDF file ``out`` (:func:`cf_netcdf_dataset`), atomically."""
+    from smoeweather.io import write_netcdf
+
+    with xr.open_zarr(store) as src:
+        ds, enc = cf_netcdf_dataset(src.load())
+    return write_netcdf(ds, out, overwrite=overwrite, encoding=enc)
+
+
+__all__ = ["ABOVE", "BELOW", "CF_NAMES", "OutputForms", "cf_decorate", "cf_netcdf_dataset", "check_percentiles",
+           "form_products", "parse_thresholds", "percentile_dataset", "probability_dataset", "thresholds_for",
+           "write_cf_netcdf"]
