@@ -170,6 +170,8 @@ def _check_extra_dims(ds: xr.Dataset, name: str, where: str) -> None:
     """Refuse a forecast variable with a dim the scores do not know (one-line error naming it)."""
     known = {"time", "prediction_timedelta", "member", "quantile", "threshold", "level", "latitude", "longitude"}
     for v in ds.data_vars:
+        if "prediction_timedelta" not in ds[v].dims:  # not a forecast variable (the truth a file holds, ...)
+            continue
         extra = [d for d in ds[v].dims if d not in known]
         if extra:
             raise ValueError(f"forecast {where} ({name}): variable {v!r} has dims {extra} that a forecast store "

@@ -120,11 +120,11 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
     for name, ckpt in ckpts.items():
         fc = out / "forecasts" / f"{name}.zarr"
         plan.commands.append(["forecast", str(ckpt), "--data", str(store), "--init", *TEST_INITS, "--every", every,
-                              "--lead", "72h", "120h", "--name", name, "--out", str(fc)])
+                              "--lead", "72h", "120h", "--name", name, "--out", str(fc), "--overwrite"])
         forecasts.append(f"{name}={fc}")
     scores = out / "scores"
     plan.commands.append(["evaluate", *forecasts, "--truth", str(store), "--climatology", str(store),
-                          "--climatology-years", *TRAIN_YEARS, "--spectra", "--out", str(scores)])
+                          "--climatology-years", *TRAIN_YEARS, "--spectra", "--out", str(scores), "--overwrite"])
     plan.tables.append(scores / "scores.md")
 
     ens = out / "ensemble" / "synthetic_ens.zarr"
@@ -142,7 +142,7 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
                           "--members-out", str(members), "--overwrite"])
     # scored on the inits they share: the held-out year 2003
     plan.commands.append(["evaluate", f"raw_ensemble={ens}", f"emos={emos}", f"emos_ecc_members={members}",
-                          "--truth", str(store), "--no-references", "--out", str(pp_scores)])
+                          "--truth", str(store), "--no-references", "--out", str(pp_scores), "--overwrite"])
     plan.tables.append(pp_scores / "scores.md")
 
     maps = out / "maps"
@@ -155,6 +155,9 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
                           "--field", "geopotential_500", "--lead", "72h", "--init", TEST_INITS[0],
                           "--out", str(maps / "forecast")])
     plan.commands.append(["plot", "emos", str(model), "--out", str(maps / "emos")])
+    for command in plan.commands:  # the demo makes its folder anew: every plot replaces its files
+        if command[0] == "plot":
+            command.append("--overwrite")
     plan.pngs = [str(maps / "routing"), str(maps / "scores"), str(maps / "scorecard"), str(maps / "spectra"),
                  str(maps / "forecast"), str(maps / "emos")]
     return plan
