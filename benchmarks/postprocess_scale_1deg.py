@@ -1,0 +1,126 @@
+"""Per-grid-point EMOS fit at 1° against the I/O limit (issue #55): how close the fit comes to the time of
+reading its archive once, and its peak memory. A benchmark, not a test.
+
+Full run (the lead, on a quiet machine; about 19 GB of archive under --root, which is deleted afterwards):
+
+    nice -n 10 .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 365 --members 51 --root /scratch/pp1deg
+
+Dry run (small, on a busy machine; numbers mean nothing):
+
+    .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 20 --members 5 --deg 10 \
+        --out-name postprocess_scale_1deg_dry
+
+1. Writes the synthetic archive of :mod:`benchmarks.postprocess_scale` (two fields, leads 24/48 h, ``--members``
+   members, ``--starts`` daily inits, ``--deg`` grid, float32, one init per zarr chunk) and its truth store.
+2. Reads the archive once (every chunk of the ensemble and the truth, dask threads, the same process layout as
+   the fit) in a subprocess: the read-once time and its peak memory. The page cache is not dropped (that needs
+   root): the read runs FIRST, so the fit never reads a warmer cache than the read did... unless the archive fits
+   in RAM, in which case both may come from cache; both times are reported with the archive size and total RAM.
+3. Runs ``smoe postprocess fit --method emos --per-gridpoint`` (``--scheduler``, default a local cluster) in a
+   subprocess, sampling the resident memory of the whole process tree (psutil, 0.2 s).
+4. Reports fit / read (target ≤ 2), peak memory (target ≤ 4 GB) and projects 0.25° (721 × 1440 points) from the
+   measured time per grid point (fit) and bytes per second (read). Writes benchmarks/results/<out-name>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from postprocess_scale import REPO, RESULTS, run_tree, write_archive  # noqa: E402
+
+POINTS_025 = 721 * 1440
+GB = 1e9
+READ_ONCE = """
+import sys, dask, xarray as xr
+with dask.config.set(scheduler="threads", num_workers=int(sys.argv[3])):
+    for store in sys.argv[1:3]:
+        ds = xr.open_zarr(store)
+        dask.compute(*[ds[v].data.sum() for v in ds.data_vars])  # every chunk read and decoded once
+"""
+
+
+def measure(root: Path, threads: int, scheduler: str | None) -> dict[str, Any]:
+    """Read-once, then the per-grid-point fit; wall times and peak memory of each."""
+    read = run_tree([sys.executable, "-c", READ_ONCE, str(root / "ensemble.zarr"), str(root / "truth.zarr"),
+                     str(threads)])
+    fit = [sys.executable, "-m", "smoeweather", "postprocess", "fit", "--method", "emos", "--per-gridpoint",
+           "--forecast", str(root / "ensemble.zarr"), "--truth", str(root / "truth.zarr"),
+           "--out", str(root / "emos.nc"), "--overwrite", "--quiet"]
+    if scheduler:
+        fit += ["--scheduler", scheduler]
+    return {"read": read, "fit": run_tree(fit)}
+
+
+def summary(archive: dict[str, Any], m: dict[str, Any], deg: float) -> dict[str, Any]:
+    """Ratios against the targets and the 0.25° projection."""
+    read_s, fit_s = m["read"]["wall_s"], m["fit"]["wall_s"]
+    scale = POINTS_025 / archive["points"]
+    return {"fit_over_read": fit_s / read_s, "fit_peak_gb": m["fit"]["peak_rss_bytes"] / GB,
+            "read_peak_gb": m["read"]["peak_rss_bytes"] / GB,
+            "read_gb_per_s": (archive["ensemble_bytes"] + archive["truth_bytes"]) / GB / read_s,
+            "fit_points_per_s": archive["points"] / fit_s,
+            "projection_025_fit_h": fit_s * scale / 3600, "projection_025_read_h": read_s * scale / 3600,
+            "targets_met": {"fit_within_2x_read": fit_s <= 2 * read_s,
+                            "peak_under_4gb": m["fit"]["peak_rss_bytes"] <= 4 * GB},
+            "grid_deg": deg}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    s, a = r["summary"], r["archive"]
+    return "\n".join([
+        f"# Per-grid-point EMOS fit vs reading the archive once ({a['grid']}, {a['members']} members, "
+        f"{a['starts']} inits)", "",
+        f"Machine: {r['machine']}; load average at start {r['load_at_start']}; RAM {r['ram_gb']:.0f} GB; archive "
+        f"{(a['ensemble_bytes'] + a['truth_bytes']) / GB:.2f} GB.", "",
+        "| step | wall s | peak GB |", "|---|---:|---:|",
+        f"| read once | {r['measure']['read']['wall_s']:.1f} | {s['read_peak_gb']:.2f} |",
+        f"| fit (per grid point) | {r['measure']['fit']['wall_s']:.1f} | {s['fit_peak_gb']:.2f} |", "",
+        f"fit / read = **{s['fit_over_read']:.2f}** (target ≤ 2); fit peak {s['fit_peak_gb']:.2f} GB (target ≤ 4); "
+        f"read {s['read_gb_per_s']:.2f} GB/s; fit {s['fit_points_per_s']:.0f} grid points/s.", "",
+        f"Projection to 0.25° (721 × 1440, same inits and members): fit {s['projection_025_fit_h']:.2f} h, "
+        f"read once {s['projection_025_read_h']:.2f} h.", ""])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--starts", type=int, default=365, help="daily inits (default 365)")
+    ap.add_argument("--members", type=int, default=51, help="members (default 51)")
+    ap.add_argument("--deg", type=float, default=1.0, help="grid spacing in degrees (default 1)")
+    ap.add_argument("--threads", type=int, default=2, help="dask threads of the read (default 2)")
+    ap.add_argument("--scheduler", default=None, help="fit's --scheduler (default: its local cluster)")
+    ap.add_argument("--root", type=Path, default=None, help="where the archive goes (default: a temp folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the archive")
+    ap.add_argument("--out-name", default="postprocess_scale_1deg", help="results name under benchmarks/results")
+    args = ap.parse_args()
+    import psutil
+
+    root = args.root or Path(tempfile.mkdtemp(prefix="pp1deg"))
+    root.mkdir(parents=True, exist_ok=True)
+    r: dict[str, Any] = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                         "load_at_start": [round(x, 2) for x in os.getloadavg()],
+                         "ram_gb": psutil.virtual_memory().total / GB, "command": " ".join(sys.argv)}
+    try:
+        r["archive"] = write_archive(root, args.starts, args.members, args.deg)
+        r["measure"] = measure(root, args.threads, args.scheduler)
+        r["summary"] = summary(r["archive"], r["measure"], args.deg)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out_name}.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+    (RESULTS / f"{args.out_name}.md").write_text(markdown(r))
+    print(markdown(r))
+
+
+if __name__ == "__main__":
+    assert REPO.is_dir()
+    main()
