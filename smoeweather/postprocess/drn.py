@@ -43,6 +43,7 @@ import torch
 import xarray as xr
 
 from pipelines.readers.forecast_nc import normalise_grid
+from smoeweather.nn.drn import StackedDRN, stacked_forward
 from smoeweather.postprocess.distributions import check_distribution, crps_torch
 
 KIND = "smoeweather_drn_model"
@@ -184,11 +185,8 @@ def _init_params(b: int, n_in: int, n_loc: int, s: DRNSettings, gen: torch.Gener
 
 
 def _forward(p: dict[str, torch.Tensor], x: torch.Tensor, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(μ, σ) (B, N) standardised, of standardised features x (B, N, F) at location indices loc (B, N)."""
-    e = torch.gather(p["emb"], 1, loc[..., None].expand(-1, -1, p["emb"].shape[-1]))
-    h = torch.relu(torch.baddbmm(p["b1"][:, None], torch.cat([x, e], -1), p["w1"]))
-    out = torch.baddbmm(p["b2"][:, None], h, p["w2"])
-    return x[..., 0] + out[..., 0], torch.nn.functional.softplus(out[..., 1]) + SIGMA_FLOOR
+    """(μ, σ) (B, N) standardised (:func:`smoeweather.nn.drn.stacked_forward`)."""
+    return stacked_forward(p, x, loc, SIGMA_FLOOR)
 
 
 @dataclass
@@ -241,8 +239,8 @@ def _train(pool: _Pool, models: np.ndarray, s: DRNSettings, gen: torch.Generator
     d = torch.from_numpy(models)
     if params is None:
         params = _init_params(b_n, f_n, p_n, s, gen)
-    params = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-    opt = torch.optim.Adam(list(params.values()), lr=s.learning_rate)
+    net = StackedDRN(params, SIGMA_FLOOR)
+    opt = torch.optim.Adam(net.parameters(), lr=s.learning_rate)
     ti, li, mask = pool.ti[d], pool.li[d], pool.mask[d]  # (B, N)
     mean, scale = pool.mean[d][:, None], pool.scale[d][:, None]  # (B, 1, F)
     lo = (-mean[..., 0] / scale[..., 0])  # (B, 1): 0 in standardised units (truncated normal)
@@ -258,7 +256,7 @@ def _train(pool: _Pool, models: np.ndarray, s: DRNSettings, gen: torch.Generator
             t, loc, m = ti[rows, pos], li[rows, pos], mask[rows, pos]
             x = (pool.feats[t, loc] - mean) / scale
             y = (pool.y[t, loc] - mean[..., 0]) / scale[..., 0]
-            mu, sigma = _forward(params, x, loc)
+            mu, sigma = net(x, loc)
             if s.distribution == "truncnormal":
                 crps = crps_torch("truncnormal", mu - lo, sigma, y - lo)
             else:
@@ -272,7 +270,7 @@ def _train(pool: _Pool, models: np.ndarray, s: DRNSettings, gen: torch.Generator
             step += 1
         if tick is not None:
             tick()
-    return {k: v.detach() for k, v in params.items()}
+    return net.weights()
 
 
 def _fallback_embeddings(emb: torch.Tensor, counts: np.ndarray, minimum: int) -> torch.Tensor:
