@@ -69,7 +69,21 @@ def run_cases(root: Path) -> dict[str, str]:
     _pp("fit", "--per-site", "--forecast", table, "--out", root / "site.nc")
     _pp("apply", "--emos", root / "site.nc", "--forecast", table, "--out", root / "site.zarr", "--members", "5")
     out.update(site_model=root / "site.nc", site_mu_sigma=root / "site.zarr", site_ecc=root / "site_members.zarr")
+    out.update(rolling_cases(root, table))
     return {k: digest_of(p) for k, p in sorted(out.items())}
+
+
+def rolling_cases(root: Path, table: Path) -> dict[str, Path]:
+    """Rolling training windows (per-site EMOS, DRN) on the station table."""
+    roll = ["--window", "10D", "--lag", "2D", "--dates", "2004-01-20", "2004-02-05"]
+    _pp("fit", "--per-site", "--forecast", table, *roll, "--out", root / "roll.nc")
+    _pp("apply", "--emos", root / "roll.nc", "--forecast", table, "--apply-period", "2004-01-20", "2004-02-05",
+        "--out", root / "roll.zarr")
+    _pp("fit", "--method", "drn", "--forecast", table, *DRN_FAST, *roll, "--out", root / "drn_roll.nc")
+    _pp("apply", "--drn", root / "drn_roll.nc", "--forecast", table, "--apply-period", "2004-01-20", "2004-02-05",
+        "--out", root / "drn_roll.zarr")
+    return {"rolling_site_model": root / "roll.nc", "rolling_site_mu_sigma": root / "roll.zarr",
+            "rolling_drn_model": root / "drn_roll.nc", "rolling_drn_mu_sigma": root / "drn_roll.zarr"}
 
 
 def test_postprocess_outputs_are_bit_identical(tmp_path: Path) -> None:

@@ -598,12 +598,11 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
     from smoeweather.io import check_output
     from smoeweather.postprocess import validate
     from smoeweather.postprocess.pipeline import check_non_negative, open_forecast_and_truth, truth_on_valid_times
-    from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
+    from smoeweather.postprocess.rolling import check_window_options, rolling_windows
 
     settings.check()
     out = check_output(Path(out), overwrite)  # exists, under a file, read-only folder: before any work
-    if window is None and (lag is not None or dates is not None):
-        raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
+    check_window_options(window, lag, dates)
     wanted = list(dict.fromkeys([*variables, *settings.extra_variables])) if variables else None
     fc, tr = open_forecast_and_truth([Path(p) for p in forecast_paths], Path(truth) if truth else None, wanted,
                                      table or {})
@@ -612,17 +611,9 @@ def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *,
     truth_at = truth_on_valid_times(fc[targets], tr)
     if settings.distribution == "truncnormal":
         check_non_negative(truth_at, "--distribution truncnormal")
-    win = None
-    attrs: dict[str, Any] = {}
-    if window is not None:
-        w = parse_duration(window, "--window")
-        lag_td = pd.Timedelta(parse_duration(lag, "--lag") if lag is not None
-                              else np.max(fc["prediction_timedelta"].values))
-        d = window_dates(fc["time"].values, w, lag_td, dates)
-        idx, valid = window_index(fc["time"].values, d, w, lag_td)
-        win = (d, idx, valid)
-        attrs.update(window=str(window), lag=str(lag_td), dates=f"{d[0]} .. {d[-1]}",
-                     window_rule="inits s with t - lag - window < s <= t - lag")
+    rolling = rolling_windows(fc["time"].values, fc["prediction_timedelta"].values, window, lag, dates)
+    win, attrs = rolling if rolling is not None else (None, {})
+    attrs = dict(attrs)
     sources = " ".join(map(str, forecast_paths))
     fc, truth_at = fc.load(), truth_at.load()
     report = validate.check_fit_data(validate.data_counts(fc[targets], truth_at, sources), fc[targets], sources)

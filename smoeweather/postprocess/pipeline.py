@@ -21,7 +21,7 @@ from smoeweather.data.sites import is_site_source, open_sites, station_ids
 from smoeweather.io import atomic_path, check_output
 from smoeweather.postprocess import chunked, validate
 from smoeweather.postprocess.distributions import check_distribution
-from smoeweather.postprocess.rolling import parse_duration, window_dates, window_index
+from smoeweather.postprocess.rolling import check_window_options, rolling_windows
 
 
 def open_forecast_and_truth(paths: Sequence[Path], truth: Path | None, variables: Sequence[str] | None,
@@ -100,25 +100,15 @@ def fit(
     from smoeweather.postprocess.model_file import write_model
 
     check_output(out, overwrite)  # exists, under a file, read-only folder: before anything is computed
-    if window is None and (lag is not None or dates is not None):
-        raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
+    check_window_options(window, lag, dates)
     distribution = check_distribution(distribution)
     forecast, truth = open_forecast_and_truth(forecast_paths, truth_path, variables, table or {})
     forecast = ensembles.select_period(forecast, train_period)
     truth_at = truth_on_valid_times(forecast, truth)
     if distribution == "truncnormal":
         check_non_negative(truth_at, "--distribution truncnormal")
-    rolling_window = None
-    if window is not None:
-        win = parse_duration(window, "--window")
-        leads = forecast["prediction_timedelta"].values
-        lag_td = parse_duration(lag, "--lag") if lag is not None else np.max(leads)
-        import pandas as pd
-
-        lag_td = pd.Timedelta(lag_td)
-        fit_dates = window_dates(forecast["time"].values, win, lag_td, dates)
-        idx, valid = window_index(forecast["time"].values, fit_dates, win, lag_td)
-        rolling_window = (fit_dates, idx, valid)
+    rolling = rolling_windows(forecast["time"].values, forecast["prediction_timedelta"].values, window, lag, dates)
+    rolling_window, window_attrs = rolling if rolling is not None else (None, {})
     members = [str(m) for m in forecast["member"].values] if predictors == "members" else None
     names = list(forecast.data_vars)
     sources = " ".join(map(str, forecast_paths))
@@ -139,10 +129,7 @@ def fit(
     attrs = {"forecast": sources, "truth": str(truth_path or sources), "predictors": predictors,
              "train_period": " ".join(map(str, train_period)) if train_period else "all",
              "distribution": distribution, **validate.fit_attrs(report)}
-    if rolling_window is not None:
-        attrs.update(window=str(window), lag=str(lag_td),
-                     window_rule="inits s with t - lag - window < s <= t - lag",
-                     dates=f"{rolling_window[0][0]} .. {rolling_window[0][-1]}")
+    attrs.update(window_attrs)
     written = write_model(params, forecast, out, attrs, overwrite=overwrite)
     kind = "per site" if "site" in forecast.dims and per_gridpoint else (
         "per grid point" if per_gridpoint else "global")

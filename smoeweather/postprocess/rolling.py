@@ -75,3 +75,27 @@ def window_index(inits: Sequence[np.datetime64] | pd.DatetimeIndex, dates: pd.Da
     for k, i in enumerate(lists):
         idx[k, : len(i)], valid[k, : len(i)] = i, True
     return idx, valid
+
+
+def check_window_options(window: str | None, lag: str | None, dates: Sequence[str] | None) -> None:
+    """ValueError when ``--lag``/``--dates`` come without ``--window``."""
+    if window is None and (lag is not None or dates is not None):
+        raise ValueError("--lag and --dates need --window (a rolling training window, e.g. --window 25D)")
+
+
+def rolling_windows(inits: Sequence[np.datetime64], leads: Sequence[np.timedelta64], window: str | None,
+                    lag: str | None, dates: Sequence[str] | None
+                    ) -> tuple[tuple[pd.DatetimeIndex, np.ndarray, np.ndarray], dict[str, str]] | None:
+    """The rolling windows of ``--window``/``--lag`` (default: the longest lead)/``--dates`` on the archive's
+    ``inits``: ((dates, idx, valid) of :func:`window_index`, the model-file attributes); None without a window.
+    The one setup of every rolling fit (EMOS and DRN)."""
+    check_window_options(window, lag, dates)
+    if window is None:
+        return None
+    w = parse_duration(window, "--window")
+    lag_td = pd.Timedelta(parse_duration(lag, "--lag") if lag is not None else np.max(np.asarray(leads)))
+    fit_dates = window_dates(inits, w, lag_td, dates)
+    idx, valid = window_index(inits, fit_dates, w, lag_td)
+    attrs = {"window": str(window), "lag": str(lag_td), "window_rule": "inits s with t - lag - window < s <= t - lag",
+             "dates": f"{fit_dates[0]} .. {fit_dates[-1]}"}
+    return (fit_dates, idx, valid), attrs
