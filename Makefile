@@ -35,7 +35,8 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # A real (non-editable) install: build the wheel and install it into a fresh environment with ONLY its declared
-# dependencies (CPU torch first, then the wheel; nothing is borrowed from .venv), and run from outside the clone:
+# dependencies and the maps extra (CPU torch first, then the wheel; nothing is borrowed from .venv), and run from
+# outside the clone:
 # --version, the demo at 2 steps, a built-in config by name, and the scoring of an ensemble.
 WHEEL_DIR := build/wheel
 WHEEL_ENV := build/wheel-env
@@ -45,7 +46,7 @@ wheel-smoke: $(STAMP)
 	$(PYTHON) -m venv $(WHEEL_ENV)
 	$(WHEEL_ENV)/bin/python -m pip install -q --upgrade pip
 	$(WHEEL_ENV)/bin/python -m pip install -q "$(TORCH_PIN)"
-	$(WHEEL_ENV)/bin/python -m pip install -q $(WHEEL_DIR)/*.whl
+	$(WHEEL_ENV)/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/*.whl)[maps]"  # the demo draws maps (cartopy)
 	mkdir -p build/wheel-run
 	cd build/wheel-run && ../wheel-env/bin/python -c "import smoeweather, sys; \
 	    assert 'wheel-env' in smoeweather.__file__, smoeweather.__file__"
