@@ -216,7 +216,6 @@ def _output_forms(args: argparse.Namespace) -> object:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from smoeweather.data import ensembles
     from smoeweather.io import check_output
     from smoeweather.postprocess.ecc import check_quantile_levels
 
@@ -251,18 +250,12 @@ def _apply(args: argparse.Namespace) -> int:
                        scheduler=args.scheduler, progress=not args.quiet, overwrite=args.overwrite, forms=forms):
             _written(p, args)
         return 0
-    from smoeweather.postprocess.neural import apply_checkpoint
-    from smoeweather.postprocess.pipeline import check_member_count, distribution_products, open_gridded
+    from smoeweather.postprocess.pipeline import apply_network
 
-    forecast = ensembles.select_period(open_gridded(args.forecast), args.apply_period)
-    sources = " ".join(map(str, args.forecast))
-    check_member_count(args.members, forecast, sources)
-    mu, sigma, attrs = apply_checkpoint(args.model, forecast, batch_size=args.batch_size)
-    mu, sigma = mu.load(), sigma.load()
-    products = distribution_products(mu, sigma, forecast.load(), {**attrs, "forecast": sources}, "normal",
-                                     args.out, members_out, args.members, quantiles_out, levels, forms)
-    for ds, path, kind, a in products:
-        _written(ensembles.write_store(ds, path, kind, a, overwrite=args.overwrite), args)
+    for p in apply_network(args.model, args.forecast, args.out, apply_period=args.apply_period, members_out=members_out,
+                           members=args.members, quantiles_out=quantiles_out, levels=levels,
+                           batch_size=args.batch_size, overwrite=args.overwrite, forms=forms):
+        _written(p, args)
     return 0
 
 

@@ -219,6 +219,24 @@ def apply(
         return write_stores(products, client, progress, overwrite)
 
 
+def apply_network(checkpoint: Path, forecast_paths: Sequence[Path], out: Path, *,
+                  apply_period: Sequence[str] | None = None, members_out: Path | None = None,
+                  members: int | None = None, quantiles_out: Path | None = None, levels: np.ndarray | None = None,
+                  batch_size: int = 8, overwrite: bool = False, forms: Any = None) -> list[Path]:
+    """Calibrate a gridded forecast with a post-processing network checkpoint (``smoe postprocess apply
+    --network``): the same stores as :func:`apply`, in memory. The caller has checked the output paths."""
+    from smoeweather.postprocess.neural import apply_checkpoint
+
+    forecast = ensembles.select_period(open_gridded(forecast_paths), apply_period)
+    sources = " ".join(map(str, forecast_paths))
+    check_member_count(members, forecast, sources)
+    mu, sigma, attrs = apply_checkpoint(checkpoint, forecast, batch_size=batch_size)
+    mu, sigma = mu.load(), sigma.load()
+    products = distribution_products(mu, sigma, forecast.load(), {**attrs, "forecast": sources}, "normal",
+                                     out, members_out, members, quantiles_out, levels, forms)
+    return [ensembles.write_store(ds, path, kind, a, overwrite=overwrite) for ds, path, kind, a in products]
+
+
 def check_member_count(members: int | None, forecast: xr.Dataset, sources: str) -> None:
     """ValueError unless ``members`` (ECC-Q members asked for) is None or the raw ensemble's member count."""
     if members is not None and members != forecast.sizes["member"]:
