@@ -526,3 +526,24 @@ def test_tasks_register_themselves() -> None:
         registry._TASKS.pop("toy_task")
     with pytest.raises(ValueError, match=r"config task must be one of \(.*'vision'.*\), got 'nothing'"):
         build({"task": "nothing"})
+
+
+def test_failed_train_leaves_no_run_folder(stores: dict[str, str], tmp_path: Path) -> None:
+    """A run that fails before its first checkpoint removes the folder it created (config.yaml, logs/); an
+    existing folder is left as it was (issue #53)."""
+    import lightning as L
+
+    class Boom(L.Callback):
+        def on_train_batch_start(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("failed mid-run")
+
+    name = REPO / "configs/weatherbench/world_dense.yaml"
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="failed mid-run"):
+        train(tiny_config(name, stores, out), extra_callbacks=[Boom()])
+    assert not out.exists()
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's file")
+    with pytest.raises(RuntimeError, match="failed mid-run"):
+        train(tiny_config(name, stores, out), extra_callbacks=[Boom()])
+    assert (out / "mine.txt").exists()

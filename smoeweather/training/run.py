@@ -21,6 +21,7 @@ the GCM world, merged along time) or ``data.generate`` (heat diffusion).
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -182,6 +183,14 @@ def check_resume_weights(checkpoint: Mapping[str, Any], module: L.LightningModul
                              f"checkpoint, {want} in the model built from the config; {fix}")
 
 
+@rank_zero_only
+def remove_unfinished_run(output_dir: Path) -> None:
+    """Remove a run folder this run created when it failed before writing any checkpoint (its config.yaml and
+    logs/ alone are no run): a failed run leaves nothing new behind. One with a checkpoint stays, to resume."""
+    if output_dir.is_dir() and not any(output_dir.rglob("*.ckpt")):
+        shutil.rmtree(output_dir, ignore_errors=True)
+
+
 def train(
     cfg: TrainConfig | Mapping[str, Any],
     init_from: str | Path | None = None,
@@ -208,9 +217,16 @@ def train(
         report = init_weights(module.model, init_from)
         module.metadata["init_from"] = str(init_from)
         rank_zero_only(print)(f"smoe train: initialised from {init_from}: {report}")
-    trainer = build_trainer(cfg, output_dir, extra_callbacks=extra_callbacks)
-    # Lightning reads the resume file again itself: with weights_only=True, its restricted unpickler too
-    trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None, weights_only=True)
+    created = not Path(output_dir).exists()
+    try:
+        trainer = build_trainer(cfg, output_dir, extra_callbacks=extra_callbacks)
+        # Lightning reads the resume file again itself: with weights_only=True, its restricted unpickler too
+        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None,
+                    weights_only=True)
+    except BaseException:
+        if created:
+            remove_unfinished_run(Path(output_dir))
+        raise
     checkpoint = trainer.checkpoint_callback
     last = next(c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
     return TrainResult(trainer, module, data, output_dir, checkpoint.best_model_path, last.last_model_path)
