@@ -71,3 +71,41 @@ def test_fit_refuses_unknown_method_and_options(tmp_path: Path) -> None:
         fit(fc, truth, {"method": "bma"})
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['window'\]"):
         fit(fc, truth, {"method": "emos", "window": "25D"})
+
+
+def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) -> None:
+    """A tiny U-Net checkpoint: load(CKPT).apply equals `apply --network`, whose probabilities are its CDF."""
+    from test_postprocess import _ens10_store, _world
+
+    from smoeweather.config import load_config
+    from smoeweather.postprocess.calibrator import NetworkCalibrator
+    from smoeweather.postprocess.synthetic import synthetic_ensemble
+    from smoeweather.training.run import train
+
+    truth = xr.open_zarr(_world(tmp_path / "w.zarr"))
+    ens = synthetic_ensemble(truth, members=5, leads=("48h",), every="96h", seed=0,
+                             variables=["geopotential_500", "temperature_850"])
+    store = _ens10_store(ens, truth, tmp_path / "ens10.zarr")
+    ens.to_zarr(tmp_path / "ens.zarr", mode="w")
+    overrides = [f"data.store={store}", "data.variables=[geopotential_500, temperature_850]",
+                 "data.target_variables=[geopotential_500]", "data.train_years=[2001, 2001]",
+                 "data.valid_years=[2002, 2002]", "data.test_years=[2002, 2002]", "data.batch_size=8",
+                 "data.num_workers=0", "model.levels=2", "model.widths=[4, 8]", "trainer.max_epochs=1",
+                 "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"output_dir={tmp_path / 'run'}"]
+    ckpt = train(load_config(Path(__file__).resolve().parents[1] / "configs" / "ens10" / "unet_z500.yaml",
+                             overrides)).last_checkpoint
+    assert main(["postprocess", "apply", "--network", str(ckpt), "--forecast", str(tmp_path / "ens.zarr"),
+                 "--out", str(tmp_path / "pp.zarr"), "--thresholds", "54000", "--overwrite"]) == 0
+    cal = load(ckpt)
+    assert isinstance(cal, NetworkCalibrator)
+    pred = cal.apply(ensembles.open_forecast(tmp_path / "ens.zarr"))
+    mu, sigma = ensembles.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
+    m = mu["geopotential"].sel(level=500)
+    np.testing.assert_array_equal(pred.mu["geopotential"].sel(level=500).values.astype(np.float32), m.values)
+    prob = xr.open_zarr(tmp_path / "pp_probabilities.zarr")["geopotential"].sel(threshold=54000.0, level=500)
+    s = sigma["geopotential"].sel(level=500).values.astype(np.float64)
+    expect = stats.norm.sf(54000.0, m.values.astype(np.float64), s)
+    tol = float(np.max((np.abs(m.values) + 54000.0) * 4 * 2.0**-23 / s)) + 4 * 2.0**-23
+    np.testing.assert_allclose(prob.transpose(*m.dims).values, expect, rtol=0, atol=tol)
+    with pytest.raises(ValueError, match="smoe train"):
+        fit(xr.Dataset(), xr.Dataset(), {"method": "network"})

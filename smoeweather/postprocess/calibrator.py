@@ -116,6 +116,31 @@ class DRNCalibrator:
         return Path(write_drn_model(self.model, self.training, path, keep, overwrite=overwrite))
 
 
+@dataclass
+class NetworkCalibrator:
+    """A post-processing network checkpoint of ``smoe train`` (U-Net, SMoE-U-Net; trained there, so ``save`` is
+    the checkpoint itself); loaded without Lightning or pickle (:func:`smoeweather.models.loader.load_network`)."""
+
+    checkpoint: Path
+    batch_size: int = 8
+    method: str = "network"
+
+    def apply(self, forecast: xr.Dataset) -> Predictive:
+        from smoeweather.postprocess.neural import apply_checkpoint
+
+        mu, sigma, _ = apply_checkpoint(self.checkpoint, forecast, batch_size=self.batch_size)
+        return Predictive("normal", mu.load(), sigma.load())
+
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        import shutil
+
+        from smoeweather.io import atomic_path
+
+        with atomic_path(Path(path), overwrite=overwrite) as tmp:
+            shutil.copyfile(self.checkpoint, tmp)
+        return Path(path)
+
+
 def fit(forecast: xr.Dataset, truth: xr.Dataset, options: Mapping[str, Any] | None = None) -> Calibrator:
     """Fit ``options["method"]`` (``emos``, default, or ``drn``) on the ensemble ``forecast`` against ``truth`` at
     its valid times (same dims without ``member``), in memory. EMOS options: ``per_gridpoint``, ``iterations``;
@@ -145,13 +170,20 @@ def fit(forecast: xr.Dataset, truth: xr.Dataset, options: Mapping[str, Any] | No
         check_distribution(settings.distribution, "distribution")
         model = fit_drn(forecast, truth, settings)
         return DRNCalibrator(model, {"distribution": settings.distribution}, forecast)
-    raise ValueError(f"fit: method {method!r} is not one of ['emos', 'drn']")
+    if method == "network":
+        raise ValueError("fit: networks are trained with `smoe train` (configs/postprocess, configs/ens10); "
+                         "load(CKPT) gives their calibrator")
+    raise ValueError(f"fit: method {method!r} is not one of ['emos', 'drn'] (networks: `smoe train`)")
 
 
 def load(path: str | Path) -> Calibrator:
-    """The calibrator of a model file of ``smoe postprocess fit`` (EMOS or DRN, by its ``kind`` attribute)."""
+    """The calibrator of a model file of ``smoe postprocess fit`` (EMOS or DRN, by its ``kind`` attribute) or of
+    a network checkpoint (``*.ckpt``) of ``smoe train``."""
     from smoeweather.postprocess.drn import read_drn_model
     from smoeweather.postprocess.model_file import open_model_file, read_model
+
+    if Path(path).suffix == ".ckpt":
+        return NetworkCalibrator(Path(path))
 
     with open_model_file(Path(path), "model", "model") as ds:
         kind = str(ds.attrs.get("kind", ""))
@@ -162,4 +194,4 @@ def load(path: str | Path) -> Calibrator:
     return EMOSCalibrator(params, attrs)
 
 
-__all__ = ["Calibrator", "DRNCalibrator", "EMOSCalibrator", "Predictive", "fit", "load"]
+__all__ = ["Calibrator", "DRNCalibrator", "EMOSCalibrator", "NetworkCalibrator", "Predictive", "fit", "load"]
