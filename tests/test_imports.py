@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("smoeweather.models",),
     ("smoeweather.training",),
     ("smoeweather.forecast", "smoeweather.postprocess"),
-    ("smoeweather.evaluate", "smoeweather.evaluate_files"),
+    ("smoeweather.evaluate", "smoeweather.evaluate_files", "smoeweather.evaluate_inputs"),
     ("smoeweather.plotting",),
     ("smoeweather.experiments",),
     ("smoeweather.commands", "smoeweather.cli", "smoeweather.__main__"),
