@@ -547,3 +547,24 @@ def test_failed_train_leaves_no_run_folder(stores: dict[str, str], tmp_path: Pat
     with pytest.raises(RuntimeError, match="failed mid-run"):
         train(tiny_config(name, stores, out), extra_callbacks=[Boom()])
     assert (out / "mine.txt").exists()
+
+
+def test_cli_train_refuses_a_trained_run_without_overwrite(stores: dict[str, str], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """`smoe train` into a folder holding a trained run: refused in one line (resume or --overwrite named);
+    --overwrite trains anew and no checkpoint of the old run survives (issue #53)."""
+    from smoeweather.cli import main
+
+    name = REPO / "configs/weatherbench/world_dense.yaml"
+    cfg = load_config(name)
+    argv = ["train", "--config", str(name), *tiny_overrides(cfg["task"], stores, tmp_path / "run")]
+    assert main(argv) == 0
+    run_dir = next(p.parent.parent for p in (tmp_path / "run").rglob("last.ckpt"))
+    stale = run_dir / "checkpoints" / "stale.ckpt"
+    stale.write_bytes(b"an earlier run's checkpoint")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds a trained run already" in err and "--overwrite" in err and "--resume" in err
+    assert main([*argv, "--overwrite"]) == 0
+    assert not stale.exists() and (run_dir / "checkpoints" / "last.ckpt").exists()

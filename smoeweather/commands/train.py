@@ -14,7 +14,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="a YAML file, or a built-in config by name (weatherbench/world_dense)")
     train.add_argument("--init-from", type=Path, default=None, help="checkpoint to initialise weights from")
     train.add_argument("--resume", type=Path, default=None, help="checkpoint to resume training from")
+    train.add_argument("--overwrite", action="store_true",
+                       help="train anew into an output_dir that holds a trained run (its checkpoints are replaced)")
     train.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+
+
+def check_run_dir(run_dir: Path, resume: Path | None, overwrite: bool) -> None:
+    """Refuse to train into a folder that holds a trained run (a checkpoint) unless resuming it or asked to
+    replace it; with ``overwrite`` its old checkpoints are removed first, so none of them outlives the new run."""
+    import shutil
+
+    from pipelines.atomic import OutputExistsError
+
+    if resume is not None or not run_dir.is_dir() or not any(run_dir.rglob("*.ckpt")):
+        return
+    if not overwrite:
+        raise OutputExistsError(f"{run_dir} holds a trained run already (checkpoints); pass --overwrite to train it "
+                                f"anew, or --resume {run_dir / 'checkpoints' / 'last.ckpt'} to continue it")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from smoeweather.training.settings import load_train_config
 
     cfg = load_train_config(args.config, list(args.overrides or []))
+    check_run_dir(Path(cfg.run_dir), args.resume, args.overwrite)
     result = train(cfg, init_from=args.init_from, resume=args.resume)
     if result.trainer.is_global_zero:
         best = result.best_checkpoint or "none (no validation ran: set trainer.max_epochs/val_check_interval)"

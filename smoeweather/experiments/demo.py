@@ -113,7 +113,7 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
     ckpts: dict[str, Path] = {}
     for name, config in runs.items():
         run_dir = out / "runs" / name
-        plan.commands.append(["train", "--config", str(CONFIGS / "weatherbench" / config),
+        plan.commands.append(["train", "--config", str(CONFIGS / "weatherbench" / config), "--overwrite",
                               f"output_dir={run_dir}", *budget])
         ckpts[name] = run_dir / "checkpoints" / BEST
     forecasts = []
