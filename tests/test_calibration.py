@@ -77,7 +77,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     coords = {"time": INITS, "prediction_timedelta": LEADS, "level": [850], "latitude": LAT, "longitude": LON}
     ens = xr.Dataset({"temperature": (("time", "prediction_timedelta", "member", "level", "latitude", "longitude"),
                                       members, {"units": "K"})}, coords=coords)
-    ens.to_zarr(tmp / "ens.zarr", zarr_format=2)
+    ens.chunk({"member": 2, "time": 5}).to_zarr(tmp / "ens.zarr", zarr_format=2)  # chunks along every dim
     mu, sd = members.mean(2), members.std(2, ddof=1)
     dims = ("time", "prediction_timedelta", "level", "latitude", "longitude")
     xr.Dataset({"temperature": (dims, mu, {"units": "K"}), "temperature_std": (dims, sd, {"units": "K"})},

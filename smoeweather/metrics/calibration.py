@@ -95,7 +95,8 @@ def reliability_table(probability: xr.DataArray, observed: xr.DataArray, over: S
     out = xr.apply_ufunc(_binned, p, o, input_core_dims=[list(over), list(over)],
                          output_core_dims=[["quantity", "probability_bin"]], vectorize=True,
                          kwargs={"n_bins": n_bins}, dask="parallelized", output_dtypes=[np.float64],
-                         dask_gufunc_kwargs={"output_sizes": {"quantity": 3, "probability_bin": n_bins}})
+                         dask_gufunc_kwargs={"output_sizes": {"quantity": 3, "probability_bin": n_bins},
+                                             "allow_rechunk": True})
     centres = (np.arange(n_bins) + 0.5) / n_bins
     out = out.assign_coords(probability_bin=centres)
     return xr.Dataset({"forecast_probability": out.isel(quantity=0, drop=True),
@@ -130,7 +131,7 @@ def pit_histogram(pit: xr.DataArray, over: Sequence[Hashable], n_bins: int = PIT
 
     out = xr.apply_ufunc(hist, pit, input_core_dims=[list(over)], output_core_dims=[["pit_bin"]], vectorize=True,
                          dask="parallelized", output_dtypes=[np.float64],
-                         dask_gufunc_kwargs={"output_sizes": {"pit_bin": n_bins}})
+                         dask_gufunc_kwargs={"output_sizes": {"pit_bin": n_bins}, "allow_rechunk": True})
     return out.assign_coords(pit_bin=(np.arange(n_bins) + 0.5) / n_bins)
 
 

@@ -100,7 +100,8 @@ def _pairwise_spread(forecast: xr.DataArray, member_dim: str) -> xr.DataArray:
     if m < 2:
         return xr.zeros_like(forecast.isel({member_dim: 0}, drop=True))
     ordered = xr.apply_ufunc(np.sort, forecast, input_core_dims=[[member_dim]], output_core_dims=[[member_dim]],
-                             kwargs={"axis": -1}, dask="parallelized", output_dtypes=[np.float64])
+                             kwargs={"axis": -1}, dask="parallelized", output_dtypes=[np.float64],
+                             dask_gufunc_kwargs={"allow_rechunk": True})  # stores chunked along the members
     coef = xr.DataArray(2.0 * np.arange(1, m + 1) - m - 1, dims=member_dim)
     return 2.0 * (ordered * coef).sum(member_dim) / (m * (m - 1))
 
