@@ -183,6 +183,8 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, ctx: FieldContext, inits: n
     and counted in ``n_missing``."""
     own_leads = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
     relative_to = str(ds[f[0]].attrs.get("spp__relative_to_threshold", "greater_than"))
+    # non-index coordinates (valid_time, realization labels, ...) play no part and may be chunked differently
+    ds = ds.drop_vars([c for c in ds.coords if c not in ds.dims])
     ds = ds.sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
     point, sigma = _point_and_sigma(ds, kind, f)
     truth, n_missing = _complete(point, ctx.truth, own_leads, leads, f, allow_missing, where)
