@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SMoE networks on CUDA, as one prepared device call (issue #56): correctness, the launch-bound step, paper
+# The SMoE networks on CUDA, as one prepared device call: correctness, the launch-bound step, paper
 # size, then the heat table and the GCM routing study side by side in the time left.
 #
 #   bash benchmarks/gpu_measure.sh prepare   # here, with network: .gpu/site.tar.xz (the packages the GPU image

@@ -11,7 +11,7 @@ lzma from the standard library.
 ~13 MB of wheels; on the device extracting it into /tmp/site installs them (pure copies, no pip).
 
     python benchmarks/gpu_pack.py gcm .gpu/gcm_year1.pack ../shared/data/gcm_world/gcm_5.625deg_year1.nc
-    python benchmarks/gpu_pack.py unpack .gpu/gcm_year1.pack /tmp/gcm_world/gcm_5.625deg_year1.nc
+    python benchmarks/gpu_pack.py unpack .gpu/gcm_year1.pack $SCRATCH/gcm_world/gcm_5.625deg_year1.nc
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-grid-point EMOS fit at 1° against the I/O limit (issue #55): how close the fit comes to the time of
+"""Per-grid-point EMOS fit at 1° against the I/O limit: how close the fit comes to the time of
 reading its archive once, and its peak memory. A benchmark, not a test.
 
 Full run (the lead, on a quiet machine; about 19 GB of archive under --root, which is deleted afterwards):

@@ -1,4 +1,4 @@
-"""Issue #53, configuration: a config is checked in full before anything runs; nested typos get did-you-mean;
+"""configuration: a config is checked in full before anything runs; nested typos get did-you-mean;
 out-of-range values, a mismatched ``--resume`` and bad ``smoe study`` overrides give one line naming the key,
 what was expected and how to fix it."""
 

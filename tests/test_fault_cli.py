@@ -1,4 +1,4 @@
-"""Fault injection, the command line (issue #53): user errors are one line naming the option or file (exit 2,
+"""Fault injection, the command line: user errors are one line naming the option or file (exit 2,
 no traceback unless --debug); misspelt verbs get a did-you-mean; outputs are checked before anything is
 computed and again at the write, so a concurrent writer is never replaced; forecast and plot take --overwrite."""
 

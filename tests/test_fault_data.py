@@ -1,4 +1,4 @@
-"""Fault injection, data (issue #53): broken station tables, gridded ensembles and model files are refused by
+"""Fault injection, data: broken station tables, gridded ensembles and model files are refused by
 name in one line (exit 2), a fit is never written from zero valid cases, a partial gap is said and counted in
 the model file, units come from the data or --units, and longitudes in −180…180 match every other input."""
 

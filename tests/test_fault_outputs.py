@@ -1,4 +1,4 @@
-"""Fault injection, outputs (issue #53): never clobbered without --overwrite, also by two concurrent writers;
+"""Fault injection, outputs: never clobbered without --overwrite, also by two concurrent writers;
 a killed writer leaves the old output intact and its leftover is cleaned by the next run; a failed run leaves
 nothing new; an output under a file or in a read-only folder is refused in one line before anything runs."""
 

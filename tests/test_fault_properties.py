@@ -1,4 +1,4 @@
-"""Property tests of the input readers (issue #53, hypothesis): random missing-data patterns and random garbage
+"""Property tests of the input readers: random missing-data patterns and random garbage
 cells fed to the station-table reader and to a gridded ensemble file end either refused by name (the column
 and row, or the variable and member) or read correctly, with the case counts of the fit checks exact."""
 

@@ -39,7 +39,7 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 }
 KNOWN: dict[tuple[str, str], str] = {
     ("smoeweather.plotting", "smoeweather.models.loader"): "plotting/routing.py loads checkpoints (lines ~197-245 "
-                                                           "and routing_figure); issue #54 moves it to models/",
+                                                           "and routing_figure); to move below plotting (models/)",
 }
 
 

@@ -1,4 +1,4 @@
-"""Refactors of post-processing keep its outputs bit-identical (issue #55): a gcm_ens-like per-grid-point EMOS
+"""Refactors of post-processing keep its outputs bit-identical: a gcm_ens-like per-grid-point EMOS
 fit → apply with ECC-Q members and quantiles, a global member-weights EMOS, a truncated-normal EMOS, and a
 UWME-like station DRN fit → apply give the same values, byte for byte, as on the code before the refactor.
 

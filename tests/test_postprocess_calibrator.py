@@ -1,4 +1,4 @@
-"""One calibrator interface (issue #55): ``fit(forecast, truth, options) -> Calibrator``, ``apply`` gives the
+"""One calibrator interface: ``fit(forecast, truth, options) -> Calibrator``, ``apply`` gives the
 predictive distribution, ``save``/``load`` round-trip the data-only model files; the interface computes the
 same numbers as the ``smoe postprocess`` file drivers."""
 

@@ -1,4 +1,4 @@
-"""Operational output forms of ``smoe postprocess apply`` (issue #55): probabilities of (non-)exceedance equal the
+"""Operational output forms of ``smoe postprocess apply``: probabilities of (non-)exceedance equal the
 predictive distribution's CDF (scipy.stats.norm / truncnorm) at the thresholds, percentiles its ppf, ECC
 realizations carry a ``realization`` coordinate; every store has its validity time, units and standard names,
 sites keep their station ids and coordinates, and the CF netCDF twins pass compliance-checker's CF test with no

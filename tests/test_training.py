@@ -530,7 +530,7 @@ def test_tasks_register_themselves() -> None:
 
 def test_failed_train_leaves_no_run_folder(stores: dict[str, str], tmp_path: Path) -> None:
     """A run that fails before its first checkpoint removes the folder it created (config.yaml, logs/); an
-    existing folder is left as it was (issue #53)."""
+    existing folder is left as it was."""
     import lightning as L
 
     class Boom(L.Callback):
@@ -552,7 +552,7 @@ def test_failed_train_leaves_no_run_folder(stores: dict[str, str], tmp_path: Pat
 def test_cli_train_refuses_a_trained_run_without_overwrite(stores: dict[str, str], tmp_path: Path,
                                                            capsys: pytest.CaptureFixture) -> None:
     """`smoe train` into a folder holding a trained run: refused in one line (resume or --overwrite named);
-    --overwrite trains anew and no checkpoint of the old run survives (issue #53)."""
+    --overwrite trains anew and no checkpoint of the old run survives."""
     from smoeweather.cli import main
 
     name = REPO / "configs/weatherbench/world_dense.yaml"

@@ -1,4 +1,4 @@
-"""One calibrator interface over the post-processing methods (issue #55), in memory:
+"""One calibrator interface over the post-processing methods, in memory:
 
     cal = fit(forecast, truth, {"method": "emos", "per_gridpoint": True})   # -> Calibrator
     pred = cal.apply(new_forecast)                                          # -> Predictive (family, μ, σ)
