@@ -105,7 +105,7 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("store", help="prepared zarr store")
 
 
-def _storage_options(text: str | None) -> dict | None:
+def storage_options(text: str | None) -> dict | None:
     """``--storage-options JSON`` → dict; DataError naming the option when it is not a JSON object."""
     if text is None:
         return None
@@ -142,7 +142,7 @@ def run_data_command(args: argparse.Namespace) -> int:
             truth=args.truth,
             members=args.members,
             fill_policy=args.fill_policy,
-            storage_options=_storage_options(args.storage_options),
+            storage_options=storage_options(args.storage_options),
         )
         return 0
     if args.data_verb == "world":

@@ -302,7 +302,9 @@ def test_wb2_spectrum_recipe_closed_forms() -> None:
                          coords={"latitude": lat, "longitude": lon})
     a = zonal_energy_spectrum(field, band=(30, 60))
     b = zonal_energy_spectrum(field, band=(30, 60), recipe="wb2")
-    np.testing.assert_allclose(b.values, a.values, rtol=1e-12, atol=1e-12 * float(a.max()))
+    # float64 FFT and a linear interpolation at the grid's own frequencies: rounding of ~nk terms
+    tol = 64 * a.sizes["wavenumber"] * float(np.finfo(np.float64).eps)
+    np.testing.assert_allclose(b.values, a.values, rtol=tol, atol=tol * float(a.max()))
     circ = 2 * np.pi * EARTH_RADIUS_M * np.cos(np.deg2rad(40.0))
     assert float(b.max()) == pytest.approx(circ / 2, rel=1e-12)  # C A²/2 at the wave's frequency
     with pytest.raises(ValueError, match="--spectra-recipe"):

@@ -6,7 +6,6 @@ files: deterministic, deterministic_temporal, probabilistic, ensemble_binary, ga
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -62,19 +61,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="output directory")
 
 
-def storage_options(text: str | None) -> dict[str, Any] | None:
-    """``--storage-options JSON`` → dict (ValueError naming the option when it is not a JSON object)."""
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"--storage-options must be a JSON object such as '{{\"token\": \"anon\"}}': {err}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--storage-options must be a JSON object, got {type(value).__name__}")
-    return value
-
-
 def parse_thresholds(items: list[str] | None) -> dict[str, list[float]] | None:
     """``["temperature_850=265,275", ...]`` → {field: [values]}; ValueError naming --thresholds otherwise."""
     if not items:
@@ -93,6 +79,7 @@ def parse_thresholds(items: list[str] | None) -> dict[str, list[float]] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipelines.cli import storage_options as json_storage_options
     from smoeweather.evaluate import evaluate
 
     forecasts: dict[str, str] | list[str] = [p for p in args.forecasts if "=" not in p]
@@ -111,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                       regions=args.regions or "default", land_sea_mask=args.land_sea_mask,
                       land_threshold=args.land_threshold, spectra=args.spectra,
                       spectra_band=tuple(args.spectra_band), spectra_recipe=args.spectra_recipe,
-                      storage_options=storage_options(args.storage_options),
+                      storage_options=json_storage_options(args.storage_options),
                       ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
                       allow_missing=args.allow_missing, thresholds=parse_thresholds(args.thresholds),
                       bss_reference=args.bss_reference, overwrite=args.overwrite, progress=not args.quiet)
