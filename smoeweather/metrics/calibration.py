@@ -20,6 +20,8 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
+from smoeweather.metrics.wb2 import area_mean
+
 RELIABILITY_BINS = 10
 PIT_BINS = 10
 BELOW = ("less_than", "less_than_or_equal_to")
@@ -52,16 +54,6 @@ def exceedance_probability(forecast: xr.DataArray, kind: str, thresholds: xr.Dat
 def event(truth: xr.DataArray, thresholds: xr.DataArray) -> xr.DataArray:
     """1{y > t} (NaN where the truth is missing), dims of the truth plus ``threshold``."""
     return (truth > thresholds).astype(np.float64).where(truth.notnull())
-
-
-def area_mean(x: xr.DataArray, weights: xr.DataArray, space: Sequence[Hashable] = ("latitude", "longitude")
-              ) -> xr.DataArray:
-    """Weighted mean over ``space`` (missing values drop out with their weight; ``weights`` may carry
-    ``region``)."""
-    valid = x.notnull()
-    num = xr.dot(x.where(valid, 0.0), weights, dim=list(space))
-    den = xr.dot(valid.astype(np.float64), weights, dim=list(space))
-    return num / den.where(den > 0)
 
 
 def brier_terms(probability: xr.DataArray, observed: xr.DataArray, weights: xr.DataArray) -> xr.DataArray:

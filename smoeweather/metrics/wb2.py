@@ -36,6 +36,8 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
+from smoeweather.metrics.scores import area_mean as scores_area_mean
+
 SPACE: tuple[str, str] = ("latitude", "longitude")
 
 EVALUATIONS: dict[str, tuple[str, ...]] = {
@@ -73,12 +75,9 @@ def cell_area_weights(latitude: xr.DataArray) -> xr.DataArray:
 
 
 def area_mean(x: xr.DataArray, weights: xr.DataArray) -> xr.DataArray:
-    """Weighted mean over latitude and longitude; ``weights`` may carry a ``region`` dim (kept). Missing points
-    drop out with their weight; NaN where no weighted point has a value. Infinite values propagate."""
-    valid = x.notnull()
-    num = xr.dot(x.where(valid, 0.0), weights, dim=list(SPACE))
-    den = xr.dot(valid.astype(np.float64), weights, dim=list(SPACE))
-    return num / den.where(den > 0)
+    """Weighted mean over latitude and longitude (:func:`smoeweather.metrics.scores.area_mean`); ``weights`` may
+    carry a ``region`` dim (kept). Missing points drop out with their weight; infinite values propagate."""
+    return scores_area_mean(x, weights, SPACE)
 
 
 def deterministic_terms(point: xr.DataArray, truth: xr.DataArray, weights: xr.DataArray,
