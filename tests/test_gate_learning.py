@@ -176,7 +176,7 @@ def test_routing_summary_reads_the_epoch_of_the_best_checkpoint() -> None:
 
 def test_planes_off_common_order_maps_the_learned_order() -> None:
     """0 where a location keeps its category's usual ranked selection; the share of re-fed planes elsewhere."""
-    from smoeweather.plotting.routing import planes_off_common_order
+    from smoeweather.models.routing import planes_off_common_order
 
     top = np.zeros((2, 2, 3), np.int64)
     top[0], top[1] = 0, 1  # every location: expert 0 feeds plane 0, expert 1 plane 1

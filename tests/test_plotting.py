@@ -16,9 +16,11 @@ import xarray as xr
 pytest.importorskip("cartopy")
 
 from smoeweather.cli import main  # noqa: E402
+from smoeweather.io import write_netcdf  # noqa: E402
+from smoeweather.models import routing  # noqa: E402
 from smoeweather.models.loader import FORMAT_VERSION, METADATA_KEY  # noqa: E402
 from smoeweather.models.registry import build_weather_model, synthetic_land_sea_mask  # noqa: E402
-from smoeweather.plotting import cartography, routing  # noqa: E402
+from smoeweather.plotting import cartography  # noqa: E402
 from smoeweather.plotting.fields import forecast_and_truth  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -117,7 +119,7 @@ def test_routing_netcdf_equals_gate_argmax_and_topk(tmp_path: Path) -> None:
 
     trained = load_trained(ckpt)
     (r,) = routing.gate_routings(trained.model, trained.metadata, trained.config)
-    path = routing.write_netcdf(routing.routing_dataset(r, {"source_checkpoint": str(ckpt)}), tmp_path / "r.nc")
+    path = write_netcdf(routing.routing_dataset(r, {"source_checkpoint": str(ckpt)}), tmp_path / "r.nc")
     ds = xr.load_dataset(path)
     n, e = scores.shape[0], 4  # |E| = 2 × width, E = width
     assert ds.attrs["Conventions"] == "CF-1.8" and ds["latitude"].attrs["units"] == "degrees_north"
