@@ -37,13 +37,15 @@ class CostOptions:
 class _Arm:
     """One arm's Lightning module, Adam and a fixed training batch; ``train_step`` / ``infer`` run one step."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: dict[str, Any], prepare: Callable[[torch.nn.Module], None] | None = None) -> None:
         import lightning as L
 
         from smoeweather.training.tasks import build
 
         L.seed_everything(int(cfg.get("seed", 0)), verbose=False)
         data, self.module = build(cfg)
+        if prepare is not None:
+            prepare(self.module)
         data.setup("fit")
         self.batch = next(iter(data.train_dataloader()))
         self.opt = torch.optim.Adam([p for p in self.module.parameters() if p.requires_grad], lr=1e-4)
@@ -87,18 +89,20 @@ def _timed(fn: Callable[[], None], steps: int) -> float:
 
 
 def measure_costs(configs: dict[str, dict[str, Any]], options: CostOptions,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+                  log: Callable[[str], None] = print,
+                  prepare: dict[str, Callable[[torch.nn.Module], None]] | None = None) -> dict[str, Any]:
     """Cost of every arm (``configs``: arm name → resolved training config) with ``options``; returns
     ``{"reference", "threads", "steps", "rounds", "warmup", "arms": {arm: {parameters, train_flops,
     train_step_s, infer_s, train_step_ratio, infer_ratio}}}``. Runs on ``options.threads`` intra-op threads
-    (restored afterwards)."""
+    (restored afterwards). ``prepare``: arm name → a function applied to that arm's built Lightning module
+    (e.g. to switch its SMoE layers to another expert computation)."""
     reference = options.reference or next(iter(configs))
     if reference not in configs:
         raise ValueError(f"cost reference {reference!r} is not an arm ({sorted(configs)})")
     previous = torch.get_num_threads()
     torch.set_num_threads(options.threads)
     try:
-        arms = {name: _Arm(cfg) for name, cfg in configs.items()}
+        arms = {name: _Arm(cfg, (prepare or {}).get(name)) for name, cfg in configs.items()}
         out: dict[str, dict[str, Any]] = {}
         for name, arm in arms.items():
             out[name] = {"parameters": arm.parameters(), "train_flops": arm.flops()}
