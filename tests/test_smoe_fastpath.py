@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import (  # private, but the reference way to
 )
 from torch.nn import functional as F
 
-from smoeweather.nn import SpatialMoE2d, TensorRoutingGate
+from smoeweather.nn import SpatialMoE2d, TensorRoutingGate, misrouting, smoe_autograd
 from smoeweather.nn import smoe as smoe_module
 from smoeweather.nn.gates import ConvGate
 from smoeweather.nn.smoe import _RouteExperts, quantile_threshold
@@ -261,13 +261,13 @@ def test_training_step_has_no_host_sync(impl: str, gate_kind: str) -> None:
 ], ids=["item", "bool", "mask-index"])
 def test_host_sync_check_catches_injected_sync(monkeypatch: pytest.MonkeyPatch, inject, error) -> None:
     """The check can fail: a sync slipped into the backward's quantile is caught."""
-    original = smoe_module.quantile_threshold
+    original = smoe_autograd.quantile_threshold
 
     def with_sync(values: torch.Tensor, quantile: float, **kwargs) -> torch.Tensor:
         inject(values)
         return original(values, quantile, **kwargs)
 
-    monkeypatch.setattr(smoe_module, "quantile_threshold", with_sync)
+    monkeypatch.setattr(smoe_autograd, "quantile_threshold", with_sync)
     with pytest.raises(error), FakeTensorMode():
         _layer_step("channels_last", "tensor")
 
@@ -594,9 +594,9 @@ def test_quantile_of_nonnegative_errors_as_integers_is_kthvalue(dtype: torch.dty
 
 def _general_batch_fraction(grad_y: torch.Tensor, quantile: float, tolerance: float) -> torch.Tensor:
     """The general path of the layer's backward: |dL/dy| per slot, per-sample quantile, flags, batch count."""
-    error = smoe_module._sum_slot_channels(grad_y, absolute=True)
+    error = misrouting._sum_slot_channels(grad_y, absolute=True)
     wrong = error > quantile_threshold(error, quantile, nonnegative=True) + tolerance
-    return smoe_module._count_batch(wrong).div_(grad_y.shape[0]).contiguous()
+    return misrouting._count_batch(wrong).div_(grad_y.shape[0]).contiguous()
 
 
 def test_batch_flagged_fraction_cpu_is_bitwise_the_general_chain() -> None:
@@ -628,7 +628,7 @@ def test_batch_flagged_fraction_cpu_is_bitwise_the_general_chain() -> None:
 def test_training_with_the_numpy_flag_chain_is_bitwise_training_without(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SMoE-U-Net trains the same (every loss and final weight bitwise) with the numpy RC flag chain as with
     the general torch chain, and the chain does run in it."""
-    original = smoe_module.batch_flagged_fraction_cpu
+    original = smoe_autograd.batch_flagged_fraction_cpu
     runs, used = [], []
 
     def counted(*args: object) -> torch.Tensor | None:
@@ -637,7 +637,7 @@ def test_training_with_the_numpy_flag_chain_is_bitwise_training_without(monkeypa
         return result
 
     for fast in (True, False):
-        monkeypatch.setattr(smoe_module, "batch_flagged_fraction_cpu", counted if fast else lambda *args: None)
+        monkeypatch.setattr(smoe_autograd, "batch_flagged_fraction_cpu", counted if fast else lambda *args: None)
         net, opt, x, y = _small_smoe_unet()
         losses = []
         for _ in range(8):

@@ -34,29 +34,39 @@ measurements behind them are in docs/smoe-weather-findings.md, "Design notes of 
   than the FLOPs it saves (benchmarks/results/smoe_selected_cpu_quiet.md), so ``auto`` keeps ``used``.
 * Under ``torch.compile`` every layer computes all experts and routes through an opaque custom operator
   (:mod:`smoeweather.nn.route_op`), so the layer compiles without a graph break.
+
+The misrouting flags, RC labels, loss and damping are in :mod:`smoeweather.nn.misrouting`, the routing's autograd
+Functions in :mod:`smoeweather.nn.smoe_autograd`; this module re-exports the functions other code imports from it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from smoeweather.nn import route_op
-from smoeweather.nn.gates import (
-    Selection,
-    TensorRoutingGate,
-    flat_expert_index,
-    flat_expert_index_channels_last,
-    flat_slot_index,
+from smoeweather.nn.gates import Selection, TensorRoutingGate, flat_slot_index
+
+# the RC labels, loss and damping (misrouting) and the routing's autograd Functions (smoe_autograd) live in
+# their own modules; the names other code imports from here are re-exported
+from smoeweather.nn.misrouting import (  # noqa: F401
+    batch_flagged_fraction_cpu,
+    damping_factor,
+    flagged_fraction,
+    label_information,
+    misrouted_mask,
+    quantile_threshold,
+    rc_gate_gradient,
+    rc_loss_mean,
+    routing_labels,
 )
 from smoeweather.nn.selected import LeafConvolutions, SelectedPlan, build_plan
+from smoeweather.nn.smoe_autograd import _RouteBlock, _RouteExperts
 
 GateNorm = Literal["none", "softmax", "abs", "softmax_abs"]
 Padding = Literal["zeros", "periodic_lon"]
@@ -65,117 +75,6 @@ RCThreshold = Literal["sample", "slot"]
 ExpertCompute = Literal["auto", "all", "used", "selected"]
 ROUTE_IMPLS = ("auto", "index_select", "channels_last")
 EXPERT_COMPUTES = ("auto", "all", "used", "selected")
-
-# (B, E, F, H, W) <-> (B, H, W, E, F): the permutation is its own inverse
-_TO_CHANNELS_LAST = (0, 3, 4, 1, 2)
-
-
-EXACT_QUANTILE_MAX = 1 << 16
-NUMPY_QUANTILE = True
-"""Take the RC quantile of CPU tensors with ``np.partition`` (same value as ``torch.kthvalue``, faster)."""
-
-
-_SAME_WIDTH_INT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
-_UINT8_MAX = int(np.iinfo(np.uint8).max)  # the most samples a uint8 batch count holds
-
-
-def quantile_threshold(error: torch.Tensor, quantile: float, nonnegative: bool = False) -> torch.Tensor:
-    """Per-sample lower q-quantile of (B, ...) errors: the ceil(q·n)-th smallest value, shape (B, 1, 1, 1).
-
-    Exact up to 65,536 values per sample; above that it is taken over an evenly strided subsample of
-    ≥ 32,768 values (rank error ≈ sqrt(q(1−q)/n) < 0.3 %), which makes ``kthvalue`` ~5× cheaper at
-    WeatherBench size (E·H·W = 262,144) — the quantile is a noisy label threshold, not a statistic.
-    The subsample is strided in the LOGICAL order of ``error``'s dims whatever its memory layout (a
-    channels-last error gives the same threshold as a contiguous one), without copying the errors.
-    ``nonnegative``: the caller guarantees error ≥ 0 (magnitudes, no −0.0), which lets the CPU path select on
-    the IEEE bit patterns as integers (same order for non-negative floats, NaN last as for floats; the same
-    value, ~1.7× faster).
-    """
-    b = error.shape[0]
-    n = math.prod(error.shape[1:])
-    step = math.ceil(n / (EXACT_QUANTILE_MAX // 2)) if n > EXACT_QUANTILE_MAX else 1
-    memory_order = None if error.is_contiguous() else _memory_order_view(error)
-    if memory_order is None:  # contiguous (or not dense: reshape copies into logical order)
-        flat = error.reshape(b, -1)[:, ::step]
-    elif step == 1:  # the k-th smallest value does not depend on the order
-        flat = memory_order
-    else:  # memory offset of every step-th value in logical order: one small gather
-        offsets = torch.arange(n, device=error.device).as_strided(error.shape[1:], error.stride()[1:])
-        flat = memory_order.index_select(1, offsets.reshape(-1)[::step])
-    m = flat.shape[1]
-    k = min(max(math.ceil(quantile * m), 1), m)
-    if NUMPY_QUANTILE and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64) \
-            and type(flat) is torch.Tensor and not flat.requires_grad and not torch.compiler.is_compiling():
-        # (a plain eager CPU tensor only: fake/traced tensors under FakeTensorMode or torch.compile have no data)
-        # numpy's introselect (np.partition) returns the same k-th smallest value as torch.kthvalue, several
-        # times faster on CPU (8 × 32,768 float32 on one thread: 5 vs 36 ms on a loaded machine): the SMoE
-        # ResNet 16×3 step went from 2.10× to 1.80× its dense twin's (benchmarks/results/smoe_step_cpu.md).
-        # A CPU tensor has no device to synchronise with; other devices keep kthvalue.
-        array = flat.numpy()
-        if nonnegative:  # non-negative IEEE floats order as their bit patterns do as signed integers
-            values = np.partition(array.view(_SAME_WIDTH_INT[array.dtype]), k - 1, axis=1)[:, k - 1].view(array.dtype)
-        else:
-            values = np.partition(array, k - 1, axis=1)[:, k - 1]
-        return torch.from_numpy(np.ascontiguousarray(values)).view(b, 1, 1, 1)
-    return flat.kthvalue(k, dim=1).values.view(b, 1, 1, 1)
-
-
-def _memory_order_view(t: torch.Tensor) -> torch.Tensor | None:
-    """(B, ...) as a (B, n) view in memory order when every sample is one dense block, else None."""
-    dims = sorted(range(1, t.dim()), key=t.stride, reverse=True)
-    view = t.permute(0, *dims)
-    return view.reshape(t.shape[0], -1) if view.is_contiguous() else None
-
-
-def _sum_slot_channels(grad_y: torch.Tensor, absolute: bool) -> torch.Tensor:
-    """Sum over the F channels of each slot: (B, E, F, H, W) → float32 (B, E, H, W) in ``grad_y``'s memory
-    layout. It runs in channel order f = 0, 1, … in float32, so every memory layout and device gives the
-    same bits (a ``sum(2)`` vectorises differently per layout), and with them the same misrouting flags.
-    ``absolute``: Σ|g|, rounded through ``grad_y``'s dtype as the former ``abs().sum(2)`` in that dtype was;
-    else Σg in float32 (the straight-through gate gradient)."""
-    f = grad_y.shape[2]
-    first = grad_y.select(2, 0)
-    if f == 1:
-        return first.abs().float() if absolute else first.float()
-    total = first.abs().float() if absolute else first.to(torch.float32, copy=True)
-    for i in range(1, f):
-        part = grad_y.select(2, i)
-        total.add_(part.abs() if absolute else part)
-    if absolute and grad_y.dtype != torch.float32:
-        total = total.to(grad_y.dtype).float()
-    return total
-
-
-def damping_factor(wrong: torch.Tensor, damping: float, dtype: torch.dtype, out: torch.Tensor | None = None,
-                   fused: bool | None = None) -> torch.Tensor:
-    """Per-slot gradient factor: 1 where ``wrong`` is False, the damping factor where True, in ``dtype``.
-
-    The factor is 1 + (damping − 1) rounded in ``dtype`` (e.g. 0.10000002 in float32), as the layer always
-    computed it. ``fused`` (default: on CUDA) writes it with one ``where`` (1 + itemsize bytes per slot);
-    otherwise copy/mul/add (three passes), which is ~3× faster on CPU, whose ``where`` is not vectorised.
-    Both give the same bits.
-    """
-    out = torch.empty_like(wrong, dtype=dtype) if out is None else out
-    if wrong.is_cuda if fused is None else fused:
-        damped = out.new_ones(()).mul_(damping - 1.0).add_(1.0)
-        return torch.where(wrong, damped, damped.new_ones(()), out=out)
-    return out.copy_(wrong).mul_(damping - 1.0).add_(1.0)
-
-
-def _count_batch(flags: torch.Tensor) -> torch.Tensor:
-    """Count of True over dim 0 (keepdim) of a bool tensor, as float32 in ``flags``' memory layout.
-
-    Summed as integers (uint8 up to 255 samples, else int32) over the memory-order view, then converted: the
-    counts are exact either way, so this gives the bits of a float32 sum, ~4× faster on CPU (a float32 sum
-    of a bool tensor converts every element first, and a channels-last input reduced into a planar result
-    is ~4× slower again)."""
-    dims = sorted(range(1, flags.dim()), key=flags.stride, reverse=True)
-    inverse = [0] * flags.dim()
-    for position, dim in enumerate((0, *dims)):
-        inverse[dim] = position
-    count_dtype = torch.uint8 if flags.shape[0] <= torch.iinfo(torch.uint8).max else torch.int32
-    counts = flags.permute(0, *dims).view(torch.uint8).sum(0, keepdim=True, dtype=count_dtype)
-    return counts.to(torch.float32).permute(inverse)
 
 
 def _pad_lon_circular(x: torch.Tensor, pad: int) -> torch.Tensor:
@@ -188,325 +87,6 @@ def _pad_lon_circular(x: torch.Tensor, pad: int) -> torch.Tensor:
 def is_channels_last(x: torch.Tensor) -> bool:
     """True for a 4-d tensor laid out channels-last and not also contiguous (C = 1 or H = W = 1 are both)."""
     return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-
-
-def misrouted_mask(error: torch.Tensor, quantile: float, tolerance: float = 0.0) -> torch.Tensor:
-    """Flag selections whose error exceeds the per-sample ``quantile`` of the errors plus ``tolerance``.
-
-    ``error``: (B, E, H, W) non-negative error magnitudes of the selected slots.
-    Returns a bool tensor of the same shape; True = incorrect routing. The threshold is the lower
-    q-quantile (n = E·H·W), so ties at the threshold count as correct; ``tolerance`` keeps a sample
-    whose errors are all tiny from flagging anything (the reference code uses 1e-5 for the RC labels).
-    """
-    return error > quantile_threshold(error, quantile, nonnegative=True) + tolerance
-
-
-def batch_flagged_fraction_cpu(grad_y: torch.Tensor, quantile: float, tolerance: float) -> torch.Tensor | None:
-    """RC flags of a shared routing (G = 1) counted over the batch, in one numpy pass per step of the chain.
-
-    ``grad_y``: dL/dy of the selected slots, (B, E, 1, H, W) float32, contiguous, on the CPU, 1 < B ≤ 255;
-    ``tolerance``: the absolute slack in error-signal units. Returns the fraction of the B samples whose error
-    |dL/dy| exceeds their per-sample lower ``quantile`` plus ``tolerance``, (1, E, H, W) float32: bitwise
-    ``_count_batch(misrouted flags) / B`` of the general path (tested), or None where that path must run
-    (another dtype, layout, device, F > 1, a subsampled quantile, fake or traced tensors).
-
-    Written out in numpy because the torch chain it replaces (abs, quantile, a broadcast ``>``, a batch count)
-    costs ~2.5× as much on CPU at the U-Net's level 0 (8 × 16 × 32 × 64): torch's broadcast comparison alone
-    took 0.33 ms where numpy's takes 0.02 ms. |g| is the sign bit cleared (what ``abs`` does, NaN included);
-    the comparison is IEEE (NaN never flagged), as in the general path.
-    """
-    b = grad_y.shape[0]
-    n = math.prod(grad_y.shape[1:])
-    if not (NUMPY_QUANTILE and type(grad_y) is torch.Tensor and grad_y.device.type == "cpu"
-            and grad_y.dtype == torch.float32 and grad_y.dim() == 5 and grad_y.shape[2] == 1
-            and 1 < b <= _UINT8_MAX and n <= EXACT_QUANTILE_MAX and grad_y.is_contiguous()
-            and not grad_y.requires_grad and not torch.compiler.is_compiling()):
-        return None
-    _, e, _, h, w = grad_y.shape
-    magnitude = np.bitwise_and(grad_y.numpy().reshape(b, n).view(np.int32), np.int32(0x7FFFFFFF))
-    k = min(max(math.ceil(quantile * n), 1), n)
-    # the k-th smallest magnitude per sample: non-negative IEEE floats order as their bits do as integers
-    threshold = np.partition(magnitude, k - 1, axis=1)[:, k - 1].view(np.float32)
-    # + tolerance in torch's float32 arithmetic, as the general path adds it
-    limit = (torch.from_numpy(np.ascontiguousarray(threshold)) + tolerance).numpy()
-    flagged = np.greater(magnitude.view(np.float32), limit[:, None])
-    counts = flagged.view(np.uint8).sum(axis=0, dtype=np.uint8)
-    return torch.from_numpy(counts).to(torch.float32).div_(b).view(1, e, h, w)
-
-
-def routing_labels(wrong: torch.Tensor, idx: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """RC labels (paper §2.2) from the misrouting flags of the selected slots.
-
-    ``wrong``: (G, E, H, W) in [0, 1] (a fraction when averaged over a batch), ``idx``: (G, E, H, W)
-    selected expert indices. Unselected experts get num_wrong/(|E|−E); selected ones 1 − wrong.
-    Returns (G, |E|, H, W).
-    """
-    g, e, h, w = wrong.shape
-    labels = _unselected_label(wrong, num_experts).expand(g, num_experts, h, w).clone()
-    return labels.scatter_(1, idx, 1.0 - wrong)
-
-
-def _unselected_label(wrong: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """The RC label of every unselected expert, num_wrong/(|E|−E): (G, 1, H, W) from ``wrong`` (G, E, H, W)."""
-    unselected = num_experts - wrong.shape[1]
-    return wrong.sum(1, keepdim=True) / unselected if unselected > 0 else torch.zeros_like(wrong[:, :1])
-
-
-def rc_gate_gradient(sigmoid: torch.Tensor, wrong: torch.Tensor, idx: torch.Tensor, num_experts: int,
-                     flat: torch.Tensor | None = None) -> torch.Tensor:
-    """sigmoid(z) − :func:`routing_labels`, bitwise, without building the (G, |E|, H, W) label tensor: the
-    unselected experts' label is one value per location, subtracted by broadcasting, and the E selected
-    slots are overwritten with sigmoid − (1 − wrong). ``sigmoid``: (G, |E|, H, W). Returns a new tensor.
-    ``flat`` (G = 1, contiguous ``sigmoid`` and ``wrong``): the selected slots' positions in (|E|, H, W),
-    :func:`~smoeweather.nn.gates.flat_expert_index` of ``idx[0]``; a 1-d index_select / index_copy_ with it moves
-    the same values ~1.4× faster than gather / scatter_ along dim 1 on CPU."""
-    grad = sigmoid - _unselected_label(wrong, num_experts)
-    if flat is None:
-        return grad.scatter_(1, idx, sigmoid.gather(1, idx) - (1.0 - wrong))
-    selected = sigmoid.reshape(-1).index_select(0, flat).view(wrong.shape) - (1.0 - wrong)
-    grad.view(-1).index_copy_(0, flat, selected.view(-1))
-    return grad
-
-
-def _rc_loss_sums(z: torch.Tensor, idx: torch.Tensor, memo: Callable[..., Any],
-                  key: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The per-gate terms of :func:`rc_loss_mean` for scores ``z`` (G, |E|, H, W), memoised under ``key``."""
-    return (memo((*key, "softplus_sum"), lambda: F.softplus(z).sum(), values=True),
-            memo((*key, "z_expert_sum"), lambda: z.sum(1, keepdim=True), values=True),
-            memo((*key, "z_selected"), lambda: z.gather(1, idx), values=True))
-
-
-def _selection_rc_loss(selection: Selection, wrong: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """:func:`rc_loss_mean` of a shared selection, from its snapshot of the gate's weight (read after the step)."""
-    z = selection.scores.unsqueeze(0).float()
-    sums = _rc_loss_sums(z, selection.idx, selection.memo, ("rc_loss_snapshot",))
-    return rc_loss_mean(*sums, wrong, selection.idx, num_experts, z.numel())
-
-
-def flagged_fraction(wrong: torch.Tensor) -> torch.Tensor:
-    """Fraction of True in the misrouting flags ``wrong`` (any shape), float32 scalar."""
-    return torch.count_nonzero(wrong).to(torch.float32) / wrong.numel()
-
-
-def label_information(wrong: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Share of locations whose flagged fraction (mean of ``wrong`` (G, E, H, W) over G and the slots) differs
-    from 1 − q by more than 0.1: where the RC labels say more than "1 − q of the slots are wrong"."""
-    p_flagged = wrong.mean(dim=(0, 1))
-    return ((p_flagged - (1.0 - quantile)).abs() > 0.1).float().mean()
-
-
-def rc_loss_mean(softplus_sum: torch.Tensor, z_expert_sum: torch.Tensor, z_selected: torch.Tensor,
-                 wrong: torch.Tensor, idx: torch.Tensor, num_experts: int, n: int) -> torch.Tensor:
-    """Mean BCE-with-logits of the RC labels, mean(softplus(z) − labels·z) over n = G·|E|·H·W, from per-gate
-    sums: ``softplus_sum`` Σ softplus(z) (scalar), ``z_expert_sum`` Σ_e z (G, 1, H, W), ``z_selected`` z at
-    ``idx`` (G, E, H, W). Σ labels·z = Σ base·Σ_e z + Σ_selected ((1 − wrong) − base)·z, with base the
-    unselected label, so only (G, E, H, W)-sized tensors are touched per layer (the value is logged, not
-    differentiated; it equals the direct mean up to float32 summation order)."""
-    base = _unselected_label(wrong, num_experts)
-    labelled = (base * z_expert_sum).sum() + (((1.0 - wrong) - base) * z_selected).sum()
-    return (softplus_sum - labelled) / n
-
-
-def _routing_backward(ctx: Any, grad_y: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor, need_slots: bool,
-                      need_scores: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The backward shared by the routing Functions. ``grad_y``: dL/dy (B, E, F, H, W); ``ctx``: ``layer``,
-    ``channels_last``, ``selection``. Returns dL/dy in the memory layout of ``ctx.channels_last``, the damped
-    slot gradient (``need_slots``, else None) and the gate's gradient: RC loss, straight-through (``need_scores``)."""
-    layer: SpatialMoE2d = ctx.layer
-    b, _, f, h, w = grad_y.shape
-    num_experts = layer.num_experts
-    g, e = idx.shape[:2]
-    channels_last = ctx.channels_last
-    # dL/dy in the memory layout the scatter reads (planar, or (B, H, W, E, F)); the elementwise ops
-    # below keep it, so nothing is copied again before the scatter (a no-op when already laid out so)
-    if channels_last:
-        grad_y = grad_y.permute(_TO_CHANNELS_LAST).contiguous().permute(_TO_CHANNELS_LAST)
-    else:
-        grad_y = grad_y.contiguous()
-    damp = layer.damping is not None and num_experts > e and need_slots
-    wrong = wrong_damp = error = wrong_g = None
-    # the tolerances are absolute errors in output units of a mean-reduced MSE, so they are converted to
-    # error-signal units (× 2/N × loss scale) instead of rescaling the (large) error tensor
-    to_signal = 2.0 * layer.loss_scale / grad_y.numel()
-    if layer.rc and need_scores and not damp and g == 1 and layer.rc_threshold == "sample":
-        # the common CPU case: the batch-counted flags straight from dL/dy (None where it does not apply)
-        wrong_g = batch_flagged_fraction_cpu(grad_y.detach(), layer.quantile, layer.tolerance * to_signal)
-    if (layer.rc or damp) and wrong_g is None:
-        # error = |dL/dy| per slot; the quantile itself is scale-free
-        error = _sum_slot_channels(grad_y.detach(), absolute=True)
-        if layer.rc_threshold == "slot":  # each slot (output plane) against its own spatial quantile
-            threshold = quantile_threshold(error.reshape(b * e, 1, h, w), layer.quantile,
-                                           nonnegative=True).view(b, e, 1, 1)
-        else:  # "sample": the paper's per-sample quantile over every slot and location
-            threshold = quantile_threshold(error, layer.quantile, nonnegative=True)
-        wrong = error > threshold + layer.tolerance * to_signal
-        if damp:
-            if layer.damping_quantile != layer.quantile:
-                threshold = quantile_threshold(error, layer.damping_quantile, nonnegative=True)
-            wrong_damp = error > threshold + layer.damping_tolerance * to_signal
-        if not (layer.rc and need_scores):  # else from the batch-counted flags below
-            layer.record_diagnostics(last_misrouted_fraction=flagged_fraction(wrong))
-
-    grad_slots = None
-    if need_slots:
-        grad_slots = grad_y
-        if wrong_damp is not None:
-            # 1 or damping per slot, written into the no longer needed error buffer when possible
-            reuse = error.dtype == grad_y.dtype and f == 1
-            factor = damping_factor(wrong_damp, layer.damping, grad_y.dtype, out=error if reuse else None)
-            grad_slots = factor.unsqueeze(2).mul_(grad_y) if f == 1 else grad_y * factor.unsqueeze(2)
-    grad_scores = None
-    if need_scores:
-        if layer.rc:
-            if wrong_g is None:  # (else counted above by batch_flagged_fraction_cpu, the same bits)
-                if g == 1 and b > 1:  # shared routing: mean of labels gives the exact mean-BCE gradient
-                    # fractions k/B, summed over the slots in routing_labels: contiguous, so that sum runs in
-                    # one order in every layout (a no-op for planar, a 1/B-sized copy for channels-last)
-                    wrong_g = _count_batch(wrong).div_(b).contiguous()
-                else:  # 0/1 values: sums exact in any order; contiguous for the RC loss value's sums
-                    wrong_g = wrong.to(torch.float32).contiguous()
-            z = scores.detach().float()
-            n = z.numel()  # that of the labels, (G, |E|, H, W)
-            memo = ctx.selection.memo if ctx.selection is not None else (lambda key, make, values=False: make())
-            key = ("rc", layer.gate_norm)
-            sigmoid = memo((*key, "sigmoid"), lambda: torch.sigmoid(z), values=True)
-            gate_flat = None
-            if ctx.selection is not None and g == 1 and z.is_contiguous():  # positions in (|E|, H, W)
-                planar_f1 = ctx.selection.out_per_expert == 1 and not ctx.selection.channels_last
-                gate_flat = ctx.selection.flat if planar_f1 else \
-                    ctx.selection.memo(("gate_flat",), lambda: flat_expert_index(idx[0], 1))
-            grad_scores = rc_gate_gradient(sigmoid, wrong_g, idx, num_experts, gate_flat)
-            grad_scores.mul_(layer.rc_weight * layer.loss_scale / n)
-            # logged values, computed when read: from the selection's snapshot of the gate's weight, or (no
-            # snapshot, or normalised scores) from per-gate sums taken now, as the gate is updated in place
-            if ctx.selection is not None and ctx.selection.scores is not None and layer.gate_norm == "none":
-                rc_loss = partial(_selection_rc_loss, ctx.selection, wrong_g, num_experts)
-            else:
-                rc_loss = partial(rc_loss_mean, *_rc_loss_sums(z, idx, memo, key), wrong_g, idx, num_experts, n)
-            layer.record_diagnostics(
-                last_rc_loss=rc_loss,
-                last_label_information=partial(label_information, wrong_g, layer.quantile),
-                last_misrouted_fraction=partial(torch.mean, wrong_g))
-        if grad_scores is None:
-            grad_scores = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
-        if layer.gate_gets_task_grad and not layer.weighted:
-            straight = _sum_slot_channels(grad_y.detach(), absolute=False)  # (B, E, H, W)
-            if g == 1:
-                straight = straight.sum(0, keepdim=True)
-            grad_scores.scatter_add_(1, idx, straight)
-        grad_scores = grad_scores.to(scores.dtype)
-    return grad_y, grad_slots, grad_scores
-
-
-class _RouteExperts(torch.autograd.Function):
-    """Gather the selected experts; in backward: damping, RC-loss gradient for the gate.
-
-    ``channels_last``: ``expert_out`` is laid out (B, H, W, |E|, F) in memory and ``flat`` (G = 1) indexes
-    that layout (:func:`~smoeweather.nn.gates.flat_expert_index_channels_last`); the output, logically
-    (B, E, F, H, W), is then laid out (B, H, W, E, F). Everything else is computed in logical coordinates,
-    so both layouts give the same values; only the gather/scatter and the memory layouts differ.
-
-    ``local_idx`` (G = 1): ``expert_out`` holds only the n experts selected somewhere, (B, n, F, H, W), and
-    ``local_idx`` is ``idx`` renumbered into them; ``flat`` then indexes that block. ``idx`` keeps the global
-    expert numbers for the RC labels.
-
-    ``selection``: the gate's :class:`~smoeweather.nn.gates.Selection` when the routing is the gate's cached
-    one; the RC loss's sigmoid and softplus of the scores are memoised in it, so layers sharing a gate compute
-    them once per step (same values, same bits).
-    """
-
-    @staticmethod
-    def forward(ctx, expert_out: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor,
-                layer: SpatialMoE2d, flat: torch.Tensor | None = None, channels_last: bool = False,
-                local_idx: torch.Tensor | None = None, selection: Selection | None = None) -> torch.Tensor:
-        # expert_out (B, |E| or n, F, H, W); scores (G, |E|, H, W); idx (G, E, H, W) -> y (B, E, F, H, W)
-        ctx.save_for_backward(scores, idx)
-        ctx.selection = selection
-        if local_idx is not None:
-            idx = local_idx
-        b, num_experts, f, h, w = expert_out.shape
-        e = idx.shape[1]
-        ctx.layer = layer
-        ctx.expert_shape = expert_out.shape
-        ctx.channels_last = channels_last
-        if channels_last:
-            source = expert_out.permute(_TO_CHANNELS_LAST)  # (B, H, W, |E|, F), contiguous from apply_experts
-            if not source.is_contiguous():
-                source = source.contiguous()
-            if idx.shape[0] == 1:  # one gather: every pixel reads its E slots from its |E|·F chunk
-                ctx.flat = flat_expert_index_channels_last(idx[0], num_experts, f) if flat is None else flat
-                y = source.reshape(b, -1).index_select(1, ctx.flat).view(b, h, w, e, f)
-            else:
-                y = source.gather(3, idx.permute(0, 2, 3, 1).unsqueeze(4).expand(b, h, w, e, f))
-            return y.permute(_TO_CHANNELS_LAST)
-        if idx.shape[0] == 1:
-            # shared routing: one flat index for every sample; index_select is ~5× faster than a gather
-            # with a batch-expanded index on CPU (and no slower on GPU)
-            ctx.flat = flat_expert_index(idx[0], f) if flat is None else flat
-            return expert_out.reshape(b, -1).index_select(1, ctx.flat).view(b, e, f, h, w)
-        return expert_out.gather(1, idx.unsqueeze(2).expand(b, e, f, h, w))
-
-    @staticmethod
-    def backward(ctx, grad_y: torch.Tensor):
-        scores, idx = ctx.saved_tensors
-        b, computed, f, h, w = ctx.expert_shape  # computed: the experts in the forward's block (|E| or n)
-        num_experts = ctx.layer.num_experts
-        g, e = idx.shape[:2]
-        channels_last = ctx.channels_last
-        grad_y, grad_slots, grad_scores = _routing_backward(ctx, grad_y, scores, idx, ctx.needs_input_grad[0],
-                                                            ctx.needs_input_grad[1])
-        grad_expert = None
-        if grad_slots is not None:
-            if channels_last:
-                source = grad_slots.permute(_TO_CHANNELS_LAST)  # (B, H, W, E, F)
-                if g == 1:
-                    grad_expert = grad_y.new_zeros(b, h * w * computed * f)
-                    grad_expert.index_add_(1, ctx.flat, source.reshape(b, -1))  # indices unique: a copy
-                    grad_expert = grad_expert.view(b, h, w, computed, f)
-                else:
-                    index = idx.permute(0, 2, 3, 1).unsqueeze(4).expand(b, h, w, e, f)
-                    grad_expert = grad_y.new_zeros(b, h, w, num_experts, f).scatter_(3, index, source)
-                grad_expert = grad_expert.permute(_TO_CHANNELS_LAST)
-            elif g == 1:
-                grad_expert = grad_y.new_zeros(b, computed * f * h * w)
-                grad_expert.index_add_(1, ctx.flat, grad_slots.reshape(b, -1))  # indices unique: a copy
-                grad_expert = grad_expert.view(ctx.expert_shape)
-            else:
-                index = idx.unsqueeze(2).expand(b, e, f, h, w)
-                grad_expert = grad_y.new_zeros(ctx.expert_shape).scatter_(1, index, grad_slots)
-
-        return grad_expert, grad_scores, None, None, None, None, None, None
-
-
-class _RouteBlock(torch.autograd.Function):
-    """The selected slots from the leaf outputs of a :class:`~smoeweather.nn.selected.SelectedPlan` (B, N); in
-    backward the routing's (damping, RC-loss gradient for the gate) and the slots' gradient put back in place.
-    ``flat``: the plan's slot positions, ordered (E, F, H, W), or (H, W, E, F) when ``channels_last`` (the output
-    is then laid out (B, H, W, E, F), as :class:`_RouteExperts` lays it out)."""
-
-    @staticmethod
-    def forward(ctx, block: torch.Tensor, scores: torch.Tensor, idx: torch.Tensor, layer: SpatialMoE2d,
-                flat: torch.Tensor, channels_last: bool, selection: Selection | None) -> torch.Tensor:
-        ctx.save_for_backward(scores, idx)
-        ctx.layer, ctx.flat, ctx.channels_last, ctx.selection = layer, flat, channels_last, selection
-        ctx.block_size = block.shape[1]
-        b, (_, e, h, w), f = block.shape[0], idx.shape, layer.out_per_expert
-        y = block.index_select(1, flat)
-        if channels_last:
-            return y.view(b, h, w, e, f).permute(_TO_CHANNELS_LAST)
-        return y.view(b, e, f, h, w)
-
-    @staticmethod
-    def backward(ctx, grad_y: torch.Tensor):
-        scores, idx = ctx.saved_tensors
-        _, grad_slots, grad_scores = _routing_backward(ctx, grad_y, scores, idx, ctx.needs_input_grad[0],
-                                                       ctx.needs_input_grad[1])
-        grad_block = None
-        if grad_slots is not None:  # laid out as ``flat`` orders the slots: a view
-            source = grad_slots.permute(_TO_CHANNELS_LAST) if ctx.channels_last else grad_slots
-            b = source.shape[0]
-            grad_block = source.new_zeros(b, ctx.block_size).index_add_(1, ctx.flat, source.reshape(b, -1))
-        return grad_block, grad_scores, None, None, None, None, None
 
 
 class SpatialMoE2d(nn.Module):
