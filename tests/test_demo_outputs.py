@@ -65,3 +65,37 @@ def test_routing_legend_pools_the_smaller_experts_as_a_class_of_its_own() -> Non
     assert handles[-1].get_label() == "10 smaller experts, pooled (33.3%)"
     assert handles[-1].get_hatch() == "///"
     assert mapped.max() == 20 and cmap.colors[20] == (0.55, 0.55, 0.55)
+
+
+def test_closing_summary_is_short_and_holds_the_headline_scores(tmp_path: Path) -> None:
+    """The demo's last printout: RMSE and ACC of both networks and both references at 72 h and 120 h, read
+    from scores.json, and the paths of INDEX.md, the full tables and the figures; the rest stays in files."""
+    import json
+
+    from smoeweather.experiments.demo import summary
+
+    out = tmp_path / "demo"
+    plan = plan_demo(out, steps=3)
+    methods = ["dense", "smoe_prior", "persistence", "climatology"]
+    fields = ["geopotential_500", "temperature_850"]
+    value = {(m, f, lead): 100.0 * i + 10.0 * j + k for i, m in enumerate(methods) for j, f in enumerate(fields)
+             for k, lead in enumerate(["72h", "120h"])}
+    scores = {m: {metric: {f: {lead: (value[m, f, lead] if metric == "rmse" else 0.5 + value[m, f, lead] / 1e3)
+                               for lead in ("72h", "120h")} for f in fields} for metric in ("rmse", "acc", "bias")}
+              for m in methods}
+    (out / "scores").mkdir(parents=True)
+    (out / "scores" / "scores.json").write_text(json.dumps(
+        {"scores": scores, "units": {"geopotential_500": "m² s⁻²", "temperature_850": "K"}}))
+    (out / "maps" / "scores").mkdir(parents=True)
+    (out / "maps" / "scores" / "rmse.png").write_bytes(b"png")
+    text = summary(plan, out / INDEX, 812.4)
+    lines = text.splitlines()
+    assert len(lines) <= 40 and lines[0].startswith("smoe demo: done in 812 s.")
+    assert ("| RMSE | geopotential_500 72h [m² s⁻²] | geopotential_500 120h [m² s⁻²] | temperature_850 72h [K] | "
+            "temperature_850 120h [K] |") in lines
+    assert "| smoe_prior | 100 | 101 | 110 | 111 |" in lines  # RMSE row: value[m, f, lead] in field-lead order
+    assert "| climatology | 0.8 | 0.801 | 0.81 | 0.811 |" in lines  # ACC row
+    assert "BIAS" not in text and "bias" in text  # other metrics are named, not tabled
+    assert f"What every file is and how to read it: {out / INDEX}" in lines
+    assert f"  {out / 'scores' / 'scores.md'}" in lines and f"  {out / 'ensemble' / 'scores' / 'scores.md'}" in lines
+    assert f"  {out / 'maps' / 'scores'}/ (1 PNG)" in lines and f"  {out / 'maps' / 'routing'}/ (0 PNG)" in lines

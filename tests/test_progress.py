@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dask.array as da
 import numpy as np
+import torch
 from test_postprocess_cli import gcm_ens_like
 
 from pipelines.compute import compute
@@ -71,3 +72,50 @@ def test_piped_postprocess_fit_log_has_no_redraws(tmp_path: Path) -> None:
     assert "\r" not in log, log
     assert (tmp_path / "emos.nc").is_file()
     assert len(log.splitlines()) < 40, log
+
+
+def test_piped_long_stage_prints_a_line_every_few_percent() -> None:
+    out = io.StringIO()
+    bar = progress_bar(200, "smoe train", unit="step", stream=out, every_percent=10)
+    bar.set_postfix(train_loss=0.5)
+    for _ in range(200):
+        bar.update()
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert lines[0] == "smoe train (200 step) ..." and lines[-1].startswith("smoe train: done, 200 step in ")
+    middle = lines[1:-1]  # 10 %, 20 %, ..., 90 %: the done line stands for 100 %
+    assert [line.split(" (")[0] for line in middle] == [f"smoe train: {n}/200 step" for n in range(20, 200, 20)]
+    assert all(line.endswith(", train_loss 0.5") and f"({10 * (i + 1)}%)" in line for i, line in enumerate(middle))
+    jumps = io.StringIO()
+    bar = progress_bar(200, "x", stream=jumps, every_percent=5)
+    bar.update(150)  # one jump over 15 thresholds: one line, not 15
+    bar.close()
+    assert len(jumps.getvalue().splitlines()) == 3 and "150/200 it (75%)" in jumps.getvalue()
+
+
+def test_piped_training_prints_step_lines_epoch_lines_and_done(capsys) -> None:
+    from types import SimpleNamespace
+
+    from smoeweather.training.callbacks import PipedProgress
+
+    trainer = SimpleNamespace(is_global_zero=True, num_training_batches=10, max_epochs=-1, max_steps=40,
+                              global_step=0, current_epoch=0, callback_metrics={"train_loss": torch.tensor(0.25)})
+    callback = PipedProgress(every_percent=5)
+    callback.on_train_start(trainer, None)
+    for step in range(1, 41):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, None, None, step - 1)
+        if step % 10 == 0:
+            callback.on_train_epoch_end(trainer, None)
+            trainer.current_epoch += 1
+    callback.on_train_end(trainer, None)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "smoe train (40 step) ..." and lines[-1].startswith("smoe train: done, 40 step in ")
+    steps = [line for line in lines if line.startswith("smoe train: ") and "%)" in line]
+    assert len(steps) == 19 and steps[0].startswith("smoe train: 2/40 step (5%), ")  # every 5 %, not at 100 %
+    assert steps[-1].endswith("train_loss 0.25")
+    assert [line for line in lines if line.startswith("epoch ")][-1] == "epoch 3: step 40, train_loss 0.25"
+    assert PipedProgress.total_steps(SimpleNamespace(num_training_batches=10, max_epochs=3, max_steps=-1)) == 30
+    assert PipedProgress.total_steps(SimpleNamespace(num_training_batches=float("inf"), max_epochs=3,
+                                                     max_steps=-1)) is None

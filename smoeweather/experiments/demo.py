@@ -4,8 +4,9 @@ default world (synthetic, 5.625°) → train the dense ResNet and the SMoE ResNe
 (equal optimizer steps) → forecast 3 and 5 days on the held-out year → score against persistence and
 day-of-year climatology → post-process a small synthetic ensemble (EMOS per grid point: fit on 2002,
 apply to 2003, with ECC-Q calibrated members) → maps of the learned routing, score curves, a forecast map
-and the EMOS coefficients. Prints the scores tables and the paths of the PNGs, and writes ``INDEX.md`` into
-the output folder: what every file is and how to read it.
+and the EMOS coefficients. Writes ``INDEX.md`` into the output folder (what every file is and how to read it)
+and prints a short summary: the headline RMSE/ACC table and the paths of INDEX.md, the score tables and the
+figure folders (:func:`summary`).
 
 Every step is a ``smoe`` command (see :data:`DemoPlan.commands`), so the demo doubles as a worked example.
 Budgets are optimizer steps, never wall-clock time: the numbers do not depend on how busy the machine is.
@@ -19,6 +20,7 @@ oneDNN/MKL and the last digits can differ; see docs/guide/results-reading.md for
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -38,6 +40,8 @@ TRAIN_YEARS = ("2000", "2001")
 BEST = "best-*.ckpt"  # `smoe train` names its best checkpoint best-<epoch>.ckpt; resolved when the step runs
 DEMO_THREADS = 2  # intra-op threads of every step: reductions split the same way on every machine
 INDEX = "INDEX.md"
+HEADLINE_METRICS = ("rmse", "acc")  # the closing printout's tables (everything else: scores/scores.md)
+HEADLINE_LEADS = ("72h", "120h")
 
 # What each output is, for INDEX.md (relative to the output folder; folders end in "/").
 DESCRIPTIONS: dict[str, str] = {
@@ -220,14 +224,39 @@ def run_demo(out: Path, steps: int = 362, threads: int = DEMO_THREADS) -> int:
             print(f"smoe demo: step {i} failed (exit {rc}): smoe {shlex.join(argv)}")
             return rc
     index = write_index(out)
-    print(f"\nsmoe demo: done in {time.perf_counter() - started:.0f} s; what each file is: {index}\n")
-    for table in plan.tables:
-        print(f"## {table}\n\n{table.read_text()}")
-    print("PNG files:")
-    for folder in plan.pngs:
-        for png in sorted(Path(folder).rglob("*.png")):
-            print(f"  {png}")
+    print("\n" + summary(plan, index, time.perf_counter() - started), end="")
     return 0
+
+
+def _headline_table(scores: dict, units: dict[str, str], metric: str) -> list[str]:
+    """Markdown rows of one metric from scores.json's ``scores`` block: methods × (field, lead)."""
+    fields = list(next(iter(scores.values()))[metric])
+    cols = [(f, lead) for f in fields for lead in HEADLINE_LEADS]
+    unit = lambda f: "" if metric == "acc" else f" [{units.get(f, '?')}]"  # noqa: E731
+    lines = [f"| {metric.upper()} | " + " | ".join(f"{f} {lead}{unit(f)}" for f, lead in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for method, table in scores.items():
+        values = [table.get(metric, {}).get(f, {}).get(lead) for f, lead in cols]
+        lines.append(f"| {method} | " + " | ".join("–" if v is None else f"{v:.4g}" for v in values) + " |")
+    return lines
+
+
+def summary(plan: DemoPlan, index: Path, seconds: float) -> str:
+    """The demo's closing printout (under 40 lines): the headline RMSE and ACC of both networks, persistence and
+    climatology at 72 h and 120 h (global, held-out 2003, from ``scores/scores.json``), and where everything
+    else is: INDEX.md, the full score tables (every metric and region, post-processing) and the figure folders."""
+    scores_json = plan.tables[0].with_suffix(".json")
+    written = json.loads(scores_json.read_text())
+    lines = [f"smoe demo: done in {seconds:.0f} s. Scores on the held-out year 2003, global "
+             "(RMSE: lower is better; ACC: 1 is perfect, above 0.6 is useful):", ""]
+    for metric in HEADLINE_METRICS:
+        lines += [*_headline_table(written["scores"], written.get("units", {}), metric), ""]
+    lines += [f"What every file is and how to read it: {index}",
+              "Every score (bias, CRPS, land and sea regions, spectra; the post-processing table):",
+              *(f"  {table}" for table in plan.tables), "Figures:"]
+    for folder in plan.pngs:
+        lines.append(f"  {folder}/ ({len(list(Path(folder).rglob('*.png')))} PNG)")
+    return "\n".join(lines) + "\n"
 
 
 def _resolve_best(arg: str) -> str:

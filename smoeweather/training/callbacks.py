@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Checkpoint
 
+from pipelines.progress import StageLines
 from smoeweather.io import write_text
 
 
@@ -131,16 +133,52 @@ class LastCheckpoint(Checkpoint):
         self._save(trainer)
 
 
-class EpochLines(L.Callback):
-    """Progress of a piped run (see :mod:`pipelines.progress`): one line per epoch on stderr, in place of
-    Lightning's bar, whose carriage-return redraws flood a log file."""
+class PipedProgress(L.Callback):
+    """Progress of a piped run, in the style of :mod:`pipelines.progress` (stderr, no carriage-return redraws,
+    which flood a log file): ``smoe train (N step) ...`` at the start, a line each ``every_percent`` of the
+    optimizer steps (with the last train loss), a line per epoch (train and validation loss), and
+    ``smoe train: done, N step in T s`` at the end. On a terminal, Lightning's own bar is used instead."""
+
+    def __init__(self, every_percent: float = 5.0) -> None:
+        self.every_percent, self.bar = every_percent, None
+
+    @staticmethod
+    def total_steps(trainer: L.Trainer) -> int | None:
+        """Optimizer steps the fit will take at most: ``max_steps``, else ``max_epochs`` × batches per epoch
+        (None when neither bounds it)."""
+        batches, epochs = trainer.num_training_batches, trainer.max_epochs
+        by_epochs = (int(epochs * batches) if epochs is not None and epochs > 0 and batches not in (None, float("inf"))
+                     else None)
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            return min(trainer.max_steps, by_epochs) if by_epochs else trainer.max_steps
+        return by_epochs
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.bar = StageLines(self.total_steps(trainer), "smoe train", "step", sys.stderr, self.every_percent)
+        if trainer.global_step:  # a resumed run starts where its checkpoint stopped
+            self.bar.update(trainer.global_step)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.bar is None or trainer.global_step <= self.bar.n:
+            return
+        loss = trainer.callback_metrics.get("train_loss")
+        if loss is not None:
+            self.bar.set_postfix(train_loss=float(loss))
+        self.bar.update(trainer.global_step - self.bar.n)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        import sys
-
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("train_loss", "val_loss")}
         shown = ", ".join(f"{k} {v:.6g}" for k, v in sorted(metrics.items()))
         print(f"epoch {trainer.current_epoch}: step {trainer.global_step}" + (f", {shown}" if shown else ""),
               file=sys.stderr, flush=True)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

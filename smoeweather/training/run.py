@@ -38,8 +38,8 @@ from smoeweather.models.checkpoint_io import read_checkpoint
 from smoeweather.models.loader import canonical_task, check_checkpoint
 from smoeweather.training.callbacks import (
     BatchSeed,
-    EpochLines,
     LastCheckpoint,
+    PipedProgress,
     SamplesPerSecond,
     SaveResolvedConfig,
 )
@@ -127,9 +127,9 @@ def build_trainer(
         *(extra_callbacks or []),
     ]
     tcfg = {"enable_model_summary": False, **cfg.trainer}
-    if "enable_progress_bar" not in tcfg and not interactive():  # piped: a line per epoch, not a redrawn bar
+    if "enable_progress_bar" not in tcfg and not interactive():  # piped: lines, not a redrawn bar
         tcfg["enable_progress_bar"] = False
-        callbacks.append(EpochLines())
+        callbacks.append(PipedProgress())
     return L.Trainer(
         default_root_dir=output_dir, callbacks=callbacks, logger=CSVLogger(output_dir, name="logs"), **tcfg
     )
