@@ -122,14 +122,16 @@ def frontier_cost(measured: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def verdicts(study: dict[str, Any], metric: str) -> dict[str, dict[str, Any]]:
-    """Per SMoE arm: its paired difference to the dense frontier at equal time, FLOPs and parameters."""
+def verdicts(study: dict[str, Any], metric: str, frontier: str = "dense", score: str | None = None
+             ) -> dict[str, dict[str, Any]]:
+    """Per arm off the ``frontier`` family: its paired difference to that frontier at equal time, FLOPs and
+    parameters, on the study's main score or ``score``."""
     from smoeweather.plotting.frontier import frontier_table, load_arms
 
     out: dict[str, dict[str, Any]] = {}
     for cost in ("time", "flops", "params"):
-        arms, _ = load_arms([study], cost, metric)
-        for row in frontier_table(arms):
+        arms, _ = load_arms([study], cost, metric, frontier, score)
+        for row in frontier_table(arms, frontier=frontier):
             out.setdefault(row["arm"], {})[cost] = {k: row.get(k) for k in ("cost", "mean", "lo", "hi", "n")}
     return out
 
@@ -166,38 +168,46 @@ def markdown(report: dict[str, Any]) -> str:
              "rounds, median); an SMoE arm's frontier cost is its faster expert path's. Paired difference arm − "
              "dense frontier at the arm's cost (score units, lower score is better, so negative = beyond the "
              "frontier), mean [95 % t-interval over seeds]; **bold** where the interval excludes zero.", "",
-             "| study | metric | SMoE arm | step ratio before | used | selected | − frontier at time, before | "
-             "now | at FLOPs | at params |", "|---|---|---|---:|---:|---:|---|---|---|---|"]
+             "| study | metric | frontier | SMoE arm | step ratio before | used | selected | − frontier at time, "
+             "before | now | at FLOPs | at params |", "|---|---|---|---|---:|---:|---:|---|---|---|---|"]
     for name, s in report["studies"].items():
         for row in s["rows"].values():
-            lines.append(f"| {name} | {row['metric']} | {row['arm']} | {row['before']:.2f} | {row['used']:.2f} | "
+            lines.append(f"| {name} | {row['metric']} | {row['frontier']} | {row['arm']} | {row['before']:.2f} | "
+                         f"{row['used']:.2f} | "
                          f"{row['selected']:.2f} | {iv(row['verdict_before'].get('time'))} | "
                          f"{iv(row['verdict_now'].get('time'))} | {iv(row['verdict_now'].get('flops'))} | "
                          f"{iv(row['verdict_now'].get('params'))} |")
     return "\n".join(lines) + "\n"
 
 
-def study_report(name: str, measured: dict[str, Any], write: bool) -> dict[str, Any]:
-    """Replace the study's cost, re-draw its figures and compare the verdicts before and now."""
+def study_report(name: str, measured: dict[str, Any] | None, write: bool) -> dict[str, Any]:
+    """Replace the study's cost (``measured``; None: the study JSON already holds the re-measured cost and the
+    previous one as ``cost_previous``), re-draw its figures and compare the verdicts before and now, for every
+    frontier (family, score) its figures draw."""
     path = STUDIES / f"{name}.json"
     study = json.loads(path.read_text())
-    new = {**study, "cost": frontier_cost(measured), "cost_previous": study["cost"]}
-    metrics = sorted({spec["metric"] for _, spec in frontier_specs(name)
-                      if spec.get("frontier", "dense") == "dense" and spec.get("score", "main") == "main"})
+    if measured is None:
+        old, new = {**study, "cost": study["cost_previous"]}, study
+    else:
+        old, new = study, {**study, "cost": frontier_cost(measured), "cost_previous": study["cost"]}
+    views = sorted({(spec["metric"], spec.get("frontier", "dense"), spec.get("score", "main"))
+                    for _, spec in frontier_specs(name)})
     rows: dict[str, dict[str, Any]] = {}
-    for metric in metrics:
-        before, now = verdicts(study, metric), verdicts(new, metric)
+    for metric, frontier, score in views:
+        main = None if score == "main" else score
+        before, now = verdicts(old, metric, frontier, main), verdicts(new, metric, frontier, main)
         for arm, row in new["cost"]["arms"].items():
             if "path" in row and arm in now:
-                rows[f"{metric} {arm}"] = {
-                    "metric": metric, "arm": arm, "before": study["cost"]["arms"][arm]["train_step_ratio"],
+                rows[f"{metric} {frontier} {score} {arm}"] = {
+                    "metric": metric if score == "main" else f"{metric} ({score})", "frontier": frontier,
+                    "arm": arm, "before": old["cost"]["arms"][arm]["train_step_ratio"],
                     "used": row["used"]["train_step_ratio"], "selected": row["selected"]["train_step_ratio"],
                     "path": row["path"], "verdict_before": before.get(arm, {}), "verdict_now": now.get(arm, {})}
     drawn = []
-    if write:
+    if write and measured is not None:
         path.write_text(json.dumps(new, indent=2, default=str) + "\n")
         drawn = redraw(name, path)
-    return {"rows": rows, "figures": drawn, "seconds": measured["seconds"]}
+    return {"rows": rows, "figures": drawn, "seconds": (measured or new["cost"]).get("seconds")}
 
 
 def main() -> None:
@@ -205,7 +215,17 @@ def main() -> None:
     ap.add_argument("--studies", nargs="*", default=None, help="study names (default: every frontier study)")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default: each study's own)")
     ap.add_argument("--no-write", action="store_true", help="measure and print only; change no committed file")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: rebuild the report from the study JSONs' cost and cost_previous "
+                         "(written by an earlier run)")
     args = ap.parse_args()
+    if args.report_only:
+        old = json.loads((RESULTS / "frontier_costs.json").read_text())
+        report = {**old, "studies": {name: study_report(name, None, False) for name in old["studies"]}}
+        (RESULTS / "frontier_costs.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (RESULTS / "frontier_costs.md").write_text(markdown(report))
+        print(markdown(report))
+        return
     report: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "load_at_start": [round(x, 2) for x in
                                                                                      os.getloadavg()],
                               "command": " ".join(sys.argv), "studies": {}}

@@ -3,7 +3,9 @@ reading its archive once, and its peak memory. A benchmark, not a test.
 
 Full run (the lead, on a quiet machine; about 19 GB of archive under --root, which is deleted afterwards):
 
-    nice -n 10 .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 365 --members 51 --root /scratch/pp1deg
+    .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 365 --members 51 --root /scratch/pp1deg
+    .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 365 --members 51 --root /scratch/pp1deg \
+        --cold --out-name postprocess_scale_1deg_cold    # as root: both steps read from disk, not the page cache
 
 Dry run (small, on a busy machine; numbers mean nothing):
 
@@ -48,8 +50,23 @@ with dask.config.set(scheduler="threads", num_workers=int(sys.argv[3])):
 """
 
 
-def measure(root: Path, threads: int, scheduler: str | None) -> dict[str, Any]:
-    """Read-once, then the per-grid-point fit; wall times and peak memory of each."""
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def drop_page_cache() -> None:
+    """Write the dirty pages out and drop the page cache, so the next step reads the archive from disk (root only)."""
+    os.sync()
+    try:
+        DROP_CACHES.write_text("1\n")
+    except OSError as err:
+        raise SystemExit(f"--cold needs root to write {DROP_CACHES} ({err}); run without --cold") from err
+
+
+def measure(root: Path, threads: int, scheduler: str | None, cold: bool = False) -> dict[str, Any]:
+    """Read-once, then the per-grid-point fit; wall times and peak memory of each. ``cold``: the page cache is
+    dropped before each, so both read the archive from disk."""
+    if cold:
+        drop_page_cache()
     read = run_tree([sys.executable, "-c", READ_ONCE, str(root / "ensemble.zarr"), str(root / "truth.zarr"),
                      str(threads)])
     fit = [sys.executable, "-m", "smoeweather", "postprocess", "fit", "--method", "emos", "--per-gridpoint",
@@ -57,7 +74,9 @@ def measure(root: Path, threads: int, scheduler: str | None) -> dict[str, Any]:
            "--out", str(root / "emos.nc"), "--overwrite", "--quiet"]
     if scheduler:
         fit += ["--scheduler", scheduler]
-    return {"read": read, "fit": run_tree(fit)}
+    if cold:
+        drop_page_cache()
+    return {"read": read, "fit": run_tree(fit), "cold": cold}
 
 
 def summary(archive: dict[str, Any], m: dict[str, Any], deg: float) -> dict[str, Any]:
@@ -80,7 +99,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"# Per-grid-point EMOS fit vs reading the archive once ({a['grid']}, {a['members']} members, "
         f"{a['starts']} inits)", "",
         f"Machine: {r['machine']}; load average at start {r['load_at_start']}; RAM {r['ram_gb']:.0f} GB; archive "
-        f"{(a['ensemble_bytes'] + a['truth_bytes']) / GB:.2f} GB.", "",
+        f"{(a['ensemble_bytes'] + a['truth_bytes']) / GB:.2f} GB; "
+        + ("page cache dropped before the read and before the fit (both read from disk)."
+           if r["measure"].get("cold") else "page cache kept (the archive may be read from memory)."), "",
         "| step | wall s | peak GB |", "|---|---:|---:|",
         f"| read once | {r['measure']['read']['wall_s']:.1f} | {s['read_peak_gb']:.2f} |",
         f"| fit (per grid point) | {r['measure']['fit']['wall_s']:.1f} | {s['fit_peak_gb']:.2f} |", "",
@@ -99,6 +120,8 @@ def main() -> None:
     ap.add_argument("--scheduler", default=None, help="fit's --scheduler (default: its local cluster)")
     ap.add_argument("--root", type=Path, default=None, help="where the archive goes (default: a temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the archive")
+    ap.add_argument("--cold", action="store_true", help="drop the page cache before the read and before the fit "
+                                                        "(root only): both read the archive from disk")
     ap.add_argument("--out-name", default="postprocess_scale_1deg", help="results name under benchmarks/results")
     args = ap.parse_args()
     import psutil
@@ -110,7 +133,7 @@ def main() -> None:
                          "ram_gb": psutil.virtual_memory().total / GB, "command": " ".join(sys.argv)}
     try:
         r["archive"] = write_archive(root, args.starts, args.members, args.deg)
-        r["measure"] = measure(root, args.threads, args.scheduler)
+        r["measure"] = measure(root, args.threads, args.scheduler, args.cold)
         r["summary"] = summary(r["archive"], r["measure"], args.deg)
     finally:
         if not args.keep:
