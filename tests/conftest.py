@@ -1,4 +1,7 @@
-"""Shared test fixtures: seeds, paths to ../shared/data (skipped with a reason when absent)."""
+"""Shared test fixtures: seeds, float tolerances, paths to ../shared/data (skipped with a reason when absent),
+and the synthetic data many files read, built once per session (seeded, so every build is the same bytes).
+
+Session fixtures are read-only for the tests: a test that writes files puts them under its own ``tmp_path``."""
 
 from __future__ import annotations
 
@@ -44,3 +47,28 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"../shared/data not found at {SHARED_DATA} (only present in the project's CI)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def world_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """100 days of the default world from 2000-01-01 (seed 0, 400 six-hourly steps) as a canonical store,
+    statistics over all of it: the tiny world every training, forecast and evaluation test reads."""
+    from pipelines.prepare import write_store
+    from pipelines.world import simulate_world
+
+    path = tmp_path_factory.mktemp("world") / "world.zarr"
+    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
+    write_store(lambda: ds, path, args={"test": "world"}, train_years=None, source="test", time_chunk=8,
+                scheduler="synchronous", progress=False)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def gcm_ens_streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two years of a GCM-ensemble file in the ../shared/data/gcm_ens layout (24 inits, 4 members, 8 × 16):
+    ``a`` 2005 (seed 1), ``b`` 2006 (seed 2), for the post-processing networks' tests."""
+    from test_postprocess_networks import write_gcm_ens
+
+    folder = tmp_path_factory.mktemp("gcm_ens")
+    return {"a": write_gcm_ens(folder / "ens_2005.nc", "2005-01-01", seed=1),
+            "b": write_gcm_ens(folder / "ens_2006.nc", "2006-01-01", seed=2)}

@@ -11,10 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_postprocess_networks import REPO, write_gcm_ens
+from test_postprocess_networks import REPO
 
-from pipelines.prepare import write_store
-from pipelines.world import simulate_world
 from smoeweather.cli import main
 from smoeweather.models.checkpoint_io import UnsafeCheckpointError, plain, read_checkpoint
 from smoeweather.postprocess.neural import apply_checkpoint
@@ -43,11 +41,12 @@ def _train_args(out: Path, source: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A real post-processing checkpoint, its ensemble file, a tiny world store, and a crafted twin of the
+def setup(tmp_path_factory: pytest.TempPathFactory, gcm_ens_streams: dict[str, Path],
+          world_store: str) -> dict[str, Path]:
+    """A real post-processing checkpoint, its ensemble file, the tiny world store, and a crafted twin of the
     checkpoint whose metadata carries the payload (every weight and key otherwise genuine)."""
     tmp = tmp_path_factory.mktemp("ckpt_safety")
-    source = write_gcm_ens(tmp / "ens_2005.nc", "2005-01-01", inits=24, seed=1)
+    source = gcm_ens_streams["a"]  # 24 inits of 2005, seed 1
     assert main(_train_args(tmp / "run", source)) == 0
     good = tmp / "run" / "checkpoints" / "last.ckpt"
     marker = tmp / "code_ran"
@@ -55,10 +54,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ckpt["smoeweather"]["note"] = _Payload(marker)
     evil = tmp / "evil.ckpt"
     torch.save(ckpt, evil)
-    world = tmp / "world.zarr"
-    write_store(lambda: simulate_world((2000, 2000), seed=0, n_steps=40), world, args={"test": "safety"},
-                train_years=None, source="test", time_chunk=8, scheduler="synchronous", progress=False)
-    return {"good": good, "evil": evil, "marker": marker, "source": source, "world": world, "tmp": tmp}
+    return {"good": good, "evil": evil, "marker": marker, "source": source, "world": Path(world_store), "tmp": tmp}
 
 
 def _refused(setup: dict[str, Path], argv: list[str], capsys: pytest.CaptureFixture, written: Path) -> None:

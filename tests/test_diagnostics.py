@@ -12,8 +12,6 @@ import pandas as pd
 import pytest
 import torch
 
-from pipelines.prepare import write_store
-from pipelines.world import simulate_world
 from smoeweather.config import load_config
 from smoeweather.nn.gates import TensorRoutingGate
 from smoeweather.nn.smoe import SpatialMoE2d
@@ -76,15 +74,6 @@ def test_error_scale_matches_the_layers_own_labels(tolerance: float) -> None:
         assert flagged <= no_tol
     if tolerance == 0.3:
         assert flagged < no_tol  # O(1) errors: a 0.3 slack removes a visible share of the flags
-
-
-@pytest.fixture(scope="module")
-def world_store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("world") / "world.zarr"
-    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
-    write_store(lambda: ds, path, args={"test": "diagnostics"}, train_years=None, source="test", time_chunk=8,
-                scheduler="synchronous", progress=False)
-    return str(path)
 
 
 def test_callback_in_training_logs_every_layer(world_store: str, tmp_path: Path) -> None:

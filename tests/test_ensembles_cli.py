@@ -15,8 +15,6 @@ import properscoring
 import pytest
 import xarray as xr
 
-from pipelines.prepare import write_store
-from pipelines.world import simulate_world
 from smoeweather.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,20 +31,10 @@ def _smoe(*args: str) -> str:
     return out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """100 days of the default world from 2000-01-01 (statistics over all of it)."""
-    path = tmp_path_factory.mktemp("w") / "world.zarr"
-    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
-    write_store(lambda: ds, path, args={"test": "ensembles"}, train_years=None, source="test", time_chunk=8,
-                scheduler="synchronous", progress=False)
-    return str(path)
-
-
-def _train(config: str, world: str, out: Path, *extra: str) -> Path:
+def _train(config: str, world_store: str, out: Path, *extra: str) -> Path:
     """`smoe train` of a GCM ensemble config on the tiny world: 2 steps, width 4, one block."""
     _smoe("train", "--config", str(REPO / "configs" / "weatherbench" / f"{config}.yaml"),
-          f"output_dir={out}", f"data.store={world}", "data.sources=null", "data.store_variables=null",
+          f"output_dir={out}", f"data.store={world_store}", "data.sources=null", "data.store_variables=null",
           "data.statistics_years=null", f"data.variables={VARIABLES}", "data.batch_size=4",
           "data.train_period=[2000-01-01, 2000-02-29T18:00]", "data.valid_period=[2000-03-01, 2000-03-20]",
           "data.test_period=[2000-03-21, 2000-04-09]", "data.lead_choices_h=[24, 48]", "model.width=4",
@@ -56,35 +44,35 @@ def _train(config: str, world: str, out: Path, *extra: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def e3(world: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _train("gcm_e3_crps", world, tmp_path_factory.mktemp("e3"))
+def e3(world_store: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train("gcm_e3_crps", world_store, tmp_path_factory.mktemp("e3"))
 
 
-def _forecast(ckpt: Path, world: str, out: Path) -> Path:
-    _smoe("forecast", str(ckpt), "--data", world, "--init", *TEST_INIT, "--lead", "24h", "48h", "--out", str(out),
+def _forecast(ckpt: Path, world_store: str, out: Path) -> Path:
+    _smoe("forecast", str(ckpt), "--data", world_store, "--init", *TEST_INIT, "--lead", "24h", "48h", "--out", str(out),
           "--no-progress")
     return out
 
 
-def _truth(world: str, fc: xr.Dataset, name: str, level: int) -> xr.DataArray:
-    truth = xr.open_zarr(world)[name].sel(level=level)
+def _truth(world_store: str, fc: xr.Dataset, name: str, level: int) -> xr.DataArray:
+    truth = xr.open_zarr(world_store)[name].sel(level=level)
     valid = fc["time"] + fc["prediction_timedelta"]
     return truth.sel(time=valid).drop_vars("time").assign_coords(time=fc["time"])
 
 
-def test_e3_forecast_evaluate_and_routing_per_member(e3: Path, world: str, tmp_path: Path) -> None:
-    fc_path = _forecast(e3, world, tmp_path / "e3.zarr")
+def test_e3_forecast_evaluate_and_routing_per_member(e3: Path, world_store: str, tmp_path: Path) -> None:
+    fc_path = _forecast(e3, world_store, tmp_path / "e3.zarr")
     fc = xr.open_zarr(fc_path)
     assert fc.attrs["forecast_kind"] == "ensemble" and fc.sizes["member"] == 4
     assert fc["member"].attrs["standard_name"] == "realization"
     z = fc["geopotential"].sel(level=500).load()
     assert float(z.std("member").mean()) > 0  # the members differ
     out = tmp_path / "scores"
-    _smoe("evaluate", str(fc_path), "--truth", world, "--out", str(out))
+    _smoe("evaluate", str(fc_path), "--truth", world_store, "--out", str(out))
     scores = xr.load_dataset(out / "scores.nc")
     method = fc.attrs["method"]
     # fair CRPS against properscoring's ECDF CRPS corrected to the fair estimator, latitude-weighted
-    truth = _truth(world, fc, "geopotential", 500)
+    truth = _truth(world_store, fc, "geopotential", 500)
     x = z.transpose("time", "prediction_timedelta", "latitude", "longitude", "member").values.astype(np.float64)
     y = truth.transpose("time", "prediction_timedelta", "latitude", "longitude").values.astype(np.float64)
     m = x.shape[-1]
@@ -108,12 +96,12 @@ def test_e3_forecast_evaluate_and_routing_per_member(e3: Path, world: str, tmp_p
     assert list(gates) == ["M1_E8_H32_W64"] and gates["M1_E8_H32_W64"]["num_experts"] == 8
 
 
-def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world: str, tmp_path: Path) -> None:
-    de = _train("gcm_deep_ensemble", world, tmp_path / "de", "model.members=2")
-    gauss = _train("gcm_gaussian", world, tmp_path / "g")
-    dense = _train("gcm_dense", world, tmp_path / "d")
-    mc = _train("gcm_mc_dropout", world, tmp_path / "mc", "model.members=3")
-    paths = [_forecast(c, world, tmp_path / f"{n}.zarr") for n, c in (("de", de), ("g", gauss), ("d", dense),
+def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world_store: str, tmp_path: Path) -> None:
+    de = _train("gcm_deep_ensemble", world_store, tmp_path / "de", "model.members=2")
+    gauss = _train("gcm_gaussian", world_store, tmp_path / "g")
+    dense = _train("gcm_dense", world_store, tmp_path / "d")
+    mc = _train("gcm_mc_dropout", world_store, tmp_path / "mc", "model.members=3")
+    paths = [_forecast(c, world_store, tmp_path / f"{n}.zarr") for n, c in (("de", de), ("g", gauss), ("d", dense),
                                                                       ("mc", mc))]
     assert xr.open_zarr(paths[3]).sizes["member"] == 3
     g = xr.open_zarr(paths[1])
@@ -121,7 +109,7 @@ def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world: str, tmp_
     assert float(g["geopotential_std"].sel(level=500).min()) > 0
     assert xr.open_zarr(paths[0]).sizes["member"] == 2
     out = tmp_path / "scores"
-    _smoe("evaluate", *map(str, paths), "--truth", world, "--out", str(out))
+    _smoe("evaluate", *map(str, paths), "--truth", world_store, "--out", str(out))
     scores = xr.load_dataset(out / "scores.nc")
     methods = [str(m) for m in scores["method"].values]
     for p in paths:
@@ -130,7 +118,7 @@ def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world: str, tmp_
     # a deterministic network is a one-member ensemble: its CRPS is its MAE
     d = xr.open_zarr(paths[2])
     z = d["geopotential"].sel(level=500).load()
-    truth = _truth(world, d, "geopotential", 500)
+    truth = _truth(world_store, d, "geopotential", 500)
     w = np.cos(np.deg2rad(d["latitude"].values))
     mae = (abs(z - truth) * xr.DataArray(w / w.mean(), dims="latitude")).mean(["time", "latitude", "longitude"])
     np.testing.assert_allclose(scores["crps"].sel({"method": d.attrs["method"], "field": "geopotential_500",
@@ -138,12 +126,12 @@ def test_deep_ensemble_gaussian_mc_dropout_and_dense_are_scored(world: str, tmp_
                                mae.transpose("prediction_timedelta").values, rtol=1e-9)
 
 
-def test_postprocess_fit_apply_accepts_the_e3_store(e3: Path, world: str, tmp_path: Path) -> None:
+def test_postprocess_fit_apply_accepts_the_e3_store(e3: Path, world_store: str, tmp_path: Path) -> None:
     """EMOS fitted on E³ forecasts of the first inits and applied to the later ones: Gaussian store plus
     ECC-Q members from the E³ members."""
-    fc = _forecast(e3, world, tmp_path / "e3.zarr")
+    fc = _forecast(e3, world_store, tmp_path / "e3.zarr")
     model = tmp_path / "emos.nc"
-    _smoe("postprocess", "fit", "--forecast", str(fc), "--truth", world, "--train-period", "2000-03-21",
+    _smoe("postprocess", "fit", "--forecast", str(fc), "--truth", world_store, "--train-period", "2000-03-21",
           "2000-03-26T12:00", "--out", str(model))
     out = tmp_path / "pp.zarr"
     _smoe("postprocess", "apply", "--emos", str(model), "--forecast", str(fc), "--apply-period", "2000-03-27",

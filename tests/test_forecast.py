@@ -48,21 +48,15 @@ def _store(path: Path, years: tuple[int, int], seed: int, n_steps: int, members:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """100 days of the default world from 2000-01-01 (statistics over all of it)."""
-    return _store(tmp_path_factory.mktemp("w") / "world.zarr", (2000, 2000), 0, 400)
-
-
-@pytest.fixture(scope="module")
 def other_year(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Another run (seed 3) prepared for another year (2003, 30 days): never seen in training."""
     return _store(tmp_path_factory.mktemp("o") / "other.zarr", (2003, 2003), 3, 120)
 
 
-def _train(config: str, world: str, out: Path, *extra: str) -> str:
+def _train(config: str, world_store: str, out: Path, *extra: str) -> str:
     cfg = load_config(REPO / "configs" / "weatherbench" / f"{config}.yaml")
     overrides = [
-        f"output_dir={out}", f"data.store={world}", "data.world=null", "data.sources=null",
+        f"output_dir={out}", f"data.store={world_store}", "data.world=null", "data.sources=null",
         "data.num_workers=0", "data.batch_size=4", f"data.variables={VARIABLES}",
         "data.train_years=null", "data.valid_years=null", "data.test_years=null",
         "data.train_period=[2000-01-01, 2000-02-29T18:00]", "data.valid_period=[2000-03-01, 2000-03-20]",
@@ -76,15 +70,15 @@ def _train(config: str, world: str, out: Path, *extra: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def dense(world: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+def dense(world_store: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Continuous-lead dense ResNet (leads 24/48 h), 3 training steps."""
-    return _train("world_dense", world, tmp_path_factory.mktemp("dense"))
+    return _train("world_dense", world_store, tmp_path_factory.mktemp("dense"))
 
 
 @pytest.fixture(scope="module")
-def smoe_fixed(world: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+def smoe_fixed(world_store: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Fixed-lead (24 h) SMoE ResNet with the land-sea prior, 3 training steps."""
-    return _train("world_smoe_all_prior", world, tmp_path_factory.mktemp("smoe"), "data.lead_h=24")
+    return _train("world_smoe_all_prior", world_store, tmp_path_factory.mktemp("smoe"), "data.lead_h=24")
 
 
 def _net_forecast(ckpt: str, store: str, init: np.datetime64, lead: int, stats_store: str) -> np.ndarray:
@@ -128,17 +122,17 @@ def test_load_trained_rebuilds_the_training_module(dense: str, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("which", ["dense", "smoe_fixed"])
-def test_forecast_equals_network_as_in_training(which: str, request: pytest.FixtureRequest, world: str) -> None:
+def test_forecast_equals_network_as_in_training(which: str, request: pytest.FixtureRequest, world_store: str) -> None:
     ckpt = request.getfixturevalue(which)
     lead = 24
-    fc = make_forecast(world, checkpoint=ckpt, init=TEST_INIT, every="24h", leads_h=(lead,), progress=False,
+    fc = make_forecast(world_store, checkpoint=ckpt, init=TEST_INIT, every="24h", leads_h=(lead,), progress=False,
                        batch_size=3)
     assert fc.attrs["forecast_kind"] == "deterministic"
     assert list(fc["geopotential"].dims) == ["time", "prediction_timedelta", "level", "latitude", "longitude"]
     assert np.all(np.diff(fc["latitude"].values) > 0) and fc["geopotential"].attrs["units"] == "m**2 s**-2"
     tol = _tolerance(ckpt)
     for init in fc["time"].values[[0, -1]]:
-        ref = _net_forecast(ckpt, world, init, lead, world)
+        ref = _net_forecast(ckpt, world_store, init, lead, world_store)
         got = [fc["geopotential"].sel(time=init, level=500).isel(prediction_timedelta=0).values,
                fc["temperature"].sel(time=init, level=850).isel(prediction_timedelta=0).values]
         for c in range(2):
@@ -147,36 +141,36 @@ def test_forecast_equals_network_as_in_training(which: str, request: pytest.Fixt
     assert bool(fc["temperature"].sel(level=500).isnull().all())
 
 
-def test_forecast_on_another_year_uses_checkpoint_normalisation(dense: str, world: str, other_year: str) -> None:
+def test_forecast_on_another_year_uses_checkpoint_normalisation(dense: str, world_store: str, other_year: str) -> None:
     fc = make_forecast(other_year, checkpoint=dense, init=("2003-01-02", "2003-01-20"), leads_h=("24h", "48h"),
                        progress=False)
     assert fc.sizes["time"] == 37 and np.isfinite(fc["geopotential"].sel(level=500)).all()
     init = fc["time"].values[5]
-    ref = _net_forecast(dense, other_year, init, 48, stats_store=world)  # statistics of the TRAINING store
+    ref = _net_forecast(dense, other_year, init, 48, stats_store=world_store)  # statistics of the TRAINING store
     got = fc["geopotential"].sel(time=init, level=500, prediction_timedelta=np.timedelta64(48, "h")).values
     np.testing.assert_allclose(got, ref[0], rtol=0, atol=_tolerance(dense)[0])
     fc.to_zarr(Path(other_year).with_suffix(".fc.zarr"), zarr_format=2)
-    s = evaluate({"dense": Path(other_year).with_suffix(".fc.zarr")}, other_year, climatology=world)
+    s = evaluate({"dense": Path(other_year).with_suffix(".fc.zarr")}, other_year, climatology=world_store)
     assert set(s["method"].values) == {"dense", "persistence", "climatology"}
     assert np.isfinite(s["rmse"].values).all() and np.isfinite(s["acc"].sel({"method": "dense"})).all()
 
 
-def test_bad_requests_are_clear_errors(dense: str, smoe_fixed: str, world: str, tmp_path: Path) -> None:
+def test_bad_requests_are_clear_errors(dense: str, smoe_fixed: str, world_store: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="fixed-lead model"):
-        make_forecast(world, checkpoint=smoe_fixed, init=TEST_INIT, leads_h=(48,))
+        make_forecast(world_store, checkpoint=smoe_fixed, init=TEST_INIT, leads_h=(48,))
     with pytest.raises(ValueError, match=r"input at init -12 h"):
-        make_forecast(world, checkpoint=dense, init=("2000-01-01", "2000-01-03"), leads_h=(24,))
+        make_forecast(world_store, checkpoint=dense, init=("2000-01-01", "2000-01-03"), leads_h=(24,))
     with pytest.raises(ValueError, match="truth"):
-        make_forecast(world, checkpoint=dense, init=("2000-04-05", "2000-04-09"), leads_h=(48,))
-    assert make_forecast(world, checkpoint=dense, init=("2000-04-05", "2000-04-09"), leads_h=(48,), beyond_data=True,
-                         progress=False).sizes["time"] == 9
-    xr.open_zarr(world).sel(level=[500, 850]).to_zarr(tmp_path / "no250.zarr", zarr_format=2)
+        make_forecast(world_store, checkpoint=dense, init=("2000-04-05", "2000-04-09"), leads_h=(48,))
+    assert make_forecast(world_store, checkpoint=dense, init=("2000-04-05", "2000-04-09"), leads_h=(48,),
+                         beyond_data=True, progress=False).sizes["time"] == 9
+    xr.open_zarr(world_store).sel(level=[500, 850]).to_zarr(tmp_path / "no250.zarr", zarr_format=2)
     with pytest.raises(ValueError, match="geopotential_250"):
         make_forecast(tmp_path / "no250.zarr", checkpoint=dense, init=TEST_INIT, leads_h=(24,))
-    xr.open_zarr(world).drop_vars("land_sea_mask").to_zarr(tmp_path / "nolsm.zarr", zarr_format=2)
+    xr.open_zarr(world_store).drop_vars("land_sea_mask").to_zarr(tmp_path / "nolsm.zarr", zarr_format=2)
     with pytest.raises(ValueError, match="land_sea_mask"):
         make_forecast(tmp_path / "nolsm.zarr", checkpoint=dense, init=TEST_INIT, leads_h=(24,))
-    r = subprocess.run([*SMOE, "forecast", str(tmp_path / "missing.ckpt"), "--data", world, "--init", *TEST_INIT,
+    r = subprocess.run([*SMOE, "forecast", str(tmp_path / "missing.ckpt"), "--data", world_store, "--init", *TEST_INIT,
                         "--out", str(tmp_path / "x.zarr")], capture_output=True, text=True)
     assert r.returncode == 2 and "missing.ckpt" in r.stderr
 
@@ -216,24 +210,24 @@ print(json.dumps(out))
 '''
 
 
-def test_cli_forecast_evaluate_end_to_end_and_independent_script(dense: str, world: str, tmp_path: Path) -> None:
+def test_cli_forecast_evaluate_end_to_end_and_independent_script(dense: str, world_store: str, tmp_path: Path) -> None:
     fc, out = tmp_path / "fc.zarr", tmp_path / "scores"
-    run = [*SMOE, "forecast", dense, "--data", world, "--init", *TEST_INIT, "--every", "12h", "--lead", "24h",
+    run = [*SMOE, "forecast", dense, "--data", world_store, "--init", *TEST_INIT, "--every", "12h", "--lead", "24h",
            "48h", "--out", str(fc), "--no-progress"]
     r = subprocess.run(run, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([*SMOE, "evaluate", str(fc), "--truth", world, "--climatology", world, "--out", str(out)],
-                       capture_output=True, text=True)
+    r = subprocess.run([*SMOE, "evaluate", str(fc), "--truth", world_store, "--climatology", world_store,
+                        "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "persistence" in r.stdout and (out / "scores.json").is_file() and (out / "scores.md").is_file()
     # progress when piped: one line per stage, no carriage-return redraws
     assert "evaluate: scoring" in r.stderr and "\r" not in r.stderr
     ds = xr.open_zarr(fc)
     assert ds.attrs["checkpoint_sha256"] == hashlib.sha256(Path(dense).read_bytes()).hexdigest()
-    assert ds.attrs["data_source"] == str(Path(world).resolve()) and ds.attrs["code_version"].startswith("0.")
+    assert ds.attrs["data_source"] == str(Path(world_store).resolve()) and ds.attrs["code_version"].startswith("0.")
     method = ds.attrs["method"]
     scores = xr.load_dataset(out / "scores.nc")
-    r = subprocess.run([sys.executable, "-c", INDEPENDENT_RMSE, str(fc), world], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", INDEPENDENT_RMSE, str(fc), world_store], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     import json
 
@@ -246,12 +240,12 @@ def test_cli_forecast_evaluate_end_to_end_and_independent_script(dense: str, wor
         assert ours == pytest.approx(value, rel=1e-9), key
 
 
-def test_persistence_reference_matches_numpy(dense: str, world: str) -> None:
+def test_persistence_reference_matches_numpy(dense: str, world_store: str, tmp_path: Path) -> None:
     """(Moved from the removed `smoe skill`.) Persistence beside a model: the numpy formula on the store."""
-    fc = Path(world).with_name("skill_fc.zarr")
-    run_forecast(world, checkpoint=dense, init=TEST_INIT, leads_h=(24,), out=fc, progress=False, name="dense")
-    s = evaluate(fc, world, climatology=world)
-    truth = xr.open_zarr(world)["geopotential"].sel(level=500).load()
+    fc = tmp_path / "skill_fc.zarr"
+    run_forecast(world_store, checkpoint=dense, init=TEST_INIT, leads_h=(24,), out=fc, progress=False, name="dense")
+    s = evaluate(fc, world_store, climatology=world_store)
+    truth = xr.open_zarr(world_store)["geopotential"].sel(level=500).load()
     inits = xr.open_zarr(fc)["time"].values
     lead = np.timedelta64(24, "h")
     err = truth.sel(time=inits + lead).values.astype(np.float64) - truth.sel(time=inits).values

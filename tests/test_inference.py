@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from test_forecast import _store, _train
-from test_postprocess_networks import write_gcm_ens
+from test_forecast import _train
 
 from smoeweather.cli import main
 from smoeweather.models.checkpoint_io import read_checkpoint
@@ -48,21 +47,9 @@ def _without_lightning(*argv: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _store(tmp_path_factory.mktemp("w") / "world.zarr", (2000, 2000), 0, 400)
-
-
-@pytest.fixture(scope="module")
-def forecast_ckpt(world: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+def forecast_ckpt(world_store: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Continuous-lead SMoE ResNet with the land-sea prior, 3 training steps."""
-    return _train("world_smoe_all_prior", world, tmp_path_factory.mktemp("smoe"))
-
-
-@pytest.fixture(scope="module")
-def streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("gcm_ens")
-    return {"a": write_gcm_ens(folder / "ens_2005.nc", "2005-01-01", seed=1),
-            "b": write_gcm_ens(folder / "ens_2006.nc", "2006-01-01", seed=2)}
+    return _train("world_smoe_all_prior", world_store, tmp_path_factory.mktemp("smoe"))
 
 
 def _postprocess_config(out: Path, source: Path, task: str = "postprocess") -> list[str]:
@@ -75,10 +62,10 @@ def _postprocess_config(out: Path, source: Path, task: str = "postprocess") -> l
 
 
 @pytest.fixture(scope="module")
-def postprocess_ckpt(streams: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def postprocess_ckpt(gcm_ens_streams: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SMoE-U-Net with the land-sea prior (static inputs from the file), 4 training steps, task ``postprocess``."""
     out = tmp_path_factory.mktemp("pp")
-    assert main(_postprocess_config(out, streams["a"])) == 0
+    assert main(_postprocess_config(out, gcm_ens_streams["a"])) == 0
     return out / "checkpoints" / "last.ckpt"
 
 
@@ -97,9 +84,9 @@ def test_loader_rebuilds_exactly_the_trained_network(which: str, request: pytest
     assert saved == set(mine)
 
 
-def test_smoe_forecast_runs_without_lightning(forecast_ckpt: str, world: str, tmp_path: Path) -> None:
+def test_smoe_forecast_runs_without_lightning(forecast_ckpt: str, world_store: str, tmp_path: Path) -> None:
     """`smoe forecast CKPT` with `lightning` unimportable: same forecast as in this process, bit for bit."""
-    argv = ["forecast", forecast_ckpt, "--data", world, "--init", "2000-03-21", "2000-03-26", "--every", "24h",
+    argv = ["forecast", forecast_ckpt, "--data", world_store, "--init", "2000-03-21", "2000-03-26", "--every", "24h",
             "--lead", "24h", "48h", "--no-progress"]
     r = _without_lightning(*argv, "--out", str(tmp_path / "hidden.zarr"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -110,11 +97,11 @@ def test_smoe_forecast_runs_without_lightning(forecast_ckpt: str, world: str, tm
         np.testing.assert_array_equal(a[v].values, b[v].values)
 
 
-def test_smoe_postprocess_apply_runs_without_lightning(postprocess_ckpt: Path, streams: dict[str, Path],
+def test_smoe_postprocess_apply_runs_without_lightning(postprocess_ckpt: Path, gcm_ens_streams: dict[str, Path],
                                                         tmp_path: Path) -> None:
     """`smoe postprocess apply --network CKPT` with `lightning` unimportable, the default products and ECC-Q
     members: same stores as in this process, bit for bit."""
-    argv = ["postprocess", "apply", "--network", str(postprocess_ckpt), "--forecast", str(streams["b"]),
+    argv = ["postprocess", "apply", "--network", str(postprocess_ckpt), "--forecast", str(gcm_ens_streams["b"]),
             "--members", "4"]
     r = _without_lightning(*argv, "--out", str(tmp_path / "hidden.zarr"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -129,7 +116,7 @@ def test_smoe_postprocess_apply_runs_without_lightning(postprocess_ckpt: Path, s
     assert float(sigma.min()) > 0
 
 
-def test_old_task_name_ens10_loads_with_a_deprecation_warning(postprocess_ckpt: Path, streams: dict[str, Path],
+def test_old_task_name_ens10_loads_with_a_deprecation_warning(postprocess_ckpt: Path, gcm_ens_streams: dict[str, Path],
                                                               tmp_path: Path) -> None:
     """A checkpoint whose metadata says task `ens10` (written by older versions) loads as `postprocess`, warning;
     a config with `task: ens10` validates as `postprocess`, warning."""
@@ -148,7 +135,7 @@ def test_old_task_name_ens10_loads_with_a_deprecation_warning(postprocess_ckpt: 
     from smoeweather.training.schema import validate_train_config
 
     cfg = apply_overrides(load_config(REPO / "configs" / "postprocess" / "gcm_ens_unet.yaml"),
-                          ["task=ens10", f"data.source={streams['a']}"])
+                          ["task=ens10", f"data.source={gcm_ens_streams['a']}"])
     with pytest.warns(DeprecationWarning, match="write task: postprocess"):
         validate_train_config(cfg)
     assert cfg["task"] == "postprocess"
@@ -190,16 +177,16 @@ def test_old_apply_spelling_fails_naming_the_new_one(model: str, flag: str, tmp_
     assert "needs --emos MODEL.nc" in capsys.readouterr().err
 
 
-def test_make_forecast_says_what_makes_the_forecast(world: str) -> None:
+def test_make_forecast_says_what_makes_the_forecast(world_store: str) -> None:
     """`make_forecast` takes the network or the reference method by name (`checkpoint=` / `method=`), exactly one;
     each is checked before any data is read."""
     from smoeweather.forecast import make_forecast
 
     with pytest.raises(ValueError, match="checkpoint=CKPT .* or method="):
-        make_forecast(world, ("2000-03-21", "2000-03-22"))
+        make_forecast(world_store, ("2000-03-21", "2000-03-22"))
     with pytest.raises(ValueError, match="exactly one"):
-        make_forecast(world, ("2000-03-21", "2000-03-22"), checkpoint="x.ckpt", method="persistence")
+        make_forecast(world_store, ("2000-03-21", "2000-03-22"), checkpoint="x.ckpt", method="persistence")
     with pytest.raises(ValueError, match="unknown reference method 'persistance'"):
-        make_forecast(world, ("2000-03-21", "2000-03-22"), method="persistance")
-    fc = make_forecast(world, ("2000-03-21", "2000-03-22"), leads_h=(24,), method="persistence", progress=False)
+        make_forecast(world_store, ("2000-03-21", "2000-03-22"), method="persistance")
+    fc = make_forecast(world_store, ("2000-03-21", "2000-03-22"), leads_h=(24,), method="persistence", progress=False)
     assert fc.attrs["method"] == "persistence" and fc.attrs["forecast_kind"] == "deterministic"

@@ -12,24 +12,12 @@ import xarray as xr
 import yaml
 from scipy import stats
 
-from pipelines.prepare import write_store
-from pipelines.world import simulate_world
 from smoeweather.cli import main
 from smoeweather.experiments.study import load_study, markdown, paired_differences, run_study, summarise
 from smoeweather.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def world_store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """100 days of the default world (2000-01-01 …), statistics over all of it."""
-    path = tmp_path_factory.mktemp("world") / "world.zarr"
-    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
-    write_store(lambda: ds, path, args={"test": "study"}, train_years=None, source="test", time_chunk=8,
-                scheduler="synchronous", progress=False)
-    return str(path)
 
 
 def tiny_study(tmp_path: Path, store: str, **extra: object) -> Path:

@@ -74,24 +74,6 @@ def test_gaussian_crps_matches_properscoring() -> None:
 
 # ---- tiny data -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def world_store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """100 days of the default world (2000-01-01 …) as a canonical store, statistics over all of it."""
-    path = tmp_path_factory.mktemp("world") / "world.zarr"
-    ds = simulate_world((2000, 2000), seed=0, n_steps=400)
-    write_store(
-        lambda: ds,
-        path,
-        args={"test": "world"},
-        train_years=None,
-        source="test",
-        time_chunk=8,
-        scheduler="synchronous",
-        progress=False,
-    )
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def era5_like_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Another world (seed 1) standing in for ERA5 after CMIP6-style pretraining on ``world_store``."""
     path = tmp_path_factory.mktemp("era5") / "era5.zarr"
