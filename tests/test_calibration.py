@@ -135,3 +135,30 @@ def test_cli_thresholds_and_calibration_plots(stores: dict, tmp_path: Path, caps
     assert main(["evaluate", f"raw={stores['ens']}", "--truth", str(stores["truth"]), "--thresholds", "t850=x",
                  "--out", str(tmp_path / "bad")]) == 2
     assert "--thresholds 't850=x'" in capsys.readouterr().err
+
+
+def test_reliability_plot_with_a_method_missing_at_one_lead(tmp_path: Path) -> None:
+    """A network of one lead beside an ensemble of two: its empty panel is skipped, the figure is drawn; a field
+    without events gets no figure."""
+    from smoeweather.plotting.calibration import plot_pit, plot_reliability
+
+    leads = np.array([24, 48], dtype="timedelta64[h]").astype("timedelta64[ns]")
+    bins = (np.arange(10) + 0.5) / 10
+    count = np.ones((2, 1, 1, 2, 10))
+    count[1, ..., 0, :] = np.nan  # method "net" has no forecast at 24 h
+    count = np.concatenate([count, np.full_like(count, np.nan)], axis=1)  # field "t": no event scored
+    coords = {"method": ["raw", "net"], "field": ["z", "t"], "threshold": [1.0], "prediction_timedelta": leads,
+              "probability_bin": bins}
+    dims = tuple(coords)
+    ds = xr.Dataset({"reliability_forecast_probability": (dims, np.broadcast_to(bins, count.shape) * count),
+                     "reliability_observed_frequency": (dims, np.broadcast_to(bins, count.shape) * count),
+                     "reliability_count": (dims, count), "units": ("field", ["m", "K"])}, coords=coords)
+    ds.to_netcdf(tmp_path / "scores.nc")
+    paths = plot_reliability(tmp_path / "scores.nc", tmp_path / "figs")
+    assert [p.name for p in paths] == ["reliability_z_gt_1.png"] and paths[0].stat().st_size > 0
+    pit = np.full((2, 2, 2, 10), 0.1)
+    pit[1, :, 0] = 0.0  # "net": an empty histogram at 24 h
+    xr.Dataset({"pit_histogram": (("method", "field", "prediction_timedelta", "pit_bin"), pit)},
+               coords={**{k: coords[k] for k in ("method", "field", "prediction_timedelta")},
+                       "pit_bin": bins}).to_netcdf(tmp_path / "pit.nc")
+    assert [p.name for p in plot_pit(tmp_path / "pit.nc", tmp_path / "figs")] == ["pit_z.png", "pit_t.png"]

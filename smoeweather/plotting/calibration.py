@@ -37,8 +37,9 @@ def _methods(ds: xr.Dataset, var: str, methods: list[str] | None) -> list[str]:
 
 
 def plot_reliability(scores: str | Path, out_dir: str | Path, methods: list[str] | None = None) -> list[Path]:
-    """One PNG per (field, threshold): a reliability panel per lead (a line per method, the diagonal) above the
-    count of cases per probability bin (log scale: the forecasts' sharpness)."""
+    """One PNG per (field, threshold) with cases: a reliability panel per lead (a line per method, the diagonal)
+    above the count of cases per probability bin (log scale: the forecasts' sharpness). A method without cases
+    at a lead is only named in the legend."""
     ds = _open(scores, "reliability_observed_frequency",
                "score probability forecasts, or pass --thresholds FIELD=T to `smoe evaluate`")
     methods = _methods(ds, "reliability_count", methods)
@@ -49,6 +50,9 @@ def plot_reliability(scores: str | Path, out_dir: str | Path, methods: list[str]
     paths = []
     for f in ds["field"].values.tolist():
         for t in ds["threshold"].values.tolist():
+            n_all = ds["reliability_count"].sel({"method": methods, "field": f, "threshold": t})
+            if not bool((n_all > 0).any()):  # an event of another field (thresholds are per field)
+                continue
             fig, axes = plt.subplots(2, len(leads), figsize=(4.2 * len(leads), 6.4), squeeze=False,
                                      gridspec_kw={"height_ratios": [3, 1]}, sharex=True)
             for j, lead in enumerate(leads):
@@ -59,15 +63,19 @@ def plot_reliability(scores: str | Path, out_dir: str | Path, methods: list[str]
                     sel = {"method": m, "field": f, "threshold": t, "prediction_timedelta": lead}
                     p = ds["reliability_forecast_probability"].sel(sel).values
                     o = ds["reliability_observed_frequency"].sel(sel).values
-                    n = ds["reliability_count"].sel(sel).values
+                    n = np.nan_to_num(ds["reliability_count"].sel(sel).values)
                     ok = n > 0
+                    if not ok.any():  # no cases at this lead (a network of one lead): in the legend only
+                        ax.plot([], [], marker="o", ms=4, label=f"{m} (none at {lead_label(lead)})")
+                        continue
                     line, = ax.plot(p[ok], o[ok], marker="o", ms=4, label=m)
                     centres = ds["probability_bin"].values
                     bar.bar(centres - 0.5 / ds.sizes["probability_bin"] + (i + 0.5) * width, n, width=width,
                             color=line.get_color())
                 ax.set(xlim=(0, 1), ylim=(0, 1), title=f"{f} > {t:g} {units.get(f, '')}, {lead_label(lead)}",
                        ylabel="observed frequency" if j == 0 else None)
-                bar.set(yscale="log", xlabel="forecast probability", ylabel="cases" if j == 0 else None)
+                bar.set(yscale="log" if bar.containers else "linear", xlabel="forecast probability",
+                        ylabel="cases" if j == 0 else None)
             axes[0, 0].legend(fontsize=8, loc="upper left")
             fig.tight_layout()
             path = out_dir / f"reliability_{f}_gt_{t:g}.png"
@@ -95,6 +103,9 @@ def plot_pit(scores: str | Path, out_dir: str | Path, methods: list[str] | None 
             ax.axhline(1.0, color="0.5", ls="--", lw=1, label="calibrated")
             for m in methods:
                 h = ds["pit_histogram"].sel({"method": m, "field": f, "prediction_timedelta": lead}).values * n_bins
+                if not (np.nan_to_num(h) > 0).any():  # no forecast at this lead (a network of one lead)
+                    ax.plot([], [], label=f"{m} (none at {lead_label(lead)})")
+                    continue
                 ax.stairs(h, edges, label=m, lw=1.6)
             ax.set(xlim=(0, 1), title=f"{f}, {lead_label(lead)}", xlabel="PIT",
                    ylabel="density" if j == 0 else None)
