@@ -139,7 +139,8 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out_name}.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+    text = json.dumps(r, indent=1, default=str).replace(str(root), "$ROOT")  # no machine paths in results
+    (RESULTS / f"{args.out_name}.json").write_text(text + "\n")
     (RESULTS / f"{args.out_name}.md").write_text(markdown(r))
     print(markdown(r))
 
