@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from smoeweather.config import load_config
+from smoeweather.config import read_config
 from smoeweather.models.ensemble import members_of, model_kind
 from smoeweather.models.registry import build_weather_model, synthetic_land_sea_mask
 from smoeweather.training.ensemble_forecasting import loss_settings
@@ -46,7 +46,7 @@ BASELINE = "deep_ensemble"
 
 
 def build(config: str, overrides: list[str]) -> tuple[torch.nn.Module, dict[str, Any]]:
-    cfg = load_config(ROOT / "configs" / "weatherbench" / config, overrides)
+    cfg = read_config(ROOT / "configs" / "weatherbench" / config, overrides)
     mcfg = {**cfg["model"], "in_channels": IN_CHANNELS, "out_channels": OUT_CHANNELS, "grid": list(GRID)}
     return build_weather_model(mcfg, land_sea_prior=synthetic_land_sea_mask(*GRID)), cfg
 

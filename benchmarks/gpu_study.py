@@ -37,7 +37,7 @@ def sources(world: Path) -> list[str]:
 
 def prepare(packs: Path, world: Path, store: Path) -> None:
     """Unpack both years into ``world`` and write ``store`` as ``smoe train`` would on first use."""
-    from smoeweather.config import load_config
+    from smoeweather.config import read_config
     from smoeweather.training.stores import ensure_store
 
     start = time.perf_counter()
@@ -48,7 +48,7 @@ def prepare(packs: Path, world: Path, store: Path) -> None:
                                     "carry .gpu")
         if not (world / name).exists():
             print(f"{world / name}: {unpack_gcm(pack, world / name)}", flush=True)
-    data = load_config(DATA_CONFIG)["data"] | {"sources": sources(world), "store": str(store)}
+    data = read_config(DATA_CONFIG)["data"] | {"sources": sources(world), "store": str(store)}
     ensure_store(data)
     print(f"store {store} ready after {time.perf_counter() - start:.0f} s", flush=True)
 

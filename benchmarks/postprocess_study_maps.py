@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from smoeweather.config import load_config
+from smoeweather.config import read_config
 from smoeweather.data.ensembles import open_static
 from smoeweather.metrics import probabilistic
 from smoeweather.postprocess.emos import apply_emos, fit_emos
@@ -39,7 +39,7 @@ def _sel(ds: xr.Dataset, name: str, level: int) -> xr.DataArray:
 def crps_maps(study: Path) -> tuple[dict[str, dict[str, np.ndarray]], xr.DataArray, dict[str, str]]:
     """{method: {target: (H, W) time-mean CRPS}}, the land fraction, {method: source}."""
     record = json.loads((study / "study.json").read_text())
-    cfg = load_config(Path(record["variants"]["unet"]["config"]))
+    cfg = read_config(Path(record["variants"]["unet"]["config"]))
     opened = open_config_data(cfg["data"])
     test_fc, test_truth, _ = split_forecast(cfg["data"], "test", opened)
     train_fc, train_truth, _ = split_forecast(cfg["data"], "train", opened)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.config import apply_overrides, load_config
+from smoeweather.config import apply_overrides, read_config
 from smoeweather.data.ensemble_dataset import EnsembleSpec
 from smoeweather.models.registry import build_weather_model
 
@@ -47,7 +47,7 @@ def parameter_count(variant: dict[str, Any], grid: tuple[int, int] = (32, 64)) -
     the weather ResNet's from its model block."""
     import torch
 
-    cfg = apply_overrides(load_config(variant["config"]), variant["overrides"])
+    cfg = apply_overrides(read_config(variant["config"]), variant["overrides"])
     mcfg = dict(cfg["model"], grid=list(grid))
     if cfg.get("task") == "postprocess":
         spec = EnsembleSpec.from_config(cfg["data"])

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smoeweather.config import load_config  # noqa: E402
+from smoeweather.config import read_config  # noqa: E402
 from smoeweather.io import write_json  # noqa: E402
 from smoeweather.training.tasks import build  # noqa: E402
 
@@ -91,7 +91,7 @@ def main() -> None:
         synthetic = None
         for cache in (False, True):
             for workers in args.workers:
-                cfg = load_config(REPO / MODELS[name], [*base, f"data.num_workers={workers}",
+                cfg = read_config(REPO / MODELS[name], [*base, f"data.num_workers={workers}",
                                                         f"data.cache={str(cache).lower()}"])
                 L.seed_everything(0, verbose=False)
                 data, module = build(cfg)

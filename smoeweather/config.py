@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,13 @@ def resolve_config(name: str | Path) -> Path:
     raise ConfigError(f"config file {path} does not exist and is not a built-in config{hint}")
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """Load a YAML config (a path or a built-in name, see :func:`resolve_config`) and apply ``a.b=value``
-    overrides (values parsed as YAML).
+def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Read a YAML config (a path or a built-in name, see :func:`resolve_config`) and apply ``a.b=value``
+    overrides (values parsed as YAML): the merged mapping, not yet validated.
 
-    A config may name ``defaults: [other.yaml, ...]`` (paths relative to itself); those are loaded
-    first and deep-merged underneath it.
+    A config may name ``defaults: [other.yaml, ...]`` (paths relative to itself); those are read
+    first and deep-merged underneath it. A ``smoe train`` config is validated and typed by
+    :func:`smoeweather.training.load_config`; the study, heat and vision files have schemas of their own.
     """
     path = resolve_config(path)
     try:
@@ -64,9 +66,17 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     merged: dict[str, Any] = {}
     for parent in cfg.pop("defaults", []) or []:
-        merged = deep_merge(merged, load_config(path.parent / parent))
+        merged = deep_merge(merged, read_config(path.parent / parent))
     merged = deep_merge(merged, cfg)
     return apply_overrides(merged, overrides)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Deprecated name of :func:`read_config` (the unvalidated mapping); DeprecationWarning. The typed, validated
+    ``smoe train`` config is :func:`smoeweather.training.load_config`."""
+    warnings.warn("smoeweather.config.load_config is renamed read_config (the YAML mapping); the typed training "
+                  "config is smoeweather.training.load_config", DeprecationWarning, stacklevel=2)
+    return read_config(path, overrides)
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -427,18 +437,19 @@ def parse_settings(cls: type[Any], values: Mapping[str, Any] | None, where: str)
     """An instance of the dataclass ``cls`` from the config block ``values`` at dotted path ``where``,
     validated: an unknown key (with did-you-mean), a value of the wrong type or out of its field's bounds is
     a ConfigError naming the key, what was expected and a value that fits. Missing keys take the field
-    defaults; null ``values`` is an empty block."""
+    defaults; null ``values`` is an empty block. ``where=""``: the keys are at the top level of a file."""
     import typing
 
     if values is None:
         values = {}
+    label = where or "the config"
     if not isinstance(values, Mapping):
-        raise ConfigError(f"{where} must be a mapping, got {type(values).__name__} {values!r}")
+        raise ConfigError(f"{label} must be a mapping, got {type(values).__name__} {values!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
-        path = f"{where}.{key}"
+        path = f"{where}.{key}" if where else str(key)
         if key not in fields:
             raise ConfigError(unknown_key_message(path, fields, where))
         SettingSpec(cls, key).check(value, path)
@@ -446,5 +457,5 @@ def parse_settings(cls: type[Any], values: Mapping[str, Any] | None, where: str)
     missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:
-        raise ConfigError(f"{where} lacks the key(s) {', '.join(missing)}")
+        raise ConfigError(f"{label} lacks the key(s) {', '.join(missing)}")
     return cls(**kwargs)

@@ -17,7 +17,7 @@ import torch
 
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
-from smoeweather.config import apply_overrides, load_config
+from smoeweather.config import apply_overrides, read_config
 
 REPO = Path(__file__).resolve().parents[1]
 DIGESTS = Path(__file__).with_name("config_digests.json")
@@ -98,7 +98,7 @@ def run_case(name: str, stores: dict[str, str], out: Path) -> dict[str, str]:
     from smoeweather.training.run import train
 
     config, extra = CASES[name]
-    cfg = load_config(REPO / "configs" / config)
+    cfg = read_config(REPO / "configs" / config)
     common = [f"output_dir={out}", *TRAINER]
     if cfg["task"] == "heat":
         overrides = [*common, f"data.store={stores['heat']}", *extra]

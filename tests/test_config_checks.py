@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from smoeweather.cli import main
-from smoeweather.config import ConfigError, load_config
-from smoeweather.training.settings import TrainConfig, TrainingSettings, load_train_config
+from smoeweather.config import ConfigError, read_config
+from smoeweather.training.settings import TrainConfig, TrainingSettings, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = "weatherbench/world_dense"
@@ -78,29 +78,29 @@ def test_vision_refuses_training_keys_it_would_ignore() -> None:
     """The vision task trains with Adam and ReduceLROnPlateau: training.optimizer used to be ignored silently."""
     from smoeweather.training.schema import validate_train_config
 
-    validate_train_config(load_config("vision/vit", ["training.lr=0.01"]))
+    validate_train_config(read_config("vision/vit", ["training.lr=0.01"]))
     with pytest.raises(ConfigError, match="unknown config key 'training.optimizer'; valid keys under 'training': "
                                           "aux_weight, early_stopping_patience, lr,"):
-        validate_train_config(load_config("vision/vit", ["training.optimizer=sgd"]))
+        validate_train_config(read_config("vision/vit", ["training.optimizer=sgd"]))
 
 
 def test_the_typed_config_has_one_default_per_key() -> None:
-    """load_train_config gives typed blocks; defaults come from TrainingSettings, not the call sites."""
+    """load_config gives typed blocks; defaults come from TrainingSettings, not the call sites."""
     import inspect
 
     from smoeweather.training.base import SMoETrainingModule
 
-    cfg = load_train_config(WORLD, ["training.lr=1", "data.batch_size=4"])
+    cfg = load_config(WORLD, ["training.lr=1", "data.batch_size=4"])
     assert isinstance(cfg, TrainConfig) and cfg.task == "weatherbench"
     assert cfg.training.lr == 1.0 and isinstance(cfg.training.lr, float)  # YAML 1 read as the float it means
     assert cfg.loader.batch_size == 4 and cfg.model.name == "resnet" and cfg.model.params["width"] == 16
-    assert cfg.to_dict() == load_config(WORLD, ["training.lr=1", "data.batch_size=4"])  # what config.yaml records
+    assert cfg.to_dict() == read_config(WORLD, ["training.lr=1", "data.batch_size=4"])  # what config.yaml records
     assert cfg["data"]["batch_size"] == 4  # reads as the mapping too
     defaults = TrainingSettings()
     params = inspect.signature(SMoETrainingModule.__init__).parameters
     for key, value in defaults.module_kwargs().items():
         assert params[key].default == value, key
-    assert load_train_config(WORLD, ["training={}"]).training == defaults
+    assert load_config(WORLD, ["training={}"]).training == defaults
 
 
 @pytest.mark.parametrize(("model", "prior"), [
@@ -137,7 +137,7 @@ def test_one_uses_land_sea_prior_agrees_with_the_builder(model: dict, prior: boo
 
 
 def test_prior_config_where_the_two_functions_differed() -> None:
-    model = load_config("postprocess/gcm_ens_smoe_unet_prior")["model"]
+    model = read_config("postprocess/gcm_ens_smoe_unet_prior")["model"]
     from smoeweather.models.ensemble import uses_land_sea_prior
 
     assert model["name"] == "unet" and model["gate_prior"] == "land_sea" and uses_land_sea_prior(model)
@@ -158,7 +158,7 @@ def heat_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("resume")
     store = root / "heat.zarr"
     generate(store, runs=4, val_runs=2, test_runs=2, steps=6, size=16, seed=0, progress=False)
-    cfg = load_config("heat/smoe", [*HEAT_TINY, f"data.store={store}", f"output_dir={root / 'run'}", "model.hidden=4"])
+    cfg = read_config("heat/smoe", [*HEAT_TINY, f"data.store={store}", f"output_dir={root / 'run'}", "model.hidden=4"])
     return store, Path(train(cfg).last_checkpoint)
 
 
@@ -213,3 +213,26 @@ def test_settings_blocks_refuse_by_name() -> None:
     with pytest.raises(ConfigError, match="'training.warmup_steps' must be int, got float 1.5"):
         parse_settings(TrainingSettings, {"warmup_steps": 1.5}, "training")
     assert parse_settings(TrainingSettings, None, "training") == TrainingSettings()
+
+
+def test_load_config_is_typed_and_read_config_is_the_mapping() -> None:
+    """``smoeweather.training.load_config`` returns the validated TrainConfig; ``smoeweather.config.read_config`` the
+    YAML mapping it was read from; the old name ``smoeweather.config.load_config`` still reads it, with a warning."""
+    import smoeweather.config as config_module
+    from smoeweather.config import parse_settings
+    from smoeweather.experiments.study_config import StudyConfig
+    from smoeweather.training import load_config as package_load_config
+
+    assert package_load_config is load_config
+    cfg = load_config(WORLD, ["seed=3"])
+    assert isinstance(cfg, TrainConfig) and cfg.seed == 3 and cfg.to_dict() == read_config(WORLD, ["seed=3"])
+    with pytest.warns(DeprecationWarning, match="read_config"):
+        assert config_module.load_config(WORLD, ["seed=3"]) == read_config(WORLD, ["seed=3"])
+    with pytest.raises(ConfigError, match=r"config key 'model.widht' \(did you mean 'width'\?\)"):
+        load_config(WORLD, ["model.widht=8"])
+    # settings at the top level of a file (a study): keys named without a prefix
+    with pytest.raises(ConfigError, match=r"^unknown config key 'stesp' \(did you mean 'steps'\?\); valid keys at the "
+                                          r"top level"):
+        parse_settings(StudyConfig, {"stesp": 1}, "")
+    with pytest.raises(ConfigError, match="^the config lacks the key"):
+        parse_settings(StudyConfig, {}, "")

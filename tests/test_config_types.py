@@ -13,13 +13,13 @@ import pytest
 
 import smoeweather.training.tasks  # noqa: F401 - registers every task's schema (vision)
 from smoeweather.cli import main
-from smoeweather.config import Arguments, ConfigError, check_arguments, load_config
+from smoeweather.config import Arguments, ConfigError, check_arguments, read_config
 from smoeweather.training.schema import validate_train_config
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIGS = sorted(
     p for p in (REPO / "configs").rglob("*.yaml")
-    if not p.name.startswith("_") and "task" in load_config(p)
+    if not p.name.startswith("_") and "task" in read_config(p)
 )
 
 
@@ -51,7 +51,7 @@ TRAIN_CONFIGS = sorted(
     ],
 )
 def test_wrong_type_names_key_and_type(config: str, override: str, message: str) -> None:
-    cfg = load_config(REPO / "configs" / config, [override])
+    cfg = read_config(REPO / "configs" / config, [override])
     with pytest.raises(ConfigError, match="config key " + message.replace("[", r"\[").replace("(", r"\(")):
         validate_train_config(cfg)
 
@@ -67,7 +67,7 @@ def test_smoe_train_cli_names_the_key_not_a_traceback(tmp_path: Path, capsys) ->
 
 @pytest.mark.parametrize("config", TRAIN_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_shipped_config_passes_the_type_checks(config: Path) -> None:
-    validate_train_config(load_config(config))
+    validate_train_config(read_config(config))
 
 
 def test_yaml_spellings_fit_python_hints() -> None:
@@ -100,10 +100,10 @@ def test_new_constructor_arguments_are_checked_without_a_schema_change(monkeypat
 
     monkeypatch.setitem(schema.MODEL_ARGUMENTS, "weatherbench",
                         Arguments(lambda v: [(NewUNet, v, "")] + registry.model_arguments(v)))
-    cfg = load_config(REPO / "configs" / "weatherbench" / "world_dense.yaml", ["model.new_option=0.25"])
+    cfg = read_config(REPO / "configs" / "weatherbench" / "world_dense.yaml", ["model.new_option=0.25"])
     validate_train_config(cfg)
     for override, message in [("model.new_option=lots", "'model.new_option' must be float"),
                               ("model.new_mode=z", "'model.new_mode' must be one of 'x', 'y'")]:
-        cfg = load_config(REPO / "configs" / "weatherbench" / "world_dense.yaml", [override])
+        cfg = read_config(REPO / "configs" / "weatherbench" / "world_dense.yaml", [override])
         with pytest.raises(ConfigError, match=message):
             validate_train_config(cfg)

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
-from smoeweather.config import ConfigError, apply_overrides, load_config, validate
+from smoeweather.config import ConfigError, apply_overrides, read_config, validate
 from smoeweather.data.cache import cache_in_memory
 from smoeweather.data.sampling import CountingReader, block_order, rank_share, sample_read_starts
 from smoeweather.data.weather import WeatherBenchDataset
@@ -200,7 +200,7 @@ def test_config_selects_the_sampler(store: str) -> None:
 
 
 def test_smoe_train_uses_time_blocks_from_the_config(store: str, tmp_path: Path) -> None:
-    cfg = apply_overrides(load_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml"), [
+    cfg = apply_overrides(read_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml"), [
         f"output_dir={tmp_path}", f"data.store={store}", "data.world=null", "data.sources=null",
         "data.train_years=null", "data.valid_years=null", "data.test_years=null",
         "data.train_period=[2000-01-01, 2000-01-25]", "data.valid_period=[2000-01-26, 2000-02-06]",

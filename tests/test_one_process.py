@@ -27,14 +27,14 @@ from pathlib import Path
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.cli import main
-from smoeweather.config import apply_overrides, load_config
+from smoeweather.config import apply_overrides, read_config
 from smoeweather.training.run import train
 
 out, repo = Path(sys.argv[1]), Path(sys.argv[2])
 store = out / "world.zarr"
 write_store(lambda: simulate_world((2000, 2000), seed=0, n_steps=160), store, args={"test": "one_process"},
             train_years=None, source="test", time_chunk=8, scheduler="synchronous", progress=False)
-cfg = load_config(repo / "configs" / "weatherbench" / "world_smoe_all_prior.yaml")
+cfg = read_config(repo / "configs" / "weatherbench" / "world_smoe_all_prior.yaml")
 ckpt = train(apply_overrides(cfg, [
     f"output_dir={out / 'run'}", f"data.store={store}", "data.world=null", "data.sources=null",
     "data.num_workers=0", "data.batch_size=4", "data.variables=[geopotential_500, temperature_850]",

@@ -386,11 +386,11 @@ def test_smoe_cnn_does_not_degrade_as_it_trains() -> None:
     0.43 at 1000). configs/vision/smoe_cnn.yaml (damping off, q 0.7), shrunk to 16 channels / 32 experts, 300 seeded
     steps: test accuracy at 300 steps not below that at 75 and the training loss still falling. With
     ``smoe.damping=0.1`` the same run fails both (accuracy 0.76 → 0.61, loss rising after step ~200; Finding 6)."""
-    from smoeweather.config import load_config
+    from smoeweather.config import read_config
     from smoeweather.experiments.vision import CONFIG_DIR, collapse_run
 
     torch.set_num_threads(1)
-    cfg = load_config(CONFIG_DIR / "smoe_cnn.yaml")["model"]
+    cfg = read_config(CONFIG_DIR / "smoe_cnn.yaml")["model"]
     cfg["channels"], cfg["smoe"]["num_experts"] = 16, 32
     run = collapse_run(cfg, steps=300, seed=0, eval_steps=[75, 300], log_every=75)
     acc = {e["step"]: e["accuracy"] for e in run["evals"]}

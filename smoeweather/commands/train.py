@@ -37,9 +37,9 @@ def check_run_dir(run_dir: Path, resume: Path | None, overwrite: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the config with its overrides, validated in full (a typed config) before anything runs, and train."""
     from smoeweather.training.run import train
-    from smoeweather.training.settings import load_train_config
+    from smoeweather.training.settings import load_config
 
-    cfg = load_train_config(args.config, list(args.overrides or []))
+    cfg = load_config(args.config, list(args.overrides or []))
     check_run_dir(Path(cfg.run_dir), args.resume, args.overwrite)
     result = train(cfg, init_from=args.init_from, resume=args.resume)
     if result.trainer.is_global_zero:

@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProg
 from torch import nn
 
 from pipelines.heat_diffusion import generate, open_heat
-from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, load_config
+from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, read_config
 from smoeweather.data.heat import batched_pairs, heat_splits
 from smoeweather.io import write_json, write_text
 from smoeweather.models.heat import HEAT_MODELS, build_heat_model, count_parameters
@@ -189,7 +189,7 @@ def resolve_config(quick: bool = False, config: Path | None = None, overrides: l
                    protocol: str | None = None) -> dict[str, Any]:
     """The benchmark config: file, then the ``quick:`` block (if ``quick``), then the chosen protocol's
     block, then ``key=value`` overrides. ``protocol`` (or the config's ``protocol``) picks the block."""
-    cfg = load_config(config or DEFAULT_CONFIG)
+    cfg = read_config(config or DEFAULT_CONFIG)
     quick_cfg = cfg.pop("quick", {}) or {}
     protocols = cfg.pop("protocols", {}) or {}
     if quick:

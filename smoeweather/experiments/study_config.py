@@ -4,14 +4,22 @@ validated in full before anything runs. See :mod:`smoeweather.experiments.study`
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from smoeweather.config import Block, ConfigError, apply_overrides, load_config, setting, settings_specs, validate
+from smoeweather.config import (
+    Block,
+    ConfigError,
+    apply_overrides,
+    parse_settings,
+    read_config,
+    setting,
+    settings_specs,
+    validate,
+)
 
 STUDY_TASKS = ("weatherbench", "postprocess", "ens10")
 POSTPROCESS_TASKS = ("postprocess", "ens10")
@@ -79,7 +87,7 @@ class StudyConfig:
     def run_config(self, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
         """The resolved training config of one (variant, seed) run writing to ``out``. The study's schedule
         comes first, so the study's and the variant's overrides can replace it."""
-        cfg = load_config(variant.config, [*self.schedule_overrides(), *self.overrides, *variant.overrides])
+        cfg = read_config(variant.config, [*self.schedule_overrides(), *self.overrides, *variant.overrides])
         if cfg.get("task") not in STUDY_TASKS:
             raise ConfigError(f"study {self.path}: variant {variant.name!r} ({variant.config}) is task "
                               f"{cfg.get('task')!r}; a study scores {' or '.join(STUDY_TASKS)} runs only")
@@ -102,12 +110,6 @@ number out of bounds is an error naming the key, before anything runs."""
 VARIANT_SCHEMA = Block({"config": (str,), "overrides": (list, type(None)), "family": (str, type(None))})
 
 
-def _default(key: str) -> Any:
-    """The default of a study key: the field default of :class:`StudyConfig` (the one place it is set)."""
-    spec = StudyConfig.__dataclass_fields__[key]
-    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
-
-
 def _check_study_keys(raw: Any, path: Path) -> None:
     """ConfigError naming the study file and the key (:data:`STUDY_SCHEMA`, :data:`VARIANT_SCHEMA`)."""
     try:
@@ -118,20 +120,8 @@ def _check_study_keys(raw: Any, path: Path) -> None:
         raise ConfigError(f"study config {path}: {err}") from None
 
 
-def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StudyConfig:
-    """Parse a study YAML file; ``overrides`` (``key=value``) apply to the study file itself (e.g. ``steps=10``).
-    The study's keys and every variant's training config (with the study's overrides) are checked in full
-    here, before anything runs."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"study config {path} does not exist")
-    raw = apply_overrides(yaml.safe_load(path.read_text()) or {}, list(overrides))
-    if not isinstance(raw, dict):
-        raise ConfigError(f"study config {path} must hold a mapping")
-    _check_study_keys(raw, path)
-    missing = [k for k in ("seeds", "steps", "variants", "baseline") if k not in raw]
-    if missing:
-        raise ConfigError(f"study config {path} lacks {missing}; expected seeds, steps, baseline, variants")
+def _variants(raw: dict[str, Any], path: Path) -> list[Variant]:
+    """The ``variants`` block: each variant's config resolved relative to the study file (which must exist)."""
     variants_raw = raw["variants"]
     if not isinstance(variants_raw, dict) or not variants_raw:
         raise ConfigError(f"study config {path}: variants must be a non-empty mapping name → {{config, overrides}}")
@@ -148,59 +138,61 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if raw["baseline"] not in variants_raw:
         raise ConfigError(f"study config {path}: baseline {raw['baseline']!r} is not a variant "
                           f"({sorted(variants_raw)})")
-    steps = int(raw["steps"])
-    seeds = [int(s) for s in raw["seeds"]]
-    if steps < 1 or not seeds or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"study config {path}: steps must be ≥ 1 and seeds a non-empty list of distinct ints")
-    every = raw.get("val_every_steps")
-    if every is not None and (int(every) < 1 or steps % int(every)):
-        raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
-                          "step must be validated)")
-    scoring = str(raw.get("scoring", _default("scoring")))
-    if scoring not in ("auto", "forecast", "postprocess", "ensemble"):
-        raise ConfigError(f"study config {path}: scoring must be 'forecast' (smoe forecast + smoe evaluate), "
-                          f"'postprocess' (Gaussian CRPS of post-processing networks) or 'ensemble' (CRPS, "
-                          f"spread/skill, ensemble-mean RMSE of ensemble networks), got {scoring!r}")
-    threads = int(raw.get("threads", _default("threads")))
-    schedule = str(raw.get("lr_schedule", _default("lr_schedule")))
-    if threads < 1 or schedule not in LR_SCHEDULES:
-        raise ConfigError(f"study config {path}: threads must be >= 1 and lr_schedule one of {LR_SCHEDULES}, got "
-                          f"{threads} and {schedule!r}")
+    return variants
+
+
+def _cost(raw: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """The ``cost`` key: false/null → None (not measured), true → {} (defaults), else the mapping as given."""
     cost = raw.get("cost", {})
     if cost is False or cost is None:
-        cost = None
-    elif cost is True:
-        cost = {}
-    elif not isinstance(cost, dict) or set(cost) - {"reference", "steps", "rounds", "warmup"}:
+        return None
+    if cost is True:
+        return {}
+    if not isinstance(cost, dict) or set(cost) - {"reference", "steps", "rounds", "warmup"}:
         raise ConfigError(f"study config {path}: cost must be false or a mapping of reference, steps, rounds, "
                           f"warmup; got {cost!r}")
+    return cost
+
+
+def _pairs(raw: dict[str, Any], names: list[str], path: Path) -> list[tuple[str, str]]:
+    """The ``pairs`` key: [a, b] lists of two distinct variant names, as tuples."""
     pairs = raw.get("pairs") or []
-    names = [v.name for v in variants]
     if not isinstance(pairs, list) or not all(
             isinstance(p, list) and len(p) == 2 and p[0] in names and p[1] in names and p[0] != p[1] for p in pairs):
         raise ConfigError(f"study config {path}: pairs must be a list of [variant, other variant] (two distinct "
                           f"names of {names}), got {pairs!r}")
-    study = StudyConfig(
-        name=str(raw.get("name", path.stem)),
-        path=path,
-        seeds=seeds,
-        steps=steps,
-        baseline=str(raw["baseline"]),
-        variants=variants,
-        leads_h=[int(v) for v in raw.get("leads_h", _default("leads_h"))],
-        targets=[str(t) for t in raw.get("targets", _default("targets"))],
-        overrides=[str(o) for o in raw.get("overrides") or []],
-        scoring=scoring,
-        val_every_steps=None if every is None else int(every),
-        reference_baseline=None if raw.get("reference_baseline") is None else str(raw["reference_baseline"]),
-        threads=threads,
-        lr_schedule=schedule,
-        warmup_steps=int(raw.get("warmup_steps", _default("warmup_steps"))),
-        min_lr_factor=float(raw.get("min_lr_factor", _default("min_lr_factor"))),
-        cost=cost,
-        label=None if raw.get("label") is None else str(raw["label"]),
-        pairs=[(str(a), str(b)) for a, b in pairs],
-    )
+    return [(str(a), str(b)) for a, b in pairs]
+
+
+def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StudyConfig:
+    """Parse a study YAML file; ``overrides`` (``key=value``) apply to the study file itself (e.g. ``steps=10``).
+    The study's keys (:func:`~smoeweather.config.parse_settings` of :class:`StudyConfig`: unknown keys with
+    did-you-mean, types, bounds, the field defaults) and every variant's training config (with the study's
+    overrides) are checked in full here, before anything runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"study config {path} does not exist")
+    raw = apply_overrides(yaml.safe_load(path.read_text()) or {}, list(overrides))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"study config {path} must hold a mapping")
+    _check_study_keys(raw, path)
+    missing = [k for k in ("seeds", "steps", "variants", "baseline") if k not in raw]
+    if missing:
+        raise ConfigError(f"study config {path} lacks {missing}; expected seeds, steps, baseline, variants")
+    variants = _variants(raw, path)
+    seeds, steps, every = raw["seeds"], raw["steps"], raw.get("val_every_steps")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"study config {path}: steps must be ≥ 1 and seeds a non-empty list of distinct ints")
+    if every is not None and steps % every:
+        raise ConfigError(f"study config {path}: val_every_steps={every} must divide steps={steps} (the last "
+                          "step must be validated)")
+    values = {**raw, "name": raw.get("name", path.stem), "path": path, "variants": variants,
+              "overrides": [str(o) for o in raw.get("overrides") or []], "cost": _cost(raw, path),
+              "pairs": _pairs(raw, [v.name for v in variants], path)}
+    try:
+        study = parse_settings(StudyConfig, values, "")
+    except ConfigError as err:
+        raise ConfigError(f"study config {path}: {err}") from None
     check_variant_configs(study)
     return study
 

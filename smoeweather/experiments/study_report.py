@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.config import ConfigError, load_config
+from smoeweather.config import ConfigError, read_config
 from smoeweather.experiments.study_config import StudyConfig
 from smoeweather.experiments.study_stats import (
     REGIONS,
@@ -194,7 +194,7 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
     families = {}
     for v in study.variants:
         try:
-            cfg = load_config(v.config, [*study.overrides, *v.overrides])
+            cfg = read_config(v.config, [*study.overrides, *v.overrides])
         except (ConfigError, OSError):
             cfg = {}
         families[v.name] = study.families.get(v.name) or variant_family(cfg)

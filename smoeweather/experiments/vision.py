@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, load_config
+from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, read_config
 from smoeweather.data.images import load_images, shuffled_pixels, standardise
 from smoeweather.io import write_json, write_text
 from smoeweather.metrics.classification import (
@@ -42,7 +42,7 @@ CONFIG_DIR = BUILTIN_CONFIGS / "vision"
 
 def row_model_config(row: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``model`` block of ``configs/vision/<row>.yaml`` (EMoE: of vit.yaml, converted later)."""
-    cfg = load_config(CONFIG_DIR / f"{'vit' if row == 'emoe' else row}.yaml")["model"]
+    cfg = read_config(CONFIG_DIR / f"{'vit' if row == 'emoe' else row}.yaml")["model"]
     return deep_merge(cfg, overrides or {})
 
 
@@ -134,7 +134,7 @@ def run_benchmark(out: str | Path, quick: bool = False, config: str | Path | Non
     """Train and score the rows; write ``out/vision_benchmark.json``, ``.md`` and figures. Returns the JSON."""
     from smoeweather.plotting.vision import plot_expert_class_heatmap, plot_selection_frequency
 
-    cfg = load_config(config or CONFIG_DIR / "benchmark.yaml")
+    cfg = read_config(config or CONFIG_DIR / "benchmark.yaml")
     quick_block = cfg.pop("quick", {}) or {}
     if quick:
         cfg = deep_merge(cfg, quick_block)
@@ -383,8 +383,8 @@ def collapse_study(out: str | Path, config: str | Path | None = None, arms: list
                    seeds: list[int] | None = None) -> list[Path]:
     """Run the (arm, seed) jobs of the collapse study config not yet in ``out/jobs`` (resumable; run several
     processes with disjoint ``arms``/``seeds`` to use more cores). Returns the job files written."""
-    cfg = load_config(config or COLLAPSE_CONFIG)
-    quick = (load_config(CONFIG_DIR / "benchmark.yaml").get("quick") or {}).get("model_overrides", {})
+    cfg = read_config(config or COLLAPSE_CONFIG)
+    quick = (read_config(CONFIG_DIR / "benchmark.yaml").get("quick") or {}).get("model_overrides", {})
     dcfg = cfg.get("data", {})
     jobs = Path(out) / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
@@ -409,7 +409,7 @@ def collapse_study(out: str | Path, config: str | Path | None = None, arms: list
 def collapse_summary(out: str | Path, config: str | Path | None = None, name: str = "vision_collapse") -> dict:
     """Aggregate ``out/jobs`` into ``out/<name>.json``, ``.md`` (accuracy mean ± std per arm and step, paired
     differences to the arm ``smoe_cnn`` ± standard error) and ``<name>.png`` (diagnostics over training)."""
-    cfg = load_config(config or COLLAPSE_CONFIG)
+    cfg = read_config(config or COLLAPSE_CONFIG)
     out = Path(out)
     runs = [json.loads(p.read_text()) for p in sorted((out / "jobs").glob("*.json"))]
     for r in runs:  # a job run longer than the config's budget: its first ``steps`` are that budget's run

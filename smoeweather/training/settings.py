@@ -1,4 +1,4 @@
-"""Typed ``smoe train`` configuration, validated once: :func:`load_train_config` / :meth:`TrainConfig.from_dict`.
+"""Typed ``smoe train`` configuration, validated once: :func:`load_config` / :meth:`TrainConfig.from_dict`.
 
 A whole config is checked before anything runs (unknown keys with did-you-mean at every level, types, bounds,
 the model's keys: :mod:`smoeweather.training.schema`) and returned as a :class:`TrainConfig`: ``task``,
@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smoeweather.config import ConfigError, load_config, parse_settings
+from smoeweather.config import ConfigError, parse_settings, read_config
 from smoeweather.training.blocks import LoaderSettings, ModelBlock, TrainingSettings, training_settings
 from smoeweather.training.schema import validate_train_config
 
-__all__ = ["LoaderSettings", "ModelBlock", "TrainConfig", "TrainingSettings", "load_train_config",
-           "training_settings"]
+__all__ = ["LoaderSettings", "ModelBlock", "TrainConfig", "TrainingSettings", "load_config", "training_settings"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,7 @@ class TrainConfig(Mapping[str, Any]):
         return len(self.raw)
 
 
-def load_train_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """:func:`~smoeweather.config.load_config` of a ``smoe train`` config, validated in full and typed."""
-    return TrainConfig.from_dict(load_config(path, overrides))
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """A ``smoe train`` config (a YAML path or a built-in name, with ``a.b=value`` overrides: read by
+    :func:`~smoeweather.config.read_config`), validated in full and typed; ConfigError naming the key otherwise."""
+    return TrainConfig.from_dict(read_config(path, overrides))
