@@ -22,7 +22,7 @@ score, mean and 95 % interval (Student t over inits; bootstrap over dates for UW
 ``--data`` holds gcm_ens_2005.nc and gcm_ens_2006.nc (``smoe data gcm-ens``), ``--uwme`` the ensembleBMA
 table (default: the shared data folder beside the repository). ``--reuse`` skips a command whose outputs exist
 (same command, same folder). Writes benchmarks/results/postprocess_calibration.{json,md} and the figures
-benchmarks/results/postprocess_calibration_*.png.
+benchmarks/results/postprocess_calibration_*.png (copied to docs/assets/postprocess/ for the research page).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+ASSETS = REPO / "docs" / "assets" / "postprocess"
 SHARED = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 SMOE = [str(REPO / ".venv" / "bin" / "smoe")]
 PERCENTILES = (0.1, 0.5, 0.9)
@@ -73,6 +74,13 @@ def run(cmd: list[str], outputs: list[Path], reuse: bool, log: list[str], subs: 
         return
     print("running:", log[-1], flush=True)
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def publish(src: Path, name: str) -> None:
+    """Copy a figure beside the results (benchmarks/results/NAME) and to the docs' assets."""
+    ASSETS.mkdir(parents=True, exist_ok=True)
+    for folder in (RESULTS, ASSETS):
+        shutil.copy(src, folder / name)
 
 
 def training_thresholds(files: list[Path]) -> tuple[list[float], Any]:
@@ -139,9 +147,8 @@ def gcm_part(data: Path, work: Path, reuse: bool, subs: dict[str, str]) -> dict[
     for kind, methods in (("reliability", ["raw", "emos", "unet"]), ("pit", ["emos", "unet"])):
         run([*SMOE, "plot", kind, str(scores / "scores.nc"), "--methods", *methods, "--out", str(figs),
              "--overwrite"], [], False, log, subs)
-    shutil.copy(figs / f"reliability_geopotential_500_gt_{thr[1]}.png", RESULTS / "postprocess_calibration_gcm_"
-                "reliability.png")
-    shutil.copy(figs / "pit_geopotential_500.png", RESULTS / "postprocess_calibration_gcm_pit.png")
+    publish(figs / f"reliability_geopotential_500_gt_{thr[1]}.png", "postprocess_calibration_gcm_reliability.png")
+    publish(figs / "pit_geopotential_500.png", "postprocess_calibration_gcm_pit.png")
 
     ds = xr.load_dataset(scores / "scores.nc")
     sel = {"field": "geopotential_500", "prediction_timedelta": LEAD}
@@ -233,8 +240,7 @@ def uwme_part(table: Path, work: Path, reuse: bool, subs: dict[str, str]) -> dic
     figs = u / "figures"
     run([*SMOE, "plot", "reliability", str(u / "scores.nc"), "--out", str(figs), "--overwrite"], [], False, log,
         subs)
-    shutil.copy(figs / f"reliability_{UWME_VAR}_gt_{FROST:g}.png", RESULTS / "postprocess_calibration_uwme_"
-                "reliability.png")
+    publish(figs / f"reliability_{UWME_VAR}_gt_{FROST:g}.png", "postprocess_calibration_uwme_reliability.png")
     bs = {m: float(((v - o) ** 2)[ok].mean()) for m, v in probs.items()}
     bs_clim = float(((clim - o) ** 2)[ok].mean())
     rng = np.random.default_rng(0)
