@@ -8,7 +8,8 @@ point with ``per_gridpoint=True``. Every fit is done in standardised units of it
 tolerance suits Z500 and T850).
 
 Solver: every group (variable × lead × level [× grid point]) is its own
-4-parameter problem, solved by a batched damped Newton method on all groups at once:
+4-parameter problem, solved on all groups at once by the one damped saddle-free Newton solver
+(:func:`.newton.minimise`, also used by :func:`fit_blocks` for any mean predictors and the truncated normal):
 
 - closed-form start: a, b by weighted least squares of the truth on the ensemble mean; c, d by regressing
   the squared residuals on the ensemble variance (clipped to c, d ≥ 0);
@@ -30,6 +31,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -37,6 +39,7 @@ import torch
 import xarray as xr
 
 from smoeweather.metrics.weights import latitude_weights
+from smoeweather.postprocess.newton import LADDER, minimise, saddle_free_step
 
 COEFFICIENTS = ("a", "b", "c", "d")
 C_FLOOR = 1e-6  # floor of c in units of the truth's variance (σ ≥ 10⁻³ of the truth's standard deviation)
@@ -149,71 +152,58 @@ def _start(m: torch.Tensor, v: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -
     return torch.stack([a0, b0, torch.sqrt(c0 - C_FLOOR), torch.sqrt(d0.clamp_min(1e-4))], 1)
 
 
+class _MeanSpread:
+    """The mean/spread Gaussian EMOS of one block of groups as a :class:`.newton.Problem`: standardised data
+    (G, S) held as torch tensors, the closed-form CRPS derivatives of :func:`_crps_and_derivatives` (torch)."""
+
+    def __init__(self, data: dict[str, np.ndarray]) -> None:
+        t = {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in data.items()}
+        self.work = dict(t, f=_features(t["m"], t["v"]))
+
+    def start(self) -> np.ndarray:
+        w = self.work
+        return _start(w["m"], w["v"], w["y"], w["w"]).numpy()
+
+    def _eval(self, theta: np.ndarray, rows: np.ndarray | None, derivatives: bool
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        w = self.work if rows is None else {k: a[torch.from_numpy(rows)] for k, a in self.work.items()}
+        th = torch.from_numpy(theta if rows is None else theta[rows])
+        f, g, h = _crps_and_derivatives(th, w["m"], w["v"], w["y"], w["w"], w["f"] if derivatives else None)
+        return f.numpy(), None if g is None else g.numpy(), None if h is None else h.numpy()
+
+    def derivatives(self, theta: np.ndarray, rows: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._eval(theta, rows, True)  # type: ignore[return-value]
+
+    def trial(self, theta: np.ndarray, step: np.ndarray, ladder: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        f, g, h = self.derivatives(theta + step)  # the ladder is (1,): its loss comes with the derivatives
+        return f[:, None], f, g, h
+
+    def losses(self, theta: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return self._eval(theta, rows, False)[0]
+
+    def step(self, grad: np.ndarray, hess: np.ndarray) -> np.ndarray:
+        return _newton_step(torch.from_numpy(grad), torch.from_numpy(hess)).numpy()
+
+    def dot(self, grad: np.ndarray, step: np.ndarray) -> np.ndarray:
+        return (torch.from_numpy(grad) * torch.from_numpy(step)).sum(1).numpy()
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.work = {k: a[torch.from_numpy(rows)] for k, a in self.work.items()}
+
+
 def _newton_block(data: dict[str, np.ndarray], iterations: int, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """Standardised coefficients (G, 4) and convergence flags (G,) of one block of groups (see module doc).
-
-    Each iteration evaluates CRPS, gradient and Hessian once, at the trial point θ + p; a group whose trial
-    fails the Armijo test backtracks (halving its own step, CRPS only) before its derivatives are recomputed.
-    Converged groups are dropped from the working arrays once a quarter of them is done.
-    """
-    t = {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in data.items()}
-    theta = _start(t["m"], t["v"], t["y"], t["w"])
-    n = theta.shape[0]
-    converged = torch.zeros(n, dtype=torch.bool)
-    idx = torch.arange(n)  # groups held in the working arrays
-    work = dict(t, f=_features(t["m"], t["v"]))
-
-    def sub(rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return work["m"][rows], work["v"][rows], work["y"][rows], work["w"][rows]
-
-    th = theta.clone()
-    f, grad, hess = _crps_and_derivatives(th, work["m"], work["v"], work["y"], work["w"], work["f"])
-    live = torch.ones(n, dtype=torch.bool)  # working rows still iterating
-    for _ in range(iterations):
-        step = _newton_step(grad, hess)
-        slope = (grad * step).sum(1)  # −(Newton decrement) < 0
-        live &= -slope >= tol
-        if not live.any():
-            break
-        if live.sum() < 0.75 * len(idx):  # compact the working arrays
-            keep = torch.nonzero(live)[:, 0]
-            theta[idx] = th
-            converged[idx[~live]] = True
-            idx, th, f, step, slope = idx[keep], th[keep], f[keep], step[keep], slope[keep]
-            work = {k: a[keep] for k, a in work.items()}
-            live = torch.ones(len(idx), dtype=torch.bool)
-        trial = th + step * live[:, None]
-        f_new, g_new, h_new = _crps_and_derivatives(trial, work["m"], work["v"], work["y"], work["w"], work["f"])
-        bad = torch.nonzero(live & ~(f_new <= f + 1e-4 * slope))[:, 0]
-        if len(bad):
-            alpha = torch.full((len(bad),), 0.5, dtype=th.dtype)
-            found = torch.zeros(len(bad), dtype=torch.bool)
-            for _ls in range(40):
-                todo = torch.nonzero(~found)[:, 0]
-                if len(todo) == 0:
-                    break
-                rows = bad[todo]
-                cand = th[rows] + alpha[todo, None] * step[rows]
-                fc, _, _ = _crps_and_derivatives(cand, *sub(rows))
-                ok = fc <= f[rows] + 1e-4 * alpha[todo] * slope[rows]
-                trial[rows[ok]] = cand[ok]
-                found[todo[ok]] = True
-                alpha[todo[~ok]] *= 0.5
-            live[bad[~found]] = False  # no step lowers the CRPS: at its minimum to working precision
-            trial[bad[~found]] = th[bad[~found]]
-            redo = bad[found]
-            if len(redo):
-                f_new[redo], g_new[redo], h_new[redo] = _crps_and_derivatives(trial[redo], *sub(redo),
-                                                                               work["f"][redo])
-        th, f, grad, hess = trial, f_new, g_new, h_new
-    else:
-        step = _newton_step(grad, hess)
-        live &= -(grad * step).sum(1) >= tol
-    theta[idx] = th
-    converged[idx[~live]] = True
-    theta_np = theta.numpy()
-    coef = np.stack([theta_np[:, 0], theta_np[:, 1], theta_np[:, 2] ** 2 + C_FLOOR, theta_np[:, 3] ** 2], 1)
-    return coef, converged.numpy()
+    """Standardised coefficients (G, 4) and convergence flags (G,) of one block of groups: the one Newton
+    solver (:func:`.newton.minimise`) with a line search that evaluates the full step with the derivatives,
+    then halves the steps of the groups it fails for one by one (up to 40 times); converged groups leave the
+    working arrays once a quarter of them is done."""
+    problem = _MeanSpread(data)
+    theta0 = problem.start()
+    theta, ok = minimise(problem, theta0, np.ones(len(theta0), bool), iterations, tol, ladder=np.ones(1),
+                         halvings=40, compact=True)
+    coef = np.stack([theta[:, 0], theta[:, 1], theta[:, 2] ** 2 + C_FLOOR, theta[:, 3] ** 2], 1)
+    return coef, ok
 
 
 def fit_groups_newton(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray, iterations: int = 50,
@@ -356,7 +346,6 @@ Block = dict[str, np.ndarray]
 ensemble variance, ``y`` (G, S) truth, ``w`` (G, S) sample weights (0 = no sample)."""
 Reduce = Callable[[Callable[[Block], dict[str, np.ndarray]]], dict[str, np.ndarray]]
 """Sums ``fn(block)`` over every block of the data (a dict of arrays, summed key by key)."""
-LADDER = 0.5 ** np.arange(8)  # step lengths tried in one pass (backtracking line search)
 
 
 def _valid(b: Block) -> np.ndarray:
@@ -466,14 +455,6 @@ def _chain(theta: np.ndarray, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.
     return d["loss"], d["grad"] * jac, hess
 
 
-def _newton_step_np(grad: np.ndarray, hess: np.ndarray) -> np.ndarray:
-    """Saddle-free Newton step −|H|⁻¹ g (G, P), as :func:`_newton_step`."""
-    evals, evecs = np.linalg.eigh(hess)
-    floor = 1e-10 * np.maximum(np.abs(evals).max(1, keepdims=True), 1e-300)
-    inv = 1.0 / np.maximum(np.abs(evals), floor)
-    return -np.einsum("gij,gj->gi", evecs, inv * np.einsum("gji,gj->gi", evecs, grad))
-
-
 def _tn_terms(theta: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
     """Σ w·CRPS (G,) of the normal truncated at ``lo`` (G, 1) (0 in physical units) on a standardised block."""
     from smoeweather.postprocess.distributions import crps_torch
@@ -509,16 +490,79 @@ def _no_chain(theta: np.ndarray, d: dict[str, np.ndarray]) -> tuple[np.ndarray, 
     return d["loss"], d["grad"], d["hess"]
 
 
+def _std(b: Block, loc: np.ndarray, scale: np.ndarray, wsum: np.ndarray, tn: bool) -> Block:
+    """:func:`_standardised_block`, with the truncation point 0 in each group's standardised units (``tn``)."""
+    out = _standardised_block(b, loc, scale, wsum)
+    if tn:
+        out["lo"] = (-loc / scale)[:, None]
+    return out
+
+
+class _Pooled:
+    """EMOS on blocks of samples as a :class:`.newton.Problem`: every quantity a sum over the blocks of
+    ``reduce`` (one pass each call), in each group's standardised units (numpy; the truncated normal's
+    derivatives by autograd). What ``reduce`` ships to the blocks captures arrays and module functions only
+    (it may go to the processes of a dask cluster)."""
+
+    def __init__(self, reduce: Reduce, tn: bool) -> None:
+        self.reduce = reduce
+        self.crps, self.grads, self.chain = (
+            (_block_crps_tn, _block_derivatives_tn, _no_chain) if tn else (_block_crps, _block_derivatives, _chain))
+        self.moments = mom = reduce(_moment_sums)
+        wsum = np.maximum(mom["w"], 1e-300)
+        self.loc = mom["wy"] / wsum
+        scale = np.sqrt(np.maximum(mom["wyy"] / wsum - self.loc**2, 0.0))
+        self.scale = np.where(scale > 0, scale, 1.0)
+        self.std = partial(_std, loc=self.loc, scale=self.scale, wsum=wsum, tn=tn)
+
+    def start(self) -> np.ndarray:
+        std = self.std
+        return _start_from_sums(self.reduce(lambda b: _start_sums(std(b))))
+
+    def derivatives(self, theta: np.ndarray, rows: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        std, grads = self.std, self.grads
+        f, g, h = self.chain(theta, self.reduce(lambda b: grads(theta, std(b))))
+        return (f, g, h) if rows is None else (f[rows], g[rows], h[rows])
+
+    def trial(self, theta: np.ndarray, step: np.ndarray, ladder: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        std, crps, grads = self.std, self.crps, self.grads
+
+        def one(b: Block) -> dict[str, np.ndarray]:
+            sb = std(b)
+            out = {f"f{i}": crps(theta + a * step, sb) for i, a in enumerate(ladder)}
+            out.update(grads(theta + step, sb))
+            return out
+
+        r = self.reduce(one)
+        f, g, h = self.chain(theta + step, {k: r[k] for k in ("loss", "grad", "hess")})
+        return np.stack([r[f"f{i}"] for i in range(len(ladder))], 1), f, g, h
+
+    def losses(self, theta: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        std, crps = self.std, self.crps
+        return self.reduce(lambda b: {"f": crps(theta, std(b))})["f"][rows]
+
+    def step(self, grad: np.ndarray, hess: np.ndarray) -> np.ndarray:
+        return saddle_free_step(grad, hess)
+
+    def dot(self, grad: np.ndarray, step: np.ndarray) -> np.ndarray:
+        return (grad * step).sum(1)
+
+    def keep(self, rows: np.ndarray) -> None:
+        raise NotImplementedError("pooled EMOS sums over every group in each pass: no compaction")
+
+
 def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12, distribution: str = "normal"
                ) -> tuple[np.ndarray, np.ndarray]:
     """EMOS coefficients (G, K + 2) = (a, b₁ … b_{K−1}, c, d) in physical units and convergence flags (G,)
     of groups whose samples are spread over blocks.
 
     ``reduce(fn)`` returns the sum over all blocks of ``fn(block)`` (a dict of arrays), ``block`` a physical
-    :data:`Block`. Passes: truth moments (standardisation), start sums, then one pass per damped saddle-free
-    Newton iteration that evaluates the CRPS at the step lengths :data:`LADDER` and the derivatives at the
-    full step (a second pass when a group takes a shorter step). A group stops when its Newton decrement falls
-    below ``tol`` or no step length lowers its CRPS (at its minimum to working precision).
+    :data:`Block`. Passes: truth moments (standardisation), start sums, then the one Newton solver
+    (:func:`.newton.minimise`): one pass per iteration that evaluates the CRPS at the step lengths
+    :data:`.newton.LADDER` and the derivatives at the full step (a second pass when a group takes a shorter
+    step). A group stops when its Newton decrement falls below ``tol`` or no step length lowers its CRPS.
 
     ``distribution="truncnormal"``: the predictive normal truncated at 0 (physical units), minimum truncated-normal
     CRPS (:mod:`.distributions`); the same parameters and Newton iteration, derivatives by autograd.
@@ -526,60 +570,13 @@ def fit_blocks(reduce: Reduce, iterations: int = 50, tol: float = 1e-12, distrib
     from smoeweather.postprocess.distributions import check_distribution
 
     tn = check_distribution(distribution, "distribution") == "truncnormal"
-    block_crps, derivatives, chain = ((_block_crps_tn, _block_derivatives_tn, _no_chain) if tn
-                                      else (_block_crps, _block_derivatives, _chain))
-    mom = reduce(_moment_sums)
-    wsum = np.maximum(mom["w"], 1e-300)
-    loc = mom["wy"] / wsum
-    scale = np.sqrt(np.maximum(mom["wyy"] / wsum - loc**2, 0.0))
-    scale = np.where(scale > 0, scale, 1.0)
-
-    def std(b: Block) -> Block:
-        out = _standardised_block(b, loc, scale, wsum)
-        if tn:  # the truncation point 0 in each group's standardised units
-            out["lo"] = (-loc / scale)[:, None]
-        return out
-
-    theta = _start_from_sums(reduce(lambda b: _start_sums(std(b))))
-    f, grad, hess = chain(theta, reduce(lambda b: derivatives(theta, std(b))))
-    live = mom["w"] > 0
-    for _ in range(iterations):
-        step = _newton_step_np(grad, hess) * live[:, None]
-        slope = (grad * step).sum(1)
-        live &= -slope >= tol
-        if not live.any():
-            break
-        step = step * live[:, None]
-        th, st = theta.copy(), step.copy()
-
-        def trial(b: Block, th: np.ndarray = th, st: np.ndarray = st) -> dict[str, np.ndarray]:
-            sb = std(b)
-            out = {f"f{i}": block_crps(th + a * st, sb) for i, a in enumerate(LADDER)}
-            out.update(derivatives(th + st, sb))
-            return out
-
-        r = reduce(trial)
-        fa = np.stack([r[f"f{i}"] for i in range(len(LADDER))], 1)  # (G, A)
-        ok = fa <= f[:, None] + 1e-4 * LADDER[None, :] * slope[:, None]
-        found = ok.any(1) & live
-        first = np.argmax(ok, 1)
-        alpha = np.where(found, LADDER[first], 0.0)
-        live &= found  # no step lowers the CRPS: at its minimum to working precision
-        theta = theta + alpha[:, None] * step
-        if np.all(alpha[found] == 1.0):
-            f_new, g_new, h_new = chain(theta, {k: r[k] for k in ("loss", "grad", "hess")})
-            keep = alpha == 1.0
-            f, grad, hess = np.where(keep, f_new, f), np.where(keep[:, None], g_new, grad), np.where(
-                keep[:, None, None], h_new, hess)
-        else:
-            f, grad, hess = chain(theta, reduce(lambda b, th=theta: derivatives(th, std(b))))
-    else:
-        step = _newton_step_np(grad, hess)
-        live &= -(grad * step).sum(1) >= tol
+    problem = _Pooled(reduce, tn)
+    mom, loc, scale = problem.moments, problem.loc, problem.scale
+    theta, ok = minimise(problem, problem.start(), mom["w"] > 0, iterations, tol, ladder=LADDER)
     k = theta.shape[1] - 2
     beta = theta[:, :k]
     a = loc + scale * beta[:, 0] - loc * beta[:, 1:].sum(1)
     coef = np.concatenate([a[:, None], beta[:, 1:], (scale**2 * (theta[:, k] ** 2 + C_FLOOR))[:, None],
                            (theta[:, k + 1] ** 2)[:, None]], 1)
     coef[mom["w"] <= 0] = np.nan  # a group without a single sample has no fit
-    return coef, ~live
+    return coef, ok
