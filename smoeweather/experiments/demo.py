@@ -229,8 +229,11 @@ def run_demo(out: Path, steps: int = 362, threads: int = DEMO_THREADS) -> int:
 
 
 def _headline_table(scores: dict, units: dict[str, str], metric: str) -> list[str]:
-    """Markdown rows of one metric from scores.json's ``scores`` block: methods × (field, lead)."""
-    fields = list(next(iter(scores.values()))[metric])
+    """Markdown rows of one metric from scores.json's ``scores`` block: methods × (field, lead); none when no
+    method has that metric (ACC needs a climatology)."""
+    fields = next((list(table[metric]) for table in scores.values() if metric in table), [])
+    if not fields:
+        return []
     cols = [(f, lead) for f in fields for lead in HEADLINE_LEADS]
     unit = lambda f: "" if metric == "acc" else f" [{units.get(f, '?')}]"  # noqa: E731
     lines = [f"| {metric.upper()} | " + " | ".join(f"{f} {lead}{unit(f)}" for f, lead in cols) + " |",
@@ -250,7 +253,8 @@ def summary(plan: DemoPlan, index: Path, seconds: float) -> str:
     lines = [f"smoe demo: done in {seconds:.0f} s. Scores on the held-out year 2003, global "
              "(RMSE: lower is better; ACC: 1 is perfect, above 0.6 is useful):", ""]
     for metric in HEADLINE_METRICS:
-        lines += [*_headline_table(written["scores"], written.get("units", {}), metric), ""]
+        table = _headline_table(written["scores"], written.get("units", {}), metric)
+        lines += [*table, ""] if table else []
     lines += [f"What every file is and how to read it: {index}",
               "Every score (bias, CRPS, land and sea regions, spectra; the post-processing table):",
               *(f"  {table}" for table in plan.tables), "Figures:"]
