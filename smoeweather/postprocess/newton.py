@@ -1,5 +1,5 @@
 """The one damped saddle-free Newton solver of post-processing: many independent small problems (one per group:
-variable × lead × level [× grid point or site] [× forecast date]) iterated together.
+variable × lead × level (× grid point or site) (× forecast date)) iterated together.
 
 Each iteration, for every group still moving:
 
