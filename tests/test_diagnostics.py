@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from smoeweather.config import load_config
+from smoeweather.config import read_config
 from smoeweather.nn.gates import TensorRoutingGate
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.training.diagnostics import (
@@ -86,7 +86,7 @@ def test_callback_in_training_logs_every_layer(world_store: str, tmp_path: Path)
         "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.max_time=null",
         "trainer.enable_progress_bar=false", "training.diagnose_error_scale=true", f"output_dir={tmp_path}",
     ]
-    cfg = load_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml", overrides)
+    cfg = read_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml", overrides)
     L.seed_everything(0, workers=True, verbose=False)
     _, module0 = build(cfg)  # the same seeded init train() builds
     gate0 = next(iter(module0.model.net.gates.values())).weight.detach().clone()
@@ -130,7 +130,7 @@ def test_routing_log_every_samples_the_logged_means_and_not_the_training(world_s
     runs = {}
     for every in (1, 2):
         out = tmp_path / f"every{every}"
-        cfg = load_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml", [
+        cfg = read_config(REPO / "configs/weatherbench/world_smoe_all_prior.yaml", [
             f"data.store={world_store}", "data.world=null", "data.num_workers=0", "data.batch_size=4",
             "data.train_years=null", "data.valid_years=null", "data.test_years=null",
             "data.train_period=[2000-01-01, 2000-02-29T18:00]", "data.valid_period=[2000-03-01, 2000-03-20]",
@@ -182,7 +182,7 @@ def test_vision_training_logs_routing_diagnostics(tmp_path: Path) -> None:
     flagged) for each of its three SMoE layers."""
     overrides = [f"output_dir={tmp_path}", "model.channels=8", "model.smoe.num_experts=16", "data.max_train=128",
                  "trainer.max_epochs=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false"]
-    cfg = load_config(REPO / "configs/vision/smoe_cnn.yaml", overrides)
+    cfg = read_config(REPO / "configs/vision/smoe_cnn.yaml", overrides)
     result = train(cfg)
     cb = next(c for c in result.trainer.callbacks if isinstance(c, RoutingDiagnostics))
     assert {h["layer"] for h in cb.history} == {"layers.0.0", "layers.1.0", "layers.2.0"}

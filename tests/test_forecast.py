@@ -16,7 +16,7 @@ import xarray as xr
 
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
-from smoeweather.config import apply_overrides, load_config
+from smoeweather.config import apply_overrides, read_config
 from smoeweather.data.weather import WeatherBenchDataset
 from smoeweather.evaluate import evaluate
 from smoeweather.forecast import make_forecast, run_forecast
@@ -54,7 +54,7 @@ def other_year(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _train(config: str, world_store: str, out: Path, *extra: str) -> str:
-    cfg = load_config(REPO / "configs" / "weatherbench" / f"{config}.yaml")
+    cfg = read_config(REPO / "configs" / "weatherbench" / f"{config}.yaml")
     overrides = [
         f"output_dir={out}", f"data.store={world_store}", "data.world=null", "data.sources=null",
         "data.num_workers=0", "data.batch_size=4", f"data.variables={VARIABLES}",

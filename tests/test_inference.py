@@ -131,10 +131,10 @@ def test_old_task_name_ens10_loads_with_a_deprecation_warning(postprocess_ckpt: 
     for k, v in new.model.state_dict().items():
         assert torch.equal(v, net.model.state_dict()[k])
 
-    from smoeweather.config import apply_overrides, load_config
+    from smoeweather.config import apply_overrides, read_config
     from smoeweather.training.schema import validate_train_config
 
-    cfg = apply_overrides(load_config(REPO / "configs" / "postprocess" / "gcm_ens_unet.yaml"),
+    cfg = apply_overrides(read_config(REPO / "configs" / "postprocess" / "gcm_ens_unet.yaml"),
                           ["task=ens10", f"data.source={gcm_ens_streams['a']}"])
     with pytest.warns(DeprecationWarning, match="write task: postprocess"):
         validate_train_config(cfg)

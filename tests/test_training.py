@@ -18,7 +18,7 @@ from conftest import float_tol
 
 from pipelines.prepare import write_store
 from pipelines.world import simulate_world
-from smoeweather.config import apply_overrides, load_config
+from smoeweather.config import apply_overrides, read_config
 from smoeweather.models.loader import CheckpointFormatError, check_checkpoint
 from smoeweather.training.init import init_weights
 from smoeweather.training.losses import gaussian_crps, lat_weighted_mse, latitude_weights
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 # tests/test_vision*.py with its own image data
 CONFIGS = sorted(
     p for p in (REPO / "configs").glob("*/*.yaml")
-    if not p.name.startswith("_") and load_config(p).get("task") in ("weatherbench", "ens10", "postprocess", "heat")
+    if not p.name.startswith("_") and read_config(p).get("task") in ("weatherbench", "ens10", "postprocess", "heat")
 )
 SMOE = (
     [str(REPO / ".venv" / "bin" / "smoe")]
@@ -208,7 +208,7 @@ def stores(world_store: str, ens_store: str, heat_store: str) -> dict[str, str]:
 
 
 def tiny_config(path: Path, stores: dict[str, str], out: Path, extra: tuple[str, ...] = ()) -> dict:
-    cfg = load_config(path)
+    cfg = read_config(path)
     return apply_overrides(cfg, [*tiny_overrides(cfg["task"], stores, out), *extra])
 
 
@@ -347,7 +347,7 @@ def _initial_state(cfg: dict) -> dict[str, torch.Tensor]:
 
 
 def _ddp_base(config: Path, stores: dict[str, str], tmp_path: Path) -> list[str]:
-    task = load_config(config)["task"]
+    task = read_config(config)["task"]
     base = [
         *tiny_overrides(task, stores, tmp_path),
         "trainer.limit_train_batches=3",
@@ -377,7 +377,7 @@ def test_ddp_two_processes_equal_one_process_with_combined_batch(
     base = _ddp_base(config, stores, tmp_path)
     _smoe_train(config, [*base, f"output_dir={tmp_path / 'one'}", "data.batch_size=4", "trainer.devices=1"])
     _smoe_train(config, [*base, f"output_dir={tmp_path / 'ddp'}", *DDP2])
-    init = _initial_state(apply_overrides(load_config(config), [*base, "data.batch_size=4", "trainer.devices=1"]))
+    init = _initial_state(apply_overrides(read_config(config), [*base, "data.batch_size=4", "trainer.devices=1"]))
     one, ddp = (_params(tmp_path / d / "checkpoints" / "last.ckpt") for d in ("one", "ddp"))
     assert one.keys() == ddp.keys() and set(init) <= set(one)
     for k in init:
@@ -473,7 +473,7 @@ def test_every_config_fits_its_schema_and_the_schema_is_extensible() -> None:
     from smoeweather.training.schema import TASK_SCHEMAS, register_task_schema, validate_train_config
 
     for path in CONFIGS:
-        validate_train_config(load_config(path))
+        validate_train_config(read_config(path))
     cfg = {"task": "toy", "data": {"anything": 1}, "training": {"lr": 1}}
     validate_train_config(cfg)  # no schema registered: top level, training and trainer checked only
     try:
@@ -538,7 +538,7 @@ def test_cli_train_refuses_a_trained_run_without_overwrite(stores: dict[str, str
     from smoeweather.cli import main
 
     name = REPO / "configs/weatherbench/world_dense.yaml"
-    cfg = load_config(name)
+    cfg = read_config(name)
     argv = ["train", "--config", str(name), *tiny_overrides(cfg["task"], stores, tmp_path / "run")]
     assert main(argv) == 0
     run_dir = next(p.parent.parent for p in (tmp_path / "run").rglob("last.ckpt"))
