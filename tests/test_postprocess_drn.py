@@ -21,7 +21,8 @@ from smoeweather.cli import main
 from smoeweather.data import ensembles
 from smoeweather.data.sites import read_site_table
 from smoeweather.postprocess.distributions import crps_normal, crps_torch
-from smoeweather.postprocess.drn import DRNSettings, apply_drn, fit_drn, read_drn_model
+from smoeweather.postprocess.drn import DRNSettings, apply_drn, fit_drn
+from smoeweather.postprocess.model_file import read_drn_model
 
 MEMBERS = ["A", "B", "C", "D", "E"]
 VAR = "2m_temperature"

@@ -122,22 +122,10 @@ def _synthetic(args: argparse.Namespace) -> int:
 
 
 def _crossval(args: argparse.Namespace) -> int:
-    import json
+    from smoeweather.postprocess.crossval import crossvalidate_files
 
-    from smoeweather.data import ensembles
-    from smoeweather.io import atomic_output, check_output
-    from smoeweather.postprocess.crossval import crossvalidate, markdown
-    from smoeweather.postprocess.pipeline import open_gridded, open_gridded_truth
-
-    check_output(args.out, args.overwrite)
-    forecast = open_gridded(args.forecast, args.variables)
-    truth = ensembles.truth_at_valid_times(forecast, open_gridded_truth(args.truth, args.forecast))
-    result = crossvalidate(forecast, truth, fold=args.fold, iterations=args.iterations,
-                           source=" ".join(map(str, args.forecast)))
-    with atomic_output(args.out, args.overwrite, kind="dir") as tmp:  # the whole folder, never a part of it
-        (tmp / "crossval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
-        (tmp / "crossval.md").write_text(markdown(result))
-    print(markdown(result))
+    print(crossvalidate_files(args.forecast, args.out, truth=args.truth, variables=args.variables, fold=args.fold,
+                              iterations=args.iterations, overwrite=args.overwrite))
     return 0
 
 
@@ -159,7 +147,7 @@ def _drn_settings(args: argparse.Namespace) -> object:
 
 def _fit(args: argparse.Namespace) -> int:
     if args.method == "drn":
-        from smoeweather.postprocess.drn import fit_drn_files
+        from smoeweather.postprocess.pipeline import fit_drn_files
 
         if args.predictors != "mean" or args.per_gridpoint:
             raise ValueError("--method drn: --predictors members and --per-site/--per-gridpoint are EMOS options "
@@ -216,45 +204,19 @@ def _output_forms(args: argparse.Namespace) -> object:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from smoeweather.io import check_output
     from smoeweather.postprocess.ecc import check_quantile_levels
+    from smoeweather.postprocess.pipeline import Outputs, apply_files
 
     # every check before anything is computed or written
-    method, args.model = apply_model(args)
-    members_out = (args.members_out or _sibling(args.out, "members")) if args.members is not None else None
-    quantiles_out = (args.quantiles_out or _sibling(args.out, "quantiles")) if args.quantiles else None
-    levels = check_quantile_levels(args.quantiles) if args.quantiles else None
-    forms = _output_forms(args)
-    outs = [p for p in (args.out, members_out, quantiles_out, forms.thresholds_out, forms.percentiles_out)
-            if p is not None]
-    if len({p.resolve() for p in outs}) < len(outs):
-        raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
-    for p in outs:  # exists, under a file, read-only folder; checked again when each is written
-        check_output(p, args.overwrite)
-    if not args.model.exists():
-        raise FileNotFoundError(f"model {args.model} does not exist")
-    if method == "drn":
-        from smoeweather.postprocess.drn import apply_drn_files
-
-        for p in apply_drn_files(args.model, args.forecast, args.out, apply_period=args.apply_period,
-                                 members_out=members_out, members=args.members, quantiles_out=quantiles_out,
-                                 levels=levels, table=_table_options(args), scheduler=args.scheduler,
-                                 overwrite=args.overwrite, progress=not args.quiet, forms=forms):
-            _written(p, args)
-        return 0
-    if method == "emos":  # out of core on dask, streamed to zarr; sites and rolling windows
-        from smoeweather.postprocess.pipeline import apply
-
-        for p in apply(args.model, args.forecast, args.out, apply_period=args.apply_period, members_out=members_out,
-                       members=args.members, quantiles_out=quantiles_out, levels=levels, table=_table_options(args),
-                       scheduler=args.scheduler, progress=not args.quiet, overwrite=args.overwrite, forms=forms):
-            _written(p, args)
-        return 0
-    from smoeweather.postprocess.pipeline import apply_network
-
-    for p in apply_network(args.model, args.forecast, args.out, apply_period=args.apply_period, members_out=members_out,
-                           members=args.members, quantiles_out=quantiles_out, levels=levels,
-                           batch_size=args.batch_size, overwrite=args.overwrite, forms=forms):
+    method, model = apply_model(args)
+    outputs = Outputs(args.out, members_out=(args.members_out or _sibling(args.out, "members"))
+                      if args.members is not None else None, members=args.members,
+                      quantiles_out=(args.quantiles_out or _sibling(args.out, "quantiles")) if args.quantiles else None,
+                      levels=check_quantile_levels(args.quantiles) if args.quantiles else None,
+                      forms=_output_forms(args)).check(args.overwrite)
+    for p in apply_files(method, model, args.forecast, outputs, apply_period=args.apply_period,
+                         table=_table_options(args), scheduler=args.scheduler, progress=not args.quiet,
+                         overwrite=args.overwrite, batch_size=args.batch_size):
         _written(p, args)
     return 0
 

@@ -6,9 +6,9 @@
     cal.save("emos.nc"); load("emos.nc").apply(new_forecast)
 
 Model files are data only (netCDF of float weights and plain attributes, opened with xarray, never unpickled):
-the EMOS format of :mod:`.model_file` and the DRN format of :mod:`.drn`; :func:`load` tells them apart by their
+the one format of :mod:`.model_file` (EMOS coefficients or DRN weights); :func:`load` tells them apart by their
 ``kind`` attribute. The out-of-core file drivers (``smoe postprocess fit/apply``: :mod:`.pipeline`, and
-:func:`.drn.fit_drn_files`/:func:`.drn.apply_drn_files`) compute the same numbers on stores too large to hold.
+:func:`.pipeline.fit_drn_files`/:func:`.pipeline.apply_drn_files`) compute the same numbers on stores too large to hold.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class DRNCalibrator:
                           mu, sigma)
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
-        from smoeweather.postprocess.drn import write_drn_model
+        from smoeweather.postprocess.model_file import write_drn_model
 
         if self.training is None:
             raise ValueError("DRNCalibrator.save: a loaded model is already a file; save the one fit() returned")
@@ -179,8 +179,7 @@ def fit(forecast: xr.Dataset, truth: xr.Dataset, options: Mapping[str, Any] | No
 def load(path: str | Path) -> Calibrator:
     """The calibrator of a model file of ``smoe postprocess fit`` (EMOS or DRN, by its ``kind`` attribute) or of
     a network checkpoint (``*.ckpt``) of ``smoe train``."""
-    from smoeweather.postprocess.drn import read_drn_model
-    from smoeweather.postprocess.model_file import open_model_file, read_model
+    from smoeweather.postprocess.model_file import open_model_file, read_drn_model, read_model
 
     if Path(path).suffix == ".ckpt":
         return NetworkCalibrator(Path(path))

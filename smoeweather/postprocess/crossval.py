@@ -100,3 +100,25 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{r['raw_standard']:.4g} | {r['emos_global']:.4g} | {r['emos_gridpoint']:.4g} | "
                          f"{change:+.1f}% | {r['raw_spread_skill']:.3g} |")
     return "\n".join(lines) + "\n"
+
+
+def crossvalidate_files(forecast_paths: list[Path], out: Path, *, truth: Path | None = None,
+                        variables: list[str] | None = None, fold: str = "year", iterations: int | None = None,
+                        overwrite: bool = False) -> str:
+    """``smoe postprocess crossval``: :func:`crossvalidate` on gridded ensemble files (their own truth, or
+    ``truth``), written to the folder ``out`` (``crossval.json``, ``crossval.md``) atomically; the table."""
+    import json
+
+    from smoeweather.data import ensembles
+    from smoeweather.io import atomic_output, check_output
+    from smoeweather.postprocess.pipeline import open_gridded, open_gridded_truth
+
+    check_output(out, overwrite)
+    forecast = open_gridded(forecast_paths, variables)
+    truth_at = ensembles.truth_at_valid_times(forecast, open_gridded_truth(truth, forecast_paths))
+    result = crossvalidate(forecast, truth_at, fold=fold, iterations=iterations,
+                           source=" ".join(map(str, forecast_paths)))
+    with atomic_output(out, overwrite, kind="dir") as tmp:  # the whole folder, never a part of it
+        (tmp / "crossval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+        (tmp / "crossval.md").write_text(markdown(result))
+    return markdown(result)

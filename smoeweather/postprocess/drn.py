@@ -31,8 +31,6 @@ over the epochs of every variable, lead and level on a terminal, one line at its
 from __future__ import annotations
 
 import math
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +43,9 @@ import xarray as xr
 from pipelines.readers.forecast_nc import normalise_grid
 from smoeweather.nn.drn import StackedDRN, stacked_forward
 from smoeweather.postprocess.distributions import check_distribution, crps_torch
+from smoeweather.postprocess.model_file import DRN_KIND as KIND
+from smoeweather.postprocess.model_file import read_drn_model, write_drn_model
 
-KIND = "smoeweather_drn_model"
 STATIC = ("land_sea_mask", "orography", "geopotential_at_surface")
 """Static maps of a gridded source read as location covariates when the files hold them."""
 SIGMA_FLOOR = 1e-3  # σ floor in standardised units
@@ -291,7 +290,7 @@ def fit_drn(forecast: xr.Dataset, truth_at: xr.Dataset, settings: DRNSettings,
             progress: bool = False, targets: list[str] | None = None) -> xr.Dataset:
     """DRN weights of every variable, lead [and level] of ``forecast`` (in memory) against ``truth_at`` (the
     truth at init + lead, same dims without ``member``), as a Dataset in the model-file layout
-    (:func:`write_drn_model`). ``window``: (dates, idx, valid) of :func:`.rolling.window_index` (one set of
+    (:func:`.model_file.write_drn_model`). ``window``: (dates, idx, valid) of :func:`.rolling.window_index` (one set of
     networks per date), else one set on every init. ``targets``: the variables to fit (default: all; the
     others can still be extra predictors)."""
     from pipelines.progress import progress_bar
@@ -417,7 +416,7 @@ def _params_at(model: xr.Dataset, name: str, sel: dict[str, Any]) -> dict[str, t
 def apply_drn(model: xr.Dataset, forecast: xr.Dataset, site_index: np.ndarray | None = None
               ) -> tuple[xr.Dataset, xr.Dataset]:
     """(μ, σ) Datasets (time, prediction_timedelta, [level], space) of the DRN ``model`` (the Dataset of
-    :func:`read_drn_model`) for every init of ``forecast`` (in memory), seeds averaged.
+    :func:`.model_file.read_drn_model`) for every init of ``forecast`` (in memory), seeds averaged.
 
     ``site_index``: per forecast site its position in the model's sites, −1 for a site the model never saw
     (it gets the mean embedding). A rolling model (``time`` dim) uses each init's date; ValueError naming the
@@ -508,73 +507,8 @@ def settings_of(model: xr.Dataset) -> DRNSettings:
                        warm_start_epochs=int(warm) if str(warm) not in ("", "None") else None)
 
 
-__all__ = ["KIND", "DRNSettings", "apply_drn", "covariates", "fit_drn", "predictors", "settings_of"]
-
-
-# --- model files and the fit/apply of files ----------------------------------------------------------------------
-
-
-def write_drn_model(model: xr.Dataset, forecast: xr.Dataset, out: Any, attrs: dict[str, Any],
-                    overwrite: bool = False) -> Any:
-    """Write ``model`` (of :func:`fit_drn`, fitted on ``forecast``) as a netCDF: weights as float32 variables,
-    plain attributes (no pickled objects; :func:`read_drn_model` opens it with xarray). Atomic."""
-
-    from smoeweather.data.ensembles import code_version
-    from smoeweather.data.sites import site_coord_names, station_ids
-
-    ds = model.copy()
-    for v in ds.data_vars:
-        ds[v] = ds[v].astype(np.float32)
-    if "site" in forecast.dims:
-        ds = ds.assign_coords({c: forecast[c] for c in ("site", *site_coord_names(forecast))})
-        ds = ds.assign_coords(station_id=("site", station_ids(ds["station_id"].values), ds["station_id"].attrs))
-        grid = f"{forecast.sizes['site']} sites"
-    else:
-        ds = ds.assign_coords(latitude=forecast["latitude"].values, longitude=forecast["longitude"].values)
-        ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
-        ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
-        grid = f"{forecast.sizes['latitude']}x{forecast.sizes['longitude']}"
-    levels = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
-    leads = pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")
-    times = pd.DatetimeIndex(forecast["time"].values)
-    ds.attrs = {
-        "Conventions": "CF-1.8", "title": "DRN weights (smoe postprocess fit --method drn)", "kind": KIND,
-        **model.attrs, "per_gridpoint": 0, "fields": " ".join(_names(model)), "levels": " ".join(map(str, levels)),
-        "leads_hours": " ".join(str(int(h)) for h in leads), "members": int(forecast.sizes["member"]),
-        "grid": grid, "n_train_inits": len(times), "train_first_init": str(times.min()),
-        "train_last_init": str(times.max()), "software": f"smoeweather {code_version()}",
-        "predictive_distribution": ("mu = ensemble mean + net_1, sigma = softplus(net_2) + 1e-3 (standardised "
-                                    "units), averaged over seeds; "
-                                    + ("normal truncated to [0, inf)" if model.attrs.get("distribution")
-                                       == "truncnormal" else "normal")),
-        "new_locations": "a site the model never saw, or with fewer than min_location_cases training cases, "
-                         "gets the mean of the trained embeddings",
-        **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
-    }
-    from smoeweather.postprocess.model_file import write_model_dataset
-
-    return write_model_dataset(ds, out, overwrite)
-
-
-def _names(model: xr.Dataset) -> list[str]:
-    return [str(v)[: -len("_w1")] for v in model.data_vars if str(v).endswith("_w1")]
-
-
-def read_drn_model(path: Any) -> tuple[xr.Dataset, dict[str, Any]]:
-    """(model Dataset, attrs with ``latitude``/``longitude`` [and ``station_id``] arrays) of a DRN model file;
-    ValueError for a file of another kind."""
-    from smoeweather.data.sites import station_ids
-    from smoeweather.postprocess.model_file import open_model_file
-
-    path = Path(path)
-    ds = open_model_file(path, "--drn", "DRN model")
-    if ds.attrs.get("kind") != KIND:
-        raise ValueError(f"{path} is not a DRN model file of `smoe postprocess fit --method drn` (attribute "
-                         f"kind={KIND!r}; an EMOS model file is applied with --emos)")
-    attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values)
-    if "site" in ds.dims:
-        attrs["station_id"] = station_ids(ds["station_id"].values)
-    return ds, attrs
+__all__ = ["KIND", "DRNSettings", "apply_drn", "covariates", "fit_drn", "predictors", "read_drn_model", "settings_of",
+           "site_positions", "with_static", "write_drn_model"]
 
 
 def site_positions(attrs: dict[str, Any], forecast: xr.Dataset) -> tuple[np.ndarray | None, list[str]]:
@@ -585,100 +519,3 @@ def site_positions(attrs: dict[str, Any], forecast: xr.Dataset) -> tuple[np.ndar
     ids = [str(s) for s in forecast["station_id"].values]
     idx = np.array([pos.get(s, -1) for s in ids], np.int64)
     return idx, [s for s, i in zip(ids, idx) if i < 0]
-
-
-def fit_drn_files(forecast_paths: list[Any], out: Any, settings: DRNSettings, *, truth: Any | None = None,
-                  variables: list[str] | None = None, train_period: list[str] | None = None,
-                  window: str | None = None, lag: str | None = None, dates: list[str] | None = None,
-                  table: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = True) -> str:
-    """``smoe postprocess fit --method drn``: fit on the ensemble files (a gridded store/file, a CF site file
-    or a site table) and write the model file ``out``; returns a one-line summary. ``window``/``lag``/``dates``
-    as for rolling EMOS (:mod:`.rolling`)."""
-    from smoeweather.data import ensembles
-    from smoeweather.io import check_output
-    from smoeweather.postprocess import validate
-    from smoeweather.postprocess.pipeline import check_non_negative, open_forecast_and_truth, truth_on_valid_times
-    from smoeweather.postprocess.rolling import check_window_options, rolling_windows
-
-    settings.check()
-    out = check_output(Path(out), overwrite)  # exists, under a file, read-only folder: before any work
-    check_window_options(window, lag, dates)
-    wanted = list(dict.fromkeys([*variables, *settings.extra_variables])) if variables else None
-    fc, tr = open_forecast_and_truth([Path(p) for p in forecast_paths], Path(truth) if truth else None, wanted,
-                                     table or {})
-    targets = list(variables) if variables else list(fc.data_vars)
-    fc = with_static(ensembles.select_period(fc, train_period), list(forecast_paths))
-    truth_at = truth_on_valid_times(fc[targets], tr)
-    if settings.distribution == "truncnormal":
-        check_non_negative(truth_at, "--distribution truncnormal")
-    rolling = rolling_windows(fc["time"].values, fc["prediction_timedelta"].values, window, lag, dates)
-    win, attrs = rolling if rolling is not None else (None, {})
-    attrs = dict(attrs)
-    sources = " ".join(map(str, forecast_paths))
-    fc, truth_at = fc.load(), truth_at.load()
-    report = validate.check_fit_data(validate.data_counts(fc[targets], truth_at, sources), fc[targets], sources)
-    t0 = time.perf_counter()
-    model = fit_drn(fc, truth_at, settings, window=win, progress=progress, targets=targets)
-    attrs.update(forecast=sources, truth=str(truth or sources), fit_seconds=round(time.perf_counter() - t0, 1),
-                 train_period=" ".join(map(str, train_period)) if train_period else "all",
-                 **validate.fit_attrs(report))
-    path = write_drn_model(model, fc[targets], out, attrs, overwrite=overwrite)
-    kind = "sites" if "site" in fc.dims else "grid points"
-    rolling = f", {len(win[0])} forecast dates" if win is not None else ""
-    return (f"{path}: DRN ({settings.hidden} hidden, embedding {settings.embedding}, {settings.seeds} seed(s), "
-            f"{settings.epochs} epochs, {fc.sizes.get('site', 0) or fc.sizes['latitude'] * fc.sizes['longitude']} "
-            f"{kind}{rolling}) on {attrs['fit_cases']} cases in {attrs['fit_seconds']} s")
-
-
-def apply_drn_files(model_path: Any, forecast_paths: list[Any], out: Any, *, apply_period: list[str] | None = None,
-                    members_out: Any | None = None, members: int | None = None, quantiles_out: Any | None = None,
-                    levels: np.ndarray | None = None, table: dict[str, Any] | None = None,
-                    scheduler: str | None = None, overwrite: bool = False, progress: bool = True,
-                    forms: Any = None) -> list[Any]:
-    """``smoe postprocess apply --drn MODEL.nc``: the (μ, σ) store, ECC-Q members and quantiles, and the
-    probabilities/percentiles of ``forms`` (:class:`.forms.OutputForms`), as for EMOS.
-    Sites the model never saw get the mean embedding (one line says how many)."""
-    from smoeweather.data import ensembles
-    from smoeweather.data.sites import is_site_source
-    from smoeweather.postprocess import chunked
-    from smoeweather.postprocess.model_file import check_forecast
-    from smoeweather.postprocess.pipeline import (
-        distribution_products,
-        open_forecast_and_truth,
-        open_gridded,
-        write_stores,
-    )
-
-    model, mattrs = read_drn_model(model_path)
-    paths = [Path(p) for p in forecast_paths]
-    if any(is_site_source(p) for p in paths):
-        forecast, _ = open_forecast_and_truth(paths, None, None, table or {})
-    else:
-        forecast = open_gridded(paths)
-    forecast = with_static(ensembles.select_period(forecast, apply_period), list(forecast_paths))
-    where = " ".join(map(str, forecast_paths))
-    if members is not None and members != forecast.sizes["member"]:
-        raise ValueError(f"--members {members}: ECC-Q reorders the raw members, so N must equal the raw "
-                         f"ensemble's member count ({forecast.sizes['member']} in {where})")
-    extra = [v for v in str(mattrs.get("extra_variables", "")).split() if v in forecast.data_vars]
-    fields = _fields(model)
-    full = forecast
-    forecast = check_forecast(mattrs, forecast, str(model_path), where)  # fields, levels, leads, members, grid
-    for v in extra:
-        if v not in forecast.data_vars:
-            forecast[v] = full[v].sel(level=forecast["level"]) if "level" in full[v].dims else full[v]
-    forecast = forecast.load()
-    idx, new = site_positions(mattrs, forecast)
-    if new and progress:
-        print(f"DRN: {len(new)} site(s) the model never saw get the mean station embedding, first {new[:5]}",
-              file=sys.stderr, flush=True)
-    mu, sigma = apply_drn(model, forecast, idx)
-    attrs = {"method": "drn", "model": str(model_path), "model_train_period": mattrs.get("train_period"),
-             "members": int(forecast.sizes["member"]), "window": mattrs.get("window"), "forecast": where,
-             "new_sites_mean_embedding": len(new)}
-    raw = forecast[fields]
-    products = distribution_products(mu, sigma, raw, attrs, str(mattrs.get("distribution", "normal")), Path(out),
-                                     Path(members_out) if members_out else None, members,
-                                     Path(quantiles_out) if quantiles_out else None, levels, forms)
-    with chunked.scheduler(scheduler) as client:
-        return write_stores(products, client, progress, overwrite)

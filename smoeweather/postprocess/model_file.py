@@ -1,12 +1,15 @@
-"""EMOS model files: the fitted coefficients as a CF netCDF, and the checks that a new forecast matches them.
+"""Model files of ``smoe postprocess fit`` (EMOS and DRN), one format: a CF netCDF of float arrays and plain
+attributes, written atomically and opened with xarray (data only, never unpickled); and the checks that a new
+forecast matches a model.
 
-Layout: one variable per field and coefficient, ``<name>_a``, ``<name>_b``, ``<name>_c``, ``<name>_d``, on
+EMOS layout: one variable per field and coefficient, ``<name>_a``, ``<name>_b``, ``<name>_c``, ``<name>_d``, on
 (``prediction_timedelta``, [``level``], [``latitude``, ``longitude``]) — the grid dims only for a per-grid-point
 fit; ``latitude``/``longitude`` coordinates are written either way (the grid the model was fitted on).
 Units: a in the field's units, b and d ``1``, c in the field's units squared. The predictive distribution is
 N(a + b·mean, c + d·var), mean and var (ddof = 1) over the ensemble members. Global attributes record the
 method, the fit (global / per grid point), fields, levels, leads (hours), member count, training period and
-inits, source files, solver and the software version; the file is written atomically.
+inits, source files, solver and the software version. DRN: the network weights (:mod:`.drn`) as float32
+arrays, with the same attributes of the training ensemble.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from smoeweather.io import write_netcdf
 from smoeweather.postprocess.emos import COEFFICIENTS
 
 KIND = "smoeweather_emos_model"
+DRN_KIND = "smoeweather_drn_model"
 _LONG = {"a": "EMOS intercept of the predictive mean", "b": "EMOS slope on the ensemble mean",
          "c": "EMOS constant term of the predictive variance", "d": "EMOS slope on the ensemble variance"}
 
@@ -40,13 +44,7 @@ def _units(units: str, coef: str) -> str:
 def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs: dict[str, Any],
                 overwrite: bool = False) -> Path:
     """Write ``params`` (of :func:`~.emos.fit_emos`) fitted on ``forecast`` (the training ensemble) to ``out``."""
-    if "site" in forecast.dims:  # sites: the training sites with their CF coordinates
-        ds = xr.Dataset(coords={c: forecast[c] for c in ("site", *site_coord_names(forecast))})
-        ds = ds.assign_coords(station_id=("site", station_ids(ds["station_id"].values), ds["station_id"].attrs))
-    else:
-        ds = xr.Dataset(coords={"latitude": forecast["latitude"].values, "longitude": forecast["longitude"].values})
-        ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
-        ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
+    ds = _with_locations(xr.Dataset(), forecast)
     for name in params.data_vars:
         units = str(params[name].attrs.get("units", ""))
         labels = [str(c) for c in params[name]["coefficient"].values]
@@ -59,29 +57,46 @@ def write_model(params: xr.Dataset, forecast: xr.Dataset, out: str | Path, attrs
                 da = params[name].sel(coefficient=c, drop=True).astype(np.float64)
             ds[f"{name}_{c}"] = da.assign_attrs(units=_units(units, c), long_name=f"{_LONG[c]} ({name})")
     ds["prediction_timedelta"].attrs.update(standard_name="forecast_period", long_name="lead time")
-    levels = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
-    leads = pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")
-    times = pd.DatetimeIndex(forecast["time"].values)
-    from smoeweather.data.ensembles import code_version
-
     ds.attrs = {
         "Conventions": "CF-1.8", "title": "EMOS coefficients (smoe postprocess fit)", "kind": KIND,
         "method": "emos", "per_gridpoint": int(params.attrs.get("per_gridpoint", 0)),
-        "fields": " ".join(str(n) for n in params.data_vars), "levels": " ".join(map(str, levels)),
-        "leads_hours": " ".join(str(int(h)) for h in leads), "members": int(forecast.sizes["member"]),
-        "grid": (f"{forecast.sizes['site']} sites" if "site" in forecast.dims
-                 else f"{forecast.sizes['latitude']}x{forecast.sizes['longitude']}"),
-        "n_train_inits": len(times), "train_first_init": str(times.min()), "train_last_init": str(times.max()),
+        **_training_attrs(forecast, [str(n) for n in params.data_vars]),
         "solver": str(params.attrs.get("solver", "")), "iterations": int(params.attrs.get("iterations", 0)),
         "groups_not_converged": int(params.attrs.get("groups_not_converged", 0)),
         "groups_without_data": int(params.attrs.get("groups_without_data", 0)),
-        "software": f"smoeweather {code_version()}",
         "predictive_distribution": "N(a + b*mean, c + d*var)" + (
             " truncated to [0, inf)" if attrs.get("distribution") == "truncnormal" else "")
         + ", ensemble mean and variance (ddof=1) over members",
         **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
     }
     return write_model_dataset(ds, out, overwrite)
+
+
+def _with_locations(ds: xr.Dataset, forecast: xr.Dataset) -> xr.Dataset:
+    """``ds`` with the training locations of ``forecast``: its sites with their CF coordinates and station ids
+    as strings, or its grid's latitude/longitude."""
+    if "site" in forecast.dims:
+        ds = ds.assign_coords({c: forecast[c] for c in ("site", *site_coord_names(forecast))})
+        return ds.assign_coords(station_id=("site", station_ids(ds["station_id"].values), ds["station_id"].attrs))
+    ds = ds.assign_coords(latitude=forecast["latitude"].values, longitude=forecast["longitude"].values)
+    ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
+    ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
+    return ds
+
+
+def _training_attrs(forecast: xr.Dataset, fields: list[str]) -> dict[str, Any]:
+    """The attributes of every model file that describe its training ensemble (what an apply checks)."""
+    from smoeweather.data.ensembles import code_version
+
+    levels = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
+    leads = pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")
+    times = pd.DatetimeIndex(forecast["time"].values)
+    return {"fields": " ".join(fields), "levels": " ".join(map(str, levels)),
+            "leads_hours": " ".join(str(int(h)) for h in leads), "members": int(forecast.sizes["member"]),
+            "grid": (f"{forecast.sizes['site']} sites" if "site" in forecast.dims
+                     else f"{forecast.sizes['latitude']}x{forecast.sizes['longitude']}"),
+            "n_train_inits": len(times), "train_first_init": str(times.min()), "train_last_init": str(times.max()),
+            "software": f"smoeweather {code_version()}"}
 
 
 NETCDF_MAGIC = (b"CDF\x01", b"CDF\x02", b"CDF\x05", b"\x89HDF\r\n\x1a\n")
@@ -192,3 +207,46 @@ def write_model_dataset(ds: xr.Dataset, out: str | Path, overwrite: bool = False
     for v in ds.variables.values():
         v.encoding = {}
     return write_netcdf(ds, out, overwrite=overwrite)
+
+
+# --- DRN model files: the same format (data only, netCDF, plain attributes) -------------------------------------
+
+
+def write_drn_model(model: xr.Dataset, forecast: xr.Dataset, out: Any, attrs: dict[str, Any],
+                    overwrite: bool = False) -> Any:
+    """Write ``model`` (of :func:`.drn.fit_drn`, fitted on ``forecast``) as a netCDF: weights as float32 variables,
+    plain attributes (no pickled objects; :func:`read_drn_model` opens it with xarray). Atomic."""
+    ds = model.copy()
+    for v in ds.data_vars:
+        ds[v] = ds[v].astype(np.float32)
+    ds = _with_locations(ds, forecast)
+    ds.attrs = {
+        "Conventions": "CF-1.8", "title": "DRN weights (smoe postprocess fit --method drn)", "kind": DRN_KIND,
+        **model.attrs, "per_gridpoint": 0, **_training_attrs(forecast, _drn_fields(model)),
+        "predictive_distribution": ("mu = ensemble mean + net_1, sigma = softplus(net_2) + 1e-3 (standardised "
+                                    "units), averaged over seeds; "
+                                    + ("normal truncated to [0, inf)" if model.attrs.get("distribution")
+                                       == "truncnormal" else "normal")),
+        "new_locations": "a site the model never saw, or with fewer than min_location_cases training cases, "
+                         "gets the mean of the trained embeddings",
+        **{k: (v if isinstance(v, str | int | float) else str(v)) for k, v in attrs.items() if v is not None},
+    }
+    return write_model_dataset(ds, out, overwrite)
+
+
+def _drn_fields(model: xr.Dataset) -> list[str]:
+    return [str(v)[: -len("_w1")] for v in model.data_vars if str(v).endswith("_w1")]
+
+
+def read_drn_model(path: Any) -> tuple[xr.Dataset, dict[str, Any]]:
+    """(model Dataset, attrs with ``latitude``/``longitude`` [and ``station_id``] arrays) of a DRN model file;
+    ValueError for a file of another kind."""
+    path = Path(path)
+    ds = open_model_file(path, "--drn", "DRN model")
+    if ds.attrs.get("kind") != DRN_KIND:
+        raise ValueError(f"{path} is not a DRN model file of `smoe postprocess fit --method drn` (attribute "
+                         f"kind={DRN_KIND!r}; an EMOS model file is applied with --emos)")
+    attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values)
+    if "site" in ds.dims:
+        attrs["station_id"] = station_ids(ds["station_id"].values)
+    return ds, attrs

@@ -1,14 +1,22 @@
-"""``smoe postprocess fit`` / ``apply`` for EMOS end to end, out of core: open the ensemble (a
-gridded store or forecast file, a CF site file or a CSV/Parquet site table), fit once or on rolling windows,
-globally or per grid point / site, with the mean/spread or the member-weights predictors; apply, with ECC-Q
-members and quantiles, streamed to zarr in one pass. Every check runs before anything is computed or written;
-a failed run leaves no output behind (atomic writes, the staging folder removed).
+"""The one driver of ``smoe postprocess fit`` / ``apply`` for gridded stores and site tables, shared by EMOS and
+DRN: open the ensemble (a gridded store or forecast file, a CF site file or a CSV/Parquet site table) and check
+it, align the truth on valid times, select periods and rolling windows (:func:`open_training`,
+:func:`open_to_apply`), and write every output form atomically (:func:`write_products`).
+
+EMOS (:func:`fit`, :func:`apply`) runs out of core: fit once or on rolling windows, globally or per grid point
+/ site, with the mean/spread or the member-weights predictors; apply with ECC-Q members and quantiles, streamed
+to zarr in one pass. DRN (:func:`fit_drn_files`, :func:`apply_drn_files`) fits in memory. Every check runs
+before anything is computed or written; a failed run leaves no output behind (atomic writes, the staging folder
+removed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +78,56 @@ def truth_on_valid_times(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
     return ensembles.truth_at_valid_times(forecast, chunked.as_dask(truth))
 
 
+@dataclass
+class Training:
+    """The training data of a fit: the ensemble (period selected), the truth at init + lead of its ``targets``,
+    the rolling windows (``window``: (dates, idx, valid) of :func:`.rolling.window_index`, or None) with their
+    model-file attributes, and the sources as one string."""
+
+    forecast: xr.Dataset
+    truth_at: xr.Dataset
+    targets: list[str]
+    window: Any
+    window_attrs: dict[str, Any]
+    sources: str
+
+
+def open_training(forecast_paths: Sequence[Path], out: Path, *, truth_path: Path | None = None,
+                  variables: Sequence[str] | None = None, extra_variables: Sequence[str] = (),
+                  train_period: Sequence[str] | None = None, window: str | None = None, lag: str | None = None,
+                  dates: Sequence[str] | None = None, distribution: str = "normal", table: dict[str, Any] | None = None,
+                  overwrite: bool = False, static_maps: bool = False) -> Training:
+    """Every check of a fit's options and inputs, in order, before anything is computed: the output ``out``,
+    the rolling-window options, the distribution; then the ensemble (``variables`` and ``extra_variables``) and
+    its truth on valid times, the period, non-negative truth for the truncated normal, the windows.
+    ``static_maps``: gridded sources' land-sea mask and orography as coordinates (:func:`.drn.with_static`)."""
+    check_output(out, overwrite)  # exists, under a file, read-only folder: before anything is computed
+    check_window_options(window, lag, dates)
+    distribution = check_distribution(distribution)
+    wanted = list(dict.fromkeys([*variables, *extra_variables])) if variables else None
+    forecast, truth = open_forecast_and_truth(forecast_paths, truth_path, wanted, table or {})
+    targets = list(variables) if variables else list(forecast.data_vars)
+    forecast = ensembles.select_period(forecast, train_period)
+    if static_maps:
+        from smoeweather.postprocess.drn import with_static
+
+        forecast = with_static(forecast, list(forecast_paths))
+    truth_at = truth_on_valid_times(forecast if targets == list(forecast.data_vars) else forecast[targets], truth)
+    if distribution == "truncnormal":
+        check_non_negative(truth_at, "--distribution truncnormal")
+    rolling = rolling_windows(forecast["time"].values, forecast["prediction_timedelta"].values, window, lag, dates)
+    win, attrs = rolling if rolling is not None else (None, {})
+    return Training(forecast, truth_at, targets, win, dict(attrs), " ".join(map(str, forecast_paths)))
+
+
+def _fit_attrs(data: Training, truth_path: Path | None, train_period: Sequence[str] | None,
+               report: dict[str, Any]) -> dict[str, Any]:
+    """The model-file attributes every fit records: sources, period, the data report, the windows."""
+    return {**data.window_attrs, "forecast": data.sources, "truth": str(truth_path or data.sources),
+            "train_period": " ".join(map(str, train_period)) if train_period else "all",
+            **validate.fit_attrs(report)}
+
+
 def fit(
     forecast_paths: Sequence[Path],
     out: Path,
@@ -99,37 +157,29 @@ def fit(
     (:func:`pipelines.compute.dask_client`)."""
     from smoeweather.postprocess.model_file import write_model
 
-    check_output(out, overwrite)  # exists, under a file, read-only folder: before anything is computed
-    check_window_options(window, lag, dates)
-    distribution = check_distribution(distribution)
-    forecast, truth = open_forecast_and_truth(forecast_paths, truth_path, variables, table or {})
-    forecast = ensembles.select_period(forecast, train_period)
-    truth_at = truth_on_valid_times(forecast, truth)
-    if distribution == "truncnormal":
-        check_non_negative(truth_at, "--distribution truncnormal")
-    rolling = rolling_windows(forecast["time"].values, forecast["prediction_timedelta"].values, window, lag, dates)
-    rolling_window, window_attrs = rolling if rolling is not None else (None, {})
+    data = open_training(forecast_paths, out, truth_path=truth_path, variables=variables, train_period=train_period,
+                         window=window, lag=lag, dates=dates, distribution=distribution, table=table,
+                         overwrite=overwrite)
+    distribution = check_distribution(distribution)  # checked in open_training: the canonical name
+    forecast, rolling_window = data.forecast, data.window
     members = [str(m) for m in forecast["member"].values] if predictors == "members" else None
     names = list(forecast.data_vars)
-    sources = " ".join(map(str, forecast_paths))
     with chunked.scheduler(scheduler) as client, chunked.staging_dir(out) as tmp:
-        fc_dask, truth_dask = chunked.as_dask(forecast), chunked.as_dask(truth_at)
+        fc_dask, truth_dask = chunked.as_dask(forecast), chunked.as_dask(data.truth_at)
         arrays = chunked.training_arrays(fc_dask, truth_dask, predictors)
         factor = (rolling_window[1].shape[0] * rolling_window[1].shape[1] // max(forecast.sizes["time"], 1)
                   if rolling_window else 1)
         staged, counts = chunked.stage_with(arrays, tmp / "training.zarr", client, progress, max(1, factor),
-                                            extra=validate.data_counts(fc_dask, truth_dask, sources))
-        report = validate.check_fit_data(counts, forecast, sources)  # refuses before anything is fitted
+                                            extra=validate.data_counts(fc_dask, truth_dask, data.sources))
+        report = validate.check_fit_data(counts, forecast, data.sources)  # refuses before anything is fitted
         params = chunked.fit_staged(staged, names, bool(per_gridpoint), client, progress,
                                     window=rolling_window, members=members, iterations=iterations or 50,
                                     distribution=distribution)
-    validate.check_fitted_groups(params.attrs, sources)
+    validate.check_fitted_groups(params.attrs, data.sources)
     for n in names:
         params[n].attrs["units"] = forecast[n].attrs.get("units", "")
-    attrs = {"forecast": sources, "truth": str(truth_path or sources), "predictors": predictors,
-             "train_period": " ".join(map(str, train_period)) if train_period else "all",
-             "distribution": distribution, **validate.fit_attrs(report)}
-    attrs.update(window_attrs)
+    attrs = {**_fit_attrs(data, truth_path, train_period, report), "predictors": predictors,
+             "distribution": distribution}
     written = write_model(params, forecast, out, attrs, overwrite=overwrite)
     kind = "per site" if "site" in forecast.dims and per_gridpoint else (
         "per grid point" if per_gridpoint else "global")
@@ -138,6 +188,36 @@ def fit(
     return (f"{written}: {params.attrs['groups']} EMOS fit(s) ({kind}, {predictors}{rolling}) on "
             f"{attrs['fit_cases']} cases, {params.attrs['groups_not_converged']} not converged"
             + (f", {empty} without enough cases (NaN)" if empty else ""))
+
+
+def fit_drn_files(forecast_paths: Sequence[Path], out: Path, settings: Any, *, truth: Path | None = None,
+                  variables: Sequence[str] | None = None, train_period: Sequence[str] | None = None,
+                  window: str | None = None, lag: str | None = None, dates: Sequence[str] | None = None,
+                  table: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = True) -> str:
+    """``smoe postprocess fit --method drn``: fit the DRN of ``settings`` (:class:`.drn.DRNSettings`) on the
+    ensemble files (a gridded store/file, a CF site file or a site table), in memory, and write the model file
+    ``out``; returns a one-line summary. ``window``/``lag``/``dates`` as for rolling EMOS (:mod:`.rolling`)."""
+    from smoeweather.postprocess.drn import fit_drn
+    from smoeweather.postprocess.model_file import write_drn_model
+
+    settings.check()
+    data = open_training([Path(p) for p in forecast_paths], Path(out), truth_path=Path(truth) if truth else None,
+                         variables=variables, extra_variables=settings.extra_variables, train_period=train_period,
+                         window=window, lag=lag, dates=dates, distribution=settings.distribution, table=table,
+                         overwrite=overwrite, static_maps=True)
+    targets, win = data.targets, data.window
+    fc, truth_at = data.forecast.load(), data.truth_at.load()
+    report = validate.check_fit_data(validate.data_counts(fc[targets], truth_at, data.sources), fc[targets],
+                                     data.sources)
+    t0 = time.perf_counter()
+    model = fit_drn(fc, truth_at, settings, window=win, progress=progress, targets=targets)
+    attrs = {**_fit_attrs(data, truth, train_period, report), "fit_seconds": round(time.perf_counter() - t0, 1)}
+    path = write_drn_model(model, fc[targets], out, attrs, overwrite=overwrite)
+    kind = "sites" if "site" in fc.dims else "grid points"
+    rolling = f", {len(win[0])} forecast dates" if win is not None else ""
+    return (f"{path}: DRN ({settings.hidden} hidden, embedding {settings.embedding}, {settings.seeds} seed(s), "
+            f"{settings.epochs} epochs, {fc.sizes.get('site', 0) or fc.sizes['latitude'] * fc.sizes['longitude']} "
+            f"{kind}{rolling}) on {attrs['fit_cases']} cases in {attrs['fit_seconds']} s")
 
 
 def _align_sites(params: xr.Dataset, mattrs: dict[str, Any], forecast: xr.Dataset) -> xr.Dataset:
@@ -174,36 +254,102 @@ def write_stores(products: Sequence[tuple[xr.Dataset, Path, str, dict[str, Any]]
     return [p for _, p, _, _ in products]
 
 
-def apply(
-    model: Path,
-    forecast_paths: Sequence[Path],
-    out: Path,
-    *,
-    apply_period: Sequence[str] | None = None,
-    members_out: Path | None = None,
-    members: int | None = None,
-    quantiles_out: Path | None = None,
-    levels: np.ndarray | None = None,
-    table: dict[str, Any] | None = None,
-    scheduler: str | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    forms: Any = None,
-) -> list[Path]:
-    """Calibrate a forecast with an EMOS model file (``smoe postprocess apply --emos``): the (μ, σ) store ``out``,
-    with ``members`` ECC-Q members to ``members_out`` and the quantiles ``levels`` to ``quantiles_out``; streamed
-    out of core; ``forms`` (:class:`.forms.OutputForms`): probabilities and percentiles too. The caller has
-    checked the output paths."""
+@dataclass(frozen=True)
+class Outputs:
+    """The stores an apply writes: the (μ, σ) store ``out``; ``members`` ECC-Q members to ``members_out``, the
+    quantiles ``levels`` to ``quantiles_out``, the probabilities and percentiles of ``forms``
+    (:class:`.forms.OutputForms`), where given."""
+
+    out: Path
+    members_out: Path | None = None
+    members: int | None = None
+    quantiles_out: Path | None = None
+    levels: np.ndarray | None = None
+    forms: Any = None
+
+    def check(self, overwrite: bool) -> Outputs:
+        """``self``; ValueError when two outputs are one path, and :func:`smoeweather.io.check_output` of each
+        (exists without ``overwrite``, under a file, read-only folder), before anything is computed."""
+        forms = self.forms
+        outs = [p for p in (self.out, self.members_out, self.quantiles_out, getattr(forms, "thresholds_out", None),
+                            getattr(forms, "percentiles_out", None)) if p is not None]
+        if len({Path(p).resolve() for p in outs}) < len(outs):
+            raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
+        for p in outs:  # checked again when each is written
+            check_output(Path(p), overwrite)
+        return self
+
+
+def open_forecast(forecast_paths: Sequence[Path], table: dict[str, Any] | None = None) -> xr.Dataset:
+    """The ensemble to calibrate: one site file or table (``table``: its column options), or gridded sources."""
+    paths = [Path(p) for p in forecast_paths]
+    if any(is_site_source(p) for p in paths):
+        return open_forecast_and_truth(paths, None, None, table or {})[0]
+    return open_gridded(paths)
+
+
+def open_to_apply(mattrs: dict[str, Any], model: Path, forecast_paths: Sequence[Path], *,
+                  apply_period: Sequence[str] | None = None, members: int | None = None,
+                  table: dict[str, Any] | None = None, static_maps: bool = False,
+                  extra_variables: Sequence[str] = ()) -> tuple[xr.Dataset, str]:
+    """(the forecast reduced to the model's fields and levels, the sources as one string), after every check:
+    the period, the ECC member count, the model against the forecast (:func:`.model_file.check_forecast`: field,
+    level, lead, members, grid or sites). ``extra_variables`` the model reads besides its fields are kept;
+    ``static_maps`` as :func:`open_training`."""
+    from smoeweather.postprocess.model_file import check_forecast
+
+    sources = " ".join(map(str, forecast_paths))
+    forecast = ensembles.select_period(open_forecast(forecast_paths, table), apply_period)
+    if static_maps:
+        from smoeweather.postprocess.drn import with_static
+
+        forecast = with_static(forecast, list(forecast_paths))
+    check_member_count(members, forecast, sources)
+    full = forecast
+    forecast = check_forecast(mattrs, forecast, str(model), sources)
+    for v in extra_variables:
+        if v in full.data_vars and v not in forecast.data_vars:
+            forecast[v] = full[v].sel(level=forecast["level"]) if "level" in full[v].dims else full[v]
+    return forecast, sources
+
+
+def write_products(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, attrs: dict[str, Any], distribution: str,
+                   outputs: Outputs, *, scheduler: str | None = None, progress: bool = True,
+                   overwrite: bool = False) -> list[Path]:
+    """Every store of ``outputs`` from the predictive (μ, σ) of ``distribution`` (:func:`distribution_products`)
+    and the raw ensemble ``raw``, written in one dask computation, atomically (:func:`write_stores`)."""
+    products = distribution_products(mu, sigma, raw, attrs, distribution, outputs)
+    with chunked.scheduler(scheduler) as client:
+        return write_stores(products, client, progress, overwrite)
+
+
+def apply_files(method: str, model: Path, forecast_paths: Sequence[Path], outputs: Outputs, *,
+                apply_period: Sequence[str] | None = None, table: dict[str, Any] | None = None,
+                scheduler: str | None = None, progress: bool = True, overwrite: bool = False, batch_size: int = 8
+                ) -> list[Path]:
+    """``smoe postprocess apply``: calibrate the forecast with the model file or checkpoint ``model`` of
+    ``method`` (``emos``, ``drn``, ``network``) and write ``outputs``; the paths written."""
+    if not Path(model).exists():
+        raise FileNotFoundError(f"model {model} does not exist")
+    if method == "network":
+        return apply_network(model, forecast_paths, outputs, apply_period=apply_period, batch_size=batch_size,
+                             overwrite=overwrite)
+    run = {"emos": apply, "drn": apply_drn_files}[method]
+    return run(model, forecast_paths, outputs, apply_period=apply_period, table=table, scheduler=scheduler,
+               progress=progress, overwrite=overwrite)
+
+
+def apply(model: Path, forecast_paths: Sequence[Path], outputs: Outputs, *,
+          apply_period: Sequence[str] | None = None, table: dict[str, Any] | None = None,
+          scheduler: str | None = None, progress: bool = True, overwrite: bool = False) -> list[Path]:
+    """Calibrate a forecast with an EMOS model file (``smoe postprocess apply --emos``) and write ``outputs``,
+    streamed out of core. The caller has checked the output paths (:meth:`Outputs.check`)."""
     from smoeweather.postprocess.emos import apply_emos
-    from smoeweather.postprocess.model_file import check_forecast, read_model
+    from smoeweather.postprocess.model_file import read_model
 
     params, mattrs = read_model(model)
-    sources = " ".join(map(str, forecast_paths))
-    forecast, _ = open_forecast_and_truth(forecast_paths, None, None, table or {}) if any(
-        is_site_source(p) for p in forecast_paths) else (open_gridded(forecast_paths), None)
-    forecast = ensembles.select_period(forecast, apply_period)
-    check_member_count(members, forecast, sources)
-    forecast = check_forecast(mattrs, forecast, str(model), sources)
+    forecast, sources = open_to_apply(mattrs, model, forecast_paths, apply_period=apply_period,
+                                      members=outputs.members, table=table)
     forecast = chunked.as_dask(forecast)
     params = _align_sites(params, mattrs, forecast)
     mu, sigma = apply_emos(params, forecast)  # lazy; refuses dates without coefficients, mismatched members
@@ -213,27 +359,49 @@ def apply(
              "model_train_period": mattrs.get("train_period"), "members": int(forecast.sizes["member"]),
              "predictors": mattrs.get("predictors", "mean"), "window": mattrs.get("window"),
              "forecast": sources}
-    products = distribution_products(mu, sigma, forecast, attrs, str(mattrs.get("distribution", "normal")),
-                                     out, members_out, members, quantiles_out, levels, forms)
-    with chunked.scheduler(scheduler) as client:
-        return write_stores(products, client, progress, overwrite)
+    return write_products(mu, sigma, forecast, attrs, str(mattrs.get("distribution", "normal")), outputs,
+                          scheduler=scheduler, progress=progress, overwrite=overwrite)
 
 
-def apply_network(checkpoint: Path, forecast_paths: Sequence[Path], out: Path, *,
-                  apply_period: Sequence[str] | None = None, members_out: Path | None = None,
-                  members: int | None = None, quantiles_out: Path | None = None, levels: np.ndarray | None = None,
-                  batch_size: int = 8, overwrite: bool = False, forms: Any = None) -> list[Path]:
+def apply_drn_files(model_path: Path, forecast_paths: Sequence[Path], outputs: Outputs, *,
+                    apply_period: Sequence[str] | None = None, table: dict[str, Any] | None = None,
+                    scheduler: str | None = None, progress: bool = True, overwrite: bool = False) -> list[Path]:
+    """``smoe postprocess apply --drn MODEL.nc``: the same stores as :func:`apply`, the DRN applied in memory.
+    Sites the model never saw get the mean embedding (one line says how many)."""
+    from smoeweather.postprocess.drn import apply_drn, site_positions
+    from smoeweather.postprocess.model_file import read_drn_model
+
+    model, mattrs = read_drn_model(model_path)
+    forecast, sources = open_to_apply(mattrs, Path(model_path), [Path(p) for p in forecast_paths],
+                                      apply_period=apply_period, members=outputs.members, table=table, static_maps=True,
+                                      extra_variables=str(mattrs.get("extra_variables", "")).split())
+    forecast = forecast.load()
+    idx, new = site_positions(mattrs, forecast)
+    if new and progress:
+        print(f"DRN: {len(new)} site(s) the model never saw get the mean station embedding, first {new[:5]}",
+              file=sys.stderr, flush=True)
+    mu, sigma = apply_drn(model, forecast, idx)
+    attrs = {"method": "drn", "model": str(model_path), "model_train_period": mattrs.get("train_period"),
+             "members": int(forecast.sizes["member"]), "window": mattrs.get("window"), "forecast": sources,
+             "new_sites_mean_embedding": len(new)}
+    return write_products(mu, sigma, forecast[str(mattrs["fields"]).split()], attrs,
+                          str(mattrs.get("distribution", "normal")), outputs, scheduler=scheduler,
+                          progress=progress, overwrite=overwrite)
+
+
+def apply_network(checkpoint: Path, forecast_paths: Sequence[Path], outputs: Outputs, *,
+                  apply_period: Sequence[str] | None = None, batch_size: int = 8, overwrite: bool = False
+                  ) -> list[Path]:
     """Calibrate a gridded forecast with a post-processing network checkpoint (``smoe postprocess apply
     --network``): the same stores as :func:`apply`, in memory. The caller has checked the output paths."""
     from smoeweather.postprocess.neural import apply_checkpoint
 
     forecast = ensembles.select_period(open_gridded(forecast_paths), apply_period)
     sources = " ".join(map(str, forecast_paths))
-    check_member_count(members, forecast, sources)
+    check_member_count(outputs.members, forecast, sources)
     mu, sigma, attrs = apply_checkpoint(checkpoint, forecast, batch_size=batch_size)
     mu, sigma = mu.load(), sigma.load()
-    products = distribution_products(mu, sigma, forecast.load(), {**attrs, "forecast": sources}, "normal",
-                                     out, members_out, members, quantiles_out, levels, forms)
+    products = distribution_products(mu, sigma, forecast.load(), {**attrs, "forecast": sources}, "normal", outputs)
     return [ensembles.write_store(ds, path, kind, a, overwrite=overwrite) for ds, path, kind, a in products]
 
 
@@ -245,12 +413,9 @@ def check_member_count(members: int | None, forecast: xr.Dataset, sources: str) 
 
 
 def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Dataset, attrs: dict[str, Any],
-                          distribution: str, out: Path, members_out: Path | None, members: int | None,
-                          quantiles_out: Path | None, levels: np.ndarray | None, forms: Any = None
-                          ) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
-    """The stores of a (μ, σ) forecast of ``distribution``: the (μ, σ) store, ECC-Q members and quantiles, and
-    the probabilities and percentiles of ``forms`` (:class:`.forms.OutputForms`), each with CF metadata
-    (:func:`.forms.cf_decorate`).
+                          distribution: str, outputs: Outputs) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
+    """The stores of ``outputs`` of a (μ, σ) forecast of ``distribution`` (``forecast``: the raw ensemble),
+    each with CF metadata (:func:`.forms.cf_decorate`).
 
     For the truncated normal the (μ, σ) store holds the location and scale of the normal before truncation
     (attribute ``predictive_distribution`` says so; a Gaussian scorer would misread it); its members and
@@ -259,18 +424,19 @@ def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Datase
     from smoeweather.postprocess.ecc import ecc_members, gaussian_quantiles
     from smoeweather.postprocess.forms import cf_decorate, form_products
 
+    o = outputs
     attrs = {**attrs, "distribution": distribution, "predictive_distribution": LONG_NAMES[distribution]}
-    products = [(ensembles.gaussian_dataset(mu, sigma), out, "gaussian", attrs)]
-    if members_out is not None:
+    products = [(ensembles.gaussian_dataset(mu, sigma), Path(o.out), "gaussian", attrs)]
+    if o.members_out is not None:
         raw = forecast[list(mu.data_vars)]
         if "level" in mu.dims:  # a network may calibrate fewer levels than the raw ensemble holds
             raw = raw.sel(level=mu["level"].values)
-        ens = ecc_members(mu, sigma, raw, members, distribution=distribution)
-        products.append((ens, members_out, "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
+        ens = ecc_members(mu, sigma, raw, o.members, distribution=distribution)
+        products.append((ens, Path(o.members_out), "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
                                                         "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}))
-    if quantiles_out is not None:
-        products.append((gaussian_quantiles(mu, sigma, levels, distribution=distribution), quantiles_out,
+    if o.quantiles_out is not None:
+        products.append((gaussian_quantiles(mu, sigma, o.levels, distribution=distribution), Path(o.quantiles_out),
                          "quantiles", {**attrs, "method": f"{attrs['method']}_quantiles"}))
-    if forms is not None:
-        products.extend(form_products(mu, sigma, distribution, attrs, forms))
+    if o.forms is not None:
+        products.extend(form_products(mu, sigma, distribution, attrs, o.forms))
     return [(cf_decorate(ds, distribution), path, kind, a) for ds, path, kind, a in products]
