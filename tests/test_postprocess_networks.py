@@ -285,3 +285,26 @@ def test_postprocess_study_in_two_shards(streams: dict[str, Path], tmp_path: Pat
     want = float((crps.mean(0) * w[:, None]).sum() / (w.sum() * crps.shape[2]))
     # both float64 means over ~10³ terms: summation order differs, error ≲ n·eps64 ≈ 1e-13 relative
     np.testing.assert_allclose(run["scores"]["48h"]["temperature_850"], want, rtol=1e-11)
+
+
+def test_members_of_a_network_with_fewer_leads_than_the_forecast(tmp_path: Path) -> None:
+    """A network that calibrates only the 48 h lead of a 24/48 h forecast: its ECC-Q members reorder the raw
+    members of that lead alone (the same members as with the raw ensemble cut to 48 h first)."""
+    from smoeweather.postprocess.pipeline import Outputs, distribution_products
+
+    rng = np.random.default_rng(3)
+    leads = np.array([24, 48], "timedelta64[h]").astype("timedelta64[ns]")
+    raw = xr.Dataset({"temperature": (("time", "prediction_timedelta", "member", "latitude", "longitude"),
+                                      rng.normal(280, 2, (3, 2, 4, 2, 3)))},
+                     coords={"time": pd.date_range("2005-01-01", periods=3), "prediction_timedelta": leads,
+                             "member": np.arange(4), "latitude": [10.0, 20.0], "longitude": [0.0, 1.0, 2.0]})
+    at48 = raw.isel(prediction_timedelta=[1])
+    mu = at48.mean("member") + 0.5
+    sigma = at48.std("member", ddof=1) + 1.0
+    outputs = Outputs(out=tmp_path / "pp.zarr", members_out=tmp_path / "pp_members.zarr", members=4)
+    products = distribution_products(mu, sigma, raw, {"method": "unet"}, "normal", outputs)
+    members = {kind: ds for ds, _, kind, _ in products}["ensemble"]
+    want = {kind: ds for ds, _, kind, _ in distribution_products(mu, sigma, at48, {"method": "unet"}, "normal",
+                                                                 outputs)}["ensemble"]
+    assert members.sizes["prediction_timedelta"] == 1
+    xr.testing.assert_identical(members, want)

@@ -429,8 +429,10 @@ def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Datase
     products = [(ensembles.gaussian_dataset(mu, sigma), Path(o.out), "gaussian", attrs)]
     if o.members_out is not None:
         raw = forecast[list(mu.data_vars)]
-        if "level" in mu.dims:  # a network may calibrate fewer levels than the raw ensemble holds
-            raw = raw.sel(level=mu["level"].values)
+        # a network may calibrate fewer levels or leads (or inits) than the raw ensemble holds: ECC-Q reorders
+        # the raw members at exactly the forecast's points
+        fewer = {d: mu[d].values for d in mu.dims if d in raw.dims and d in mu.coords and raw.sizes[d] != mu.sizes[d]}
+        raw = raw.sel(fewer) if fewer else raw
         ens = ecc_members(mu, sigma, raw, o.members, distribution=distribution)
         products.append((ens, Path(o.members_out), "ensemble", {**attrs, "method": f"{attrs['method']}_ecc",
                                                         "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}))
