@@ -225,7 +225,7 @@ def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str)
     layouts)."""
     import torch
 
-    from smoeweather.config import load_config
+    from smoeweather.config import read_config
     from smoeweather.data.ensemble_dataset import open_ensemble_dataset
     from smoeweather.training.checkpoint import load_trained
     from smoeweather.training.run import train
@@ -243,7 +243,7 @@ def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str)
                  "data.num_workers=0", "model.levels=2", "model.widths=[4, 8]", "trainer.max_epochs=1",
                  "trainer.accelerator=cpu", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
                  f"output_dir={tmp_path / 'run'}"]
-    result = train(load_config(repo / "configs" / "ens10" / config, overrides))
+    result = train(read_config(repo / "configs" / "ens10" / config, overrides))
     ckpt = result.last_checkpoint
     out = tmp_path / "pp.zarr"
     assert main(["postprocess", "apply", "--network", str(ckpt), "--forecast", str(ens_path), "--out", str(out)]) == 0

@@ -71,13 +71,17 @@ def test_fit_refuses_unknown_method_and_options(tmp_path: Path) -> None:
         fit(fc, truth, {"method": "bma"})
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['window'\]"):
         fit(fc, truth, {"method": "emos", "window": "25D"})
+    with pytest.raises(ValueError, match=r"unknown config key 'drn\.epoch' \(did you mean 'epochs'\?\)"):
+        fit(fc, truth, {"method": "drn", "epoch": 2})
+    with pytest.raises(ValueError, match=r"'drn\.hidden' must be >= 1, got 0"):
+        fit(fc, truth, {"method": "drn", "hidden": 0})
 
 
 def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) -> None:
     """A tiny U-Net checkpoint: load(CKPT).apply equals `apply --network`, whose probabilities are its CDF."""
     from test_postprocess import _ens10_store, _world
 
-    from smoeweather.config import load_config
+    from smoeweather.config import read_config
     from smoeweather.postprocess.calibrator import NetworkCalibrator
     from smoeweather.postprocess.synthetic import synthetic_ensemble
     from smoeweather.training.run import train
@@ -92,7 +96,7 @@ def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) ->
                  "data.valid_years=[2002, 2002]", "data.test_years=[2002, 2002]", "data.batch_size=8",
                  "data.num_workers=0", "model.levels=2", "model.widths=[4, 8]", "trainer.max_epochs=1",
                  "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"output_dir={tmp_path / 'run'}"]
-    ckpt = train(load_config(Path(__file__).resolve().parents[1] / "configs" / "ens10" / "unet_z500.yaml",
+    ckpt = train(read_config(Path(__file__).resolve().parents[1] / "configs" / "ens10" / "unet_z500.yaml",
                              overrides)).last_checkpoint
     assert main(["postprocess", "apply", "--network", str(ckpt), "--forecast", str(tmp_path / "ens.zarr"),
                  "--out", str(tmp_path / "pp.zarr"), "--thresholds", "54000", "--overwrite"]) == 0

@@ -152,8 +152,10 @@ def test_rolling_drn_one_network_set_per_date_and_refusals(tmp_path: Path, capsy
 
     refused(r"no coefficients for the forecast date\(s\) \['2003-12-30", "apply", "--drn", tmp_path / "roll.nc",
             "--forecast", tmp_path / "t.csv", "--out", tmp_path / "pp.zarr")
-    refused(r"--drn-hidden 0: must be an integer >= 1", "fit", "--method", "drn", "--forecast", tmp_path / "t.csv",
-            "--drn-hidden", "0", "--out", tmp_path / "x.nc")
+    refused(r"--drn-hidden must be >= 1, got 0; set e\.g\. --drn-hidden 32", "fit", "--method", "drn", "--forecast",
+            tmp_path / "t.csv", "--drn-hidden", "0", "--out", tmp_path / "x.nc")
+    refused(r"--drn-learning-rate must be > 0, got -0\.1", "fit", "--method", "drn", "--forecast",
+            tmp_path / "t.csv", "--drn-learning-rate", "-0.1", "--out", tmp_path / "x.nc")
     refused(r"--drn-extra humidity: no such forecast variable", "fit", "--method", "drn", "--forecast",
             tmp_path / "t.csv", "--drn-extra", "humidity", *FAST, "--out", tmp_path / "x.nc")
     _cli("fit", "--forecast", tmp_path / "t.csv", "--out", tmp_path / "emos.nc")

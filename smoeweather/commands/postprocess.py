@@ -135,14 +135,31 @@ def _table_options(args: argparse.Namespace) -> dict[str, object]:
             "members": args.table_members, "units": args.units}
 
 
+DRN_OPTIONS = {"hidden": "--drn-hidden", "embedding": "--drn-embedding", "epochs": "--drn-epochs",
+               "seeds": "--drn-seeds", "batch_size": "--drn-batch-size", "learning_rate": "--drn-learning-rate",
+               "seed": "--drn-seed", "distribution": "--distribution", "extra_variables": "--drn-extra",
+               "warm_start_epochs": "--drn-warm-start"}
+"""The ``smoe postprocess fit`` option of each :class:`~smoeweather.postprocess.drn.DRNSettings` field."""
+
+
 def _drn_settings(args: argparse.Namespace) -> object:
-    """The :class:`~smoeweather.postprocess.drn.DRNSettings` of the ``--drn-*`` options (checked)."""
+    """The :class:`~smoeweather.postprocess.drn.DRNSettings` of the ``--drn-*`` options, checked; an invalid one
+    is refused naming its option (``--drn-hidden must be >= 1, got 0; set e.g. --drn-hidden 32``)."""
+    import re
+
+    from smoeweather.config import ConfigError
     from smoeweather.postprocess.drn import DRNSettings
 
-    return DRNSettings(hidden=args.drn_hidden, embedding=args.drn_embedding, epochs=args.drn_epochs,
-                       seeds=args.drn_seeds, batch_size=args.drn_batch_size, learning_rate=args.drn_learning_rate,
-                       seed=args.drn_seed, distribution=args.distribution, extra_variables=tuple(args.drn_extra),
-                       warm_start_epochs=args.drn_warm_start).check()
+    values = {"hidden": args.drn_hidden, "embedding": args.drn_embedding, "epochs": args.drn_epochs,
+              "seeds": args.drn_seeds, "batch_size": args.drn_batch_size, "learning_rate": args.drn_learning_rate,
+              "seed": args.drn_seed, "distribution": args.distribution, "extra_variables": list(args.drn_extra),
+              "warm_start_epochs": args.drn_warm_start}
+    try:
+        return DRNSettings.of(values)
+    except ConfigError as err:
+        text = re.sub(r"config key 'drn\.(\w+)'", lambda m: DRN_OPTIONS[m.group(1)], str(err))
+        raise ValueError(re.sub(r"set e\.g\. drn\.(\w+)=", lambda m: f"set e.g. {DRN_OPTIONS[m.group(1)]} ", text)
+                         ) from err
 
 
 def _fit(args: argparse.Namespace) -> int:

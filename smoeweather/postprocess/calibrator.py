@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import xarray as xr
 
-from smoeweather.postprocess.distributions import Distribution, check_distribution, family
+from smoeweather.postprocess.distributions import Distribution, family
 from smoeweather.postprocess.forms import percentile_dataset, probability_dataset
 
 
@@ -158,16 +158,9 @@ def fit(forecast: xr.Dataset, truth: xr.Dataset, options: Mapping[str, Any] | No
                           iterations=opts.get("iterations"))
         return EMOSCalibrator(params, {**params.attrs, "distribution": "normal", "predictors": "mean"}, forecast)
     if method == "drn":
-        from dataclasses import fields
-
         from smoeweather.postprocess.drn import DRNSettings, fit_drn
 
-        known = {f.name for f in fields(DRNSettings)}
-        if set(opts) - known:
-            raise ValueError(f"fit(method='drn'): unknown option(s) {sorted(set(opts) - known)}; "
-                             f"expected {sorted(known)}")
-        settings = DRNSettings(**opts).check()
-        check_distribution(settings.distribution, "distribution")
+        settings = DRNSettings.of(opts)  # ConfigError naming 'drn.<option>'
         model = fit_drn(forecast, truth, settings)
         return DRNCalibrator(model, {"distribution": settings.distribution}, forecast)
     if method == "network":
