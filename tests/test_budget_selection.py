@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "budget_selection.py"
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "studies" / "budget_selection.py"
 _spec = importlib.util.spec_from_file_location("budget_selection", _PATH)
 budget_selection = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(budget_selection)

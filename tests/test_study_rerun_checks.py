@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "study_rerun_checks.py"
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "studies" / "study_rerun_checks.py"
 _spec = importlib.util.spec_from_file_location("study_rerun_checks", _PATH)
 rerun_checks = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rerun_checks)

@@ -12,7 +12,7 @@
   off 1 − q by more than 0.1).
 
 Writes ``<study.json stem>_report.md`` and ``_report.json`` beside it.
-    python benchmarks/routing_study_report.py benchmarks/results/studies/gcm_ens_routing.json [more.json ...]
+    python benchmarks/studies/routing_study_report.py benchmarks/studies/results/gcm_ens_routing.json [more.json ...]
 """
 
 from __future__ import annotations

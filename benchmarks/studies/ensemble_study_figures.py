@@ -6,8 +6,8 @@ else the fair CRPS.
 Reads ``<study>/runs/<variant>/seed<k>/result.json`` (written by ``smoe study`` with ``scoring: ensemble``),
 writes ``<out>/<study dir name>_rank_histograms.png`` and ``<out>/<study dir name>_crps_cost.png``.
 
-    python benchmarks/ensemble_study_figures.py [--study runs/studies/gcm_ensembles_cpu]
-        [--out benchmarks/results/studies]
+    python benchmarks/studies/ensemble_study_figures.py [--study runs/studies/gcm_ensembles_cpu]
+        [--out benchmarks/studies/results]
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def crps_cost(runs: list[dict], path: Path, baseline: str = "deep_ensemble") -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--study", type=Path, default=Path("runs/studies/gcm_ensembles_cpu"))
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "studies")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = p.parse_args()
     runs = load_runs(args.study)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,9 @@ training cost of the chosen runs in step units (training-step time relative to t
 optimizer steps, mean over seeds). Paired differences (same seed) of the chosen runs' scores to a baseline arm and
 for named pairs: mean [95 % Student-t interval, n − 1 dof].
 
-    python benchmarks/budget_selection.py --study runs/a400/study.json --study runs/b1200/study.json \
+    python benchmarks/studies/budget_selection.py --study runs/a400/study.json --study runs/b1200/study.json \
         --study runs/c3000/study.json --baseline unet_16_32_64 --pair smoe_8_16_32 unet_16_32_64 \
-        --out benchmarks/results/studies/gcm_ens_budget_selection.md
+        --out benchmarks/studies/results/gcm_ens_budget_selection.md
 """
 
 from __future__ import annotations

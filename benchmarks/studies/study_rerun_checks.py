@@ -10,8 +10,8 @@ gcm_ens_thread_spread.yaml):
   validation loss of each run, paired by seed, 95 % Student-t interval); test scores are not used.
 
 Writes one markdown file (and a JSON beside it).
-    python benchmarks/study_rerun_checks.py --study P.json --rerun S.json --threads T.json --arm unet_16_32_64 \
-        --schedule S.json --constant unet_16_32_64_constant --out benchmarks/results/studies/gcm_ens_rerun_checks.md
+    python benchmarks/studies/study_rerun_checks.py --study P.json --rerun S.json --threads T.json --arm unet_16_32_64 \
+        --schedule S.json --constant unet_16_32_64_constant --out benchmarks/studies/results/gcm_ens_rerun_checks.md
 """
 
 from __future__ import annotations

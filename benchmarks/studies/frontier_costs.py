@@ -4,11 +4,11 @@ computations, and every frontier figure re-drawn on the new costs. A benchmark, 
 Quiet-machine command (about 20 min on 2 cores; the studies read their data under ``data/``: ``data/gcm_world/``
 from ``smoe data gcm-world`` and ``data/gcm_ens/`` from ``smoe data gcm-ens``, or links to those folders):
 
-    .venv/bin/python benchmarks/frontier_costs.py
+    .venv/bin/python benchmarks/studies/frontier_costs.py
 
 Dry run (one study, 1 round; numbers mean nothing): ``--studies gcm_frontier_preview --rounds 1 --no-write``.
 
-For each study with a frontier figure under ``benchmarks/results/studies/`` (its committed study JSON holds the
+For each study with a frontier figure under ``benchmarks/studies/results/`` (its committed study JSON holds the
 finished runs, so no training is repeated):
 
 1. every arm's cost as ``smoe study --cost-only`` measures it (:func:`smoeweather.experiments.cost.measure_costs`:
@@ -20,7 +20,7 @@ finished runs, so no training is repeated):
    selected path equals the used one to float32 rounding, tests/test_smoe_selected.py);
 3. the study JSON's ``cost`` becomes the re-measured one (the previous one is kept as ``cost_previous``) and every
    frontier figure of the study (the ``*.json`` specs beside it written by ``smoe plot frontier``) is re-drawn;
-4. ``benchmarks/results/frontier_costs.{json,md}``: per study and SMoE arm, the step-time ratio before and now
+4. ``benchmarks/studies/results/frontier_costs.{json,md}``: per study and SMoE arm, the step-time ratio before and now
    (used, selected), and the paired difference to the dense frontier [95 % t-interval] at equal step time
    before and now, and at equal FLOPs and parameters.
 """
@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-STUDIES = REPO / "benchmarks" / "results" / "studies"
-RESULTS = REPO / "benchmarks" / "results"
+REPO = Path(__file__).resolve().parents[2]
+STUDIES = REPO / "benchmarks" / "studies" / "results"
+RESULTS = STUDIES
 SMOE_FAMILIES = ("smoe", "smoe_ensemble")
 SELECTED = "+selected"
 

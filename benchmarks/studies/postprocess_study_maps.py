@@ -1,8 +1,8 @@
 """Where post-processing helps: per-grid-point CRPS of the post-processing study's arms on its test block, split
 into land and sea (the diagnosis of the SMoE-U-Net against the U-Net and per-grid-point EMOS).
 
-    python benchmarks/postprocess_study_maps.py --study runs/studies/gcm_ens_postprocess \
-        --out benchmarks/results/studies/gcm_ens_postprocess_maps
+    python benchmarks/studies/postprocess_study_maps.py --study runs/studies/gcm_ens_postprocess \
+        --out benchmarks/studies/results/gcm_ens_postprocess_maps
 
 For every network arm (best checkpoint of each seed, CRPS averaged over seeds), per-grid-point EMOS (fitted on
 the train split) and the raw ensemble (fair CRPS): the time-mean CRPS map of Z500 and T850 at 48 h, and
