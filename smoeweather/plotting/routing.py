@@ -100,7 +100,7 @@ def plot_usage(ds: xr.Dataset, title: str, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(7.0, 0.18 * n + 2), 3.8))
     colours = ["tab:blue"] * n
     if "expert_prior_group" in ds:
-        palette = ("tab:blue", "tab:green", "tab:purple", "tab:brown")
+        palette = ("tab:blue", "tab:brown", "tab:purple", "tab:green")  # sea blue, land brown, as in the maps
         colours = [palette[g % len(palette)] for g in ds["expert_prior_group"].values]
     ax.bar(x, 100 * ds["expert_usage_area"].values, color=colours, alpha=0.45, width=0.85)
     ax.bar(x, 100 * ds["expert_dominant_area"].values, color=colours, width=0.45)
