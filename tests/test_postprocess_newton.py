@@ -99,5 +99,8 @@ def test_both_emos_fitters_run_on_the_one_solver(monkeypatch: pytest.MonkeyPatch
     block = {"X": np.stack([np.ones_like(m), m], -1), "v": v, "y": y, "w": w}
     pooled, ok2 = emos.fit_blocks(lambda fn: fn(block))
     assert calls == ["_MeanSpread", "_Pooled"] and ok.all() and ok2.all()
-    # the same minimum from both problems' arithmetic (torch closed form, numpy block sums)
-    np.testing.assert_allclose(pooled, coef, rtol=1e-6, atol=1e-9)
+    # the same minimum from both problems' arithmetic (torch closed form, numpy block sums): each stops once its
+    # Newton decrement is below tol = 1e-12, i.e. within about sqrt(tol) = 1e-6 of the minimum in standardised
+    # units (the data here are of unit scale), so that is the agreement to expect, near zero coefficients too
+    tol = 10 * np.sqrt(1e-12)
+    np.testing.assert_allclose(pooled, coef, rtol=tol, atol=tol)
