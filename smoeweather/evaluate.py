@@ -356,6 +356,7 @@ def evaluate(
     bss_reference: str | None = None,
     overwrite: bool = True,
     progress: bool = False,
+    table: Mapping[str, Any] | None = None,
 ) -> xr.Dataset:
     """Scores Dataset (vars ``rmse``, ``bias``, [``acc``, ``crps``, ...], ``per_init_<q>``, ``wb2_<metric>``,
     ``n_time``, ``n_scored``) over dims ``method``, ``field``, ``prediction_timedelta`` [, ``region``]; written
@@ -370,8 +371,18 @@ def evaluate(
     ({field name: values in its units}) and the ``threshold`` coordinates of probability forecasts: the events
     whose Brier score, reliability table and Brier skill score (against the climatological probability and
     ``bss_reference``, by default the first ensemble) are computed. ``progress``: a bar on a terminal, stage
-    lines when piped.
+    lines when piped. Site (station) forecasts and observations (site tables, read with the column options
+    ``table``; CF timeSeries files; ``smoe postprocess apply`` stores on sites) are scored by
+    :func:`smoeweather.evaluate_sites.evaluate_sites` (grid-only options refused).
     """
+    from smoeweather.evaluate_sites import evaluate_sites, is_site_run
+
+    if is_site_run(forecasts, truth):
+        grid = {"--climatology": climatology, "--climatology-years": climatology_years, "--regions": regions,
+                "--land-sea-mask": land_sea_mask, "--land-threshold": land_threshold, "--spectra": spectra}
+        return evaluate_sites(forecasts, truth, out_dir, thresholds=thresholds, bss_reference=bss_reference,
+                              allow_missing=allow_missing, ensemble_dim=ensemble_dim, table=table,
+                              overwrite=overwrite, grid_options=grid)
     if out_dir is not None:
         from pipelines.atomic import check_output
 

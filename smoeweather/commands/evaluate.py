@@ -1,7 +1,9 @@
 """``smoe evaluate FC.zarr [FC2.zarr ...] --truth STORE [--climatology STORE] [--regions ...] [--spectra] --out DIR``:
 RMSE, bias, ACC (and CRPS, spread–skill, debiased ensemble-mean MSE, energy score for ensembles/Gaussian
 forecasts) per region → DIR/scores.{nc,json,md} and DIR/wb2/METHOD/EVALUATION.nc (WeatherBench 2's evaluation
-files: deterministic, deterministic_temporal, probabilistic, ensemble_binary, gaussian_*)."""
+files: deterministic, deterministic_temporal, probabilistic, ensemble_binary, gaussian_*). Site (station)
+forecasts (site tables, CF timeSeries files, ``smoe postprocess apply`` outputs on sites) are scored against a
+site table/file's observations (:mod:`smoeweather.evaluate_sites`): DIR/scores.{nc,json,md}, no WB2 files."""
 
 from __future__ import annotations
 
@@ -59,6 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder (as a whole)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--out", required=True, type=Path, help="output directory")
+    from smoeweather.postprocess.options import add_table_arguments
+
+    add_table_arguments(p)  # site forecasts: the columns of a site table (CSV/Parquet)
 
 
 def parse_thresholds(items: list[str] | None) -> dict[str, list[float]] | None:
@@ -81,6 +86,7 @@ def parse_thresholds(items: list[str] | None) -> dict[str, list[float]] | None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.cli import storage_options as json_storage_options
     from smoeweather.evaluate import evaluate
+    from smoeweather.evaluate_sites import is_site_run
 
     forecasts: dict[str, str] | list[str] = [p for p in args.forecasts if "=" not in p]
     named = [p.split("=", 1) for p in args.forecasts if "=" in p]
@@ -92,34 +98,38 @@ def run(args: argparse.Namespace) -> int:
         if not 0.0 < q < 1.0:
             raise ValueError(f"--binary-quantiles must lie in (0, 1), got {q}")
     truth = args.truth[0] if len(args.truth) == 1 else args.truth
+    sites = is_site_run(forecasts, truth)
     scores = evaluate(forecasts, truth, climatology=args.climatology, out_dir=args.out,
                       references=not args.no_references,
                       climatology_years=tuple(args.climatology_years) if args.climatology_years else None,
-                      regions=args.regions or "default", land_sea_mask=args.land_sea_mask,
+                      regions=args.regions or (None if sites else "default"), land_sea_mask=args.land_sea_mask,
                       land_threshold=args.land_threshold, spectra=args.spectra,
                       spectra_band=tuple(args.spectra_band), spectra_recipe=args.spectra_recipe,
                       storage_options=json_storage_options(args.storage_options),
                       ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
                       allow_missing=args.allow_missing, thresholds=parse_thresholds(args.thresholds),
-                      bss_reference=args.bss_reference, overwrite=args.overwrite, progress=not args.quiet)
+                      bss_reference=args.bss_reference, overwrite=args.overwrite, progress=not args.quiet,
+                      table={"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
+                             "members": args.table_members, "units": args.units})
     if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
         from smoeweather.plotting.ensembles import plot_rank_histograms
 
         plot_rank_histograms(scores, args.out / "rank_histograms.png")
-    _summary(scores)
-    print(f"smoe evaluate: wrote {args.out}/scores.nc, scores.json, scores.md (all scores), wb2/ (WeatherBench 2 "
-          "evaluation files)")
+    _summary(scores, *(["sqrt of the mean over the (initialisation, station) cases"] if sites else []))
+    print(f"smoe evaluate: wrote {args.out}/scores.nc, scores.json, scores.md (all scores)"
+          + (" (site forecasts: no WeatherBench 2 files, they are for grids)" if sites else
+             ", wb2/ (WeatherBench 2 evaluation files)"))
     return 0
 
 
-def _summary(scores: Any) -> None:
+def _summary(scores: Any, where: str = "sqrt after the time mean, global") -> None:
     """A short printout: the headline RMSE table (the rest is in scores.md)."""
     from smoeweather.data.ensembles import lead_label
     from smoeweather.evaluate_files import headline
 
     h = headline(scores)
     leads = [lead_label(td) for td in h["prediction_timedelta"].values]
-    print("RMSE (sqrt after the time mean), global:")
+    print(f"RMSE ({where}):")
     for f in h["field"].values.tolist():
         row = "  ".join(f"{lead}" for lead in leads)
         print(f"  {f}  [{row}]")

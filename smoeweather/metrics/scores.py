@@ -157,7 +157,7 @@ def _area_means(forecast: xr.DataArray, kind: str, truth: xr.DataArray, w: xr.Da
 def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.DataArray | None,
                     sigma: xr.DataArray | None = None, climatology: xr.DataArray | None = None,
                     dims: Sequence[Hashable] = SPACE_TIME, regions: xr.DataArray | None = None,
-                    per_init: bool = False) -> dict[str, xr.DataArray]:
+                    per_init: bool = False, space: Sequence[Hashable] | None = None) -> dict[str, xr.DataArray]:
     """{metric: score reduced over ``dims``} of one field (computed, float64, in one pass over the data).
 
     ``forecast``: (time, prediction_timedelta, [member | quantile], latitude, longitude) of ``kind``
@@ -167,11 +167,13 @@ def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weig
     region_weights`, which give every score a ``region`` dim. With ``per_init``, also ``per_init_<q>``: the
     area means q per initialisation (dims kept but space) for q in :data:`PER_INIT`. Units: those of the field
     (debiased ensemble-mean MSE: squared), ACC, spread–skill and diversity ratio dimensionless.
-    ``rank_histogram`` (ensembles) is over ``weights`` only (the global one with ``regions``).
+    ``rank_histogram`` (ensembles) is over ``weights`` only (the global one with ``regions``). ``space``: the
+    dims of ``dims`` averaged first with the weights (default: latitude and longitude; site forecasts: their
+    case dim, :mod:`smoeweather.evaluate_sites`); the other dims of ``dims`` are averaged after, plainly.
     """
     truth = truth.astype(np.float64)
-    space = [d for d in dims if d in SPATIAL_DIMS and d in truth.dims]
-    rest = [d for d in dims if d not in SPATIAL_DIMS and d in truth.dims]
+    space = [d for d in dims if (d in space if space is not None else d in SPATIAL_DIMS) and d in truth.dims]
+    rest = [d for d in dims if d not in space and d in truth.dims]
     if regions is None:
         if weights is None:
             weights = xr.DataArray(1.0)

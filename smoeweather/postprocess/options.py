@@ -15,14 +15,7 @@ def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
                    help="dask.distributed scheduler address tcp://host:port (default: a local cluster; "
                         "'threads' for no cluster)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    t = p.add_argument_group("site tables (CSV/Parquet: one row per station and date)")
-    t.add_argument("--table-variable", default="2m_temperature", help="field name of the table's values")
-    t.add_argument("--table-lead", default="48h", help="lead time of the table's forecasts (default 48h)")
-    t.add_argument("--table-time", choices=["valid", "init"], default="valid",
-                   help="the date column is the valid date (default, as ensembleBMA) or the init date")
-    t.add_argument("--table-members", nargs="+", help="member columns (default: every other numeric column)")
-    t.add_argument("--units", default=None,
-                   help="units of the table's values, e.g. K, degC or m s-1 (a table carries none; default: unset)")
+    add_table_arguments(p)
     if verb == "fit":
         p.add_argument("--per-site", dest="per_gridpoint", action="store_true",
                        help="site forecasts: one fit per site (default: global, pooled over sites)")
@@ -51,3 +44,15 @@ def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
                        help="with --window: the window ends this long before each date (default: the longest lead)")
         p.add_argument("--dates", nargs=2, metavar=("START", "END"),
                        help="with --window: forecast dates to fit (default: every date with a full window)")
+
+
+def add_table_arguments(p: argparse.ArgumentParser) -> None:
+    """The site-table column options (``--table-*``, ``--units``), shared with ``smoe evaluate``."""
+    t = p.add_argument_group("site tables (CSV/Parquet: one row per station and date)")
+    t.add_argument("--table-variable", default="2m_temperature", help="field name of the table's values")
+    t.add_argument("--table-lead", default="48h", help="lead time of the table's forecasts (default 48h)")
+    t.add_argument("--table-time", choices=["valid", "init"], default="valid",
+                   help="the date column is the valid date (default, as ensembleBMA) or the init date")
+    t.add_argument("--table-members", nargs="+", help="member columns (default: every other numeric column)")
+    t.add_argument("--units", default=None,
+                   help="units of the table's values, e.g. K, degC or m s-1 (a table carries none; default: unset)")
