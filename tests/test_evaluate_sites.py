@@ -126,20 +126,24 @@ def _run(*args: object) -> int:
 def test_cli_scores_postprocess_apply_outputs_end_to_end(table: Path, tmp_path: Path) -> None:
     """fit EMOS on the table, apply (μ/σ, ECC members, probabilities of frost, percentiles), then ``smoe
     evaluate`` scores them all with the raw ensemble: scores.{nc,json,md}, no wb2/; the probability store's
-    Brier score is the μ/σ store's, EMOS beats the raw ensemble's CRPS and Brier score."""
+    Brier score is the μ/σ store's, EMOS beats the raw ensemble's CRPS and Brier score; the ``--netcdf`` twin
+    scores as its store."""
     pp = ["--scheduler", "threads", "--quiet"]
     assert _run("postprocess", "fit", "--forecast", table, "--out", tmp_path / "emos.nc", *pp) == 0
     assert _run("postprocess", "apply", "--emos", tmp_path / "emos.nc", "--forecast", table, "--out",
                 tmp_path / "pp.zarr", "--members", len(MEMBERS), "--thresholds", 273.15, "--below", "--percentiles",
-                10, 50, 90, *pp) == 0
+                10, 50, 90, "--netcdf", *pp) == 0
     out = tmp_path / "scores"
     assert _run("evaluate", f"raw={table}", f"emos={tmp_path / 'pp.zarr'}", f"ecc={tmp_path / 'pp_members.zarr'}",
                 f"prob={tmp_path / 'pp_probabilities.zarr'}", f"pct={tmp_path / 'pp_percentiles.zarr'}",
+                f"emos_nc={tmp_path / 'pp.nc'}",
                 "--truth", table, "--thresholds", f"{VAR}=273.15", "--out", out, "--quiet") == 0
     assert sorted(p.name for p in out.iterdir()) == ["rank_histograms.png", "scores.json", "scores.md", "scores.nc"]
     s = xr.open_dataset(out / "scores.nc")
     assert dict(zip(s["method"].values.tolist(), s["kind"].values.tolist())) == {
-        "raw": "ensemble", "emos": "gaussian", "ecc": "ensemble", "prob": "probability", "pct": "quantiles"}
+        "raw": "ensemble", "emos": "gaussian", "ecc": "ensemble", "prob": "probability", "pct": "quantiles",
+        "emos_nc": "gaussian"}  # the CF netCDF twin (IMPROVER's names) of the mu/sigma store: the same scores
+    np.testing.assert_array_equal(s["crps"].sel({"method": "emos_nc"}).values, s["crps"].sel({"method": "emos"}).values)
     bs = s["brier_score"].sel(field=VAR, threshold=273.15).isel(prediction_timedelta=0)
     assert bs.sel({"method": "prob"}).item() == pytest.approx(bs.sel({"method": "emos"}).item(), rel=1e2 * EPS32)
     assert bs.sel({"method": "emos"}).item() < bs.sel({"method": "raw"}).item()
@@ -149,7 +153,7 @@ def test_cli_scores_postprocess_apply_outputs_end_to_end(table: Path, tmp_path: 
     assert s["brier_skill_score"].sel({"reference": "raw", "method": "raw"}).item() == 0.0
     js = json.loads((out / "scores.json").read_text())
     assert js["provenance"]["sites"]["scored"] == 5 and "gridded" in js["provenance"]["wb2_evaluation_files"]
-    assert set(js["scores"]) == {"raw", "emos", "ecc", "prob", "pct"}
+    assert set(js["scores"]) == {"raw", "emos", "ecc", "prob", "pct", "emos_nc"}
     md = (out / "scores.md").read_text()
     assert "Stations scored: 5" in md and "brier_score" in md and "WeatherBench 2" in md
 

@@ -20,8 +20,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score forecasts against a truth store, with persistence/climatology")
     p.add_argument("forecasts", nargs="+",
                    help="forecast stores (smoe forecast / smoe postprocess, WB2 zarrs), local paths or fsspec URLs "
-                        "(gs://, s3://, https://); NAME=PATH sets the method name")
-    p.add_argument("--truth", required=True, nargs="+", help="prepared store or canonical netCDF file(s)")
+                        "(gs://, s3://, https://); site forecasts: site tables (CSV/Parquet), CF timeSeries files "
+                        "and `smoe postprocess apply` outputs on sites; NAME=PATH sets the method name")
+    p.add_argument("--truth", required=True, nargs="+",
+                   help="prepared store or canonical netCDF file(s); site forecasts: the site table or CF timeSeries "
+                        "file holding the station observations")
     p.add_argument("--climatology", default=None,
                    help="training store (day-of-year climatology, 31-day window) or a WeatherBench 2 climatology "
                         "zarr (dayofyear, hour), local or a URL: ACC, the climatology reference and the binary "
