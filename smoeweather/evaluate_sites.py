@@ -44,13 +44,14 @@ def _paths(source: Mapping[str, Source] | Source | Sequence[Source]) -> list[str
 
 
 def _has_sites(path: str) -> bool:
-    """A site table, or a local netCDF/zarr whose data has a ``site`` dim."""
+    """A site table, or a local netCDF file or zarr store whose data has a ``site`` dim (other files, such as
+    GRIB, are never opened here)."""
     if is_url(path) or any(c in path for c in "*?["):
         return False
     p = Path(path)
     if p.suffix.lower() in TABLE_SUFFIXES:
         return True
-    if not p.exists():
+    if not p.exists() or not (p.is_dir() or p.suffix.lower() in (".nc", ".nc4", ".cdf", ".h5", ".netcdf")):
         return False
     try:
         with (xr.open_zarr(p) if p.is_dir() else xr.open_dataset(p)) as ds:
