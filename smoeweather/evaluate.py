@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +36,17 @@ from smoeweather.data.ensembles import (
     truth_at_valid_times,
 )
 from smoeweather.data.weather import Field, field_name
+from smoeweather.evaluate_assemble import (
+    FieldContext,
+    FieldScores,
+    assemble,
+    brier_skill_scores,
+    ordered,
+    tidy,
+)
 from smoeweather.evaluate_files import (
     ESTIMATORS,
+    HEADLINE_REGION,
     headline,
     scores_json,
     scores_markdown,
@@ -61,10 +69,18 @@ from smoeweather.evaluate_inputs import (
 )
 from smoeweather.metrics import wb2
 from smoeweather.metrics.regions import Region, describe_regions
-from smoeweather.metrics.scores import METRICS, PER_INIT, forecast_scores, median_of_quantiles
+from smoeweather.metrics.scores import BLOCK_BYTES, PER_INIT, forecast_scores, median_of_quantiles
 from smoeweather.metrics.spectra import DEFAULT_BAND, zonal_energy_spectrum
 
-HEADLINE_REGION = "global"
+
+def _read_once(x: xr.DataArray | None) -> xr.DataArray | None:
+    """``x`` read into memory when it is dask-backed and its float64 size is at most
+    :data:`~smoeweather.metrics.scores.BLOCK_BYTES` (what the scores of one block of initialisations hold anyway):
+    the completeness check, the calibration, our scores, the WB2 terms and the spectrum then read the store once
+    instead of once each. Larger fields stay lazy and are scored block by block (bounded memory)."""
+    if x is None or x.chunks is None or 8.0 * x.size > BLOCK_BYTES:
+        return x
+    return x.compute()
 
 
 def _point_and_sigma(ds: xr.Dataset, kind: str, f: Field) -> tuple[xr.DataArray, xr.DataArray | None]:
@@ -95,39 +111,6 @@ def wb2_terms(point: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.D
 
     names = list(terms)
     return {f"wb2_{k}": v for k, v in zip(names, dask.compute(*terms.values()))}
-
-
-@dataclass
-class FieldScores:
-    """The scores of one (method, field): {metric: DataArray} over the lead, region and time dims it has."""
-
-    values: dict[str, xr.DataArray]
-    n_missing: int = 0
-
-
-@dataclass
-class FieldContext:
-    """What every forecast of one field is scored against: the truth at the valid times (time, lead, lat, lon),
-    the weights (latitude; ``regions``: region, lat, lon), the climatological mean and quantile thresholds, the
-    event thresholds (dim ``threshold``, units of the field) with the climatological probability of each
-    event, and the spectra settings ((lat0, lat1), recipe)."""
-
-    truth: xr.DataArray
-    weights: xr.DataArray
-    regions: xr.DataArray | None = None
-    clim_mean: xr.DataArray | None = None
-    thresholds: xr.DataArray | None = None
-    event_thresholds: xr.DataArray | None = None
-    clim_probability: xr.DataArray | None = None
-    spectra_band: tuple[tuple[float, float], str] | None = None
-
-    @property
-    def area(self) -> xr.DataArray:
-        """Area weights with a ``region`` dim (the global one alone without regions)."""
-        if self.regions is not None:
-            return self.regions
-        template = self.truth.isel(time=0, prediction_timedelta=0, drop=True)
-        return self.weights.broadcast_like(template).expand_dims(region=[HEADLINE_REGION])
 
 
 def _complete(point: xr.DataArray, truth: xr.DataArray, own_leads: np.ndarray, leads: np.ndarray, f: Field,
@@ -187,6 +170,7 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, ctx: FieldContext, inits: n
     ds = ds.drop_vars([c for c in ds.coords if c not in ds.dims])
     ds = ds.sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores
     point, sigma = _point_and_sigma(ds, kind, f)
+    point, sigma = _read_once(point), _read_once(sigma)
     truth, n_missing = _complete(point, ctx.truth, own_leads, leads, f, allow_missing, where)
     out = calibration_scores(point, kind, ctx, truth, sigma, relative_to)
     if kind == "probability":  # probabilities of events: the Brier score and reliability are its scores
@@ -199,39 +183,6 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, ctx: FieldContext, inits: n
         out["spectrum"] = zonal_energy_spectrum(sp_in.astype(np.float64), band=ctx.spectra_band[0],
                                                 mean_dims=("time", "member"), recipe=ctx.spectra_band[1])
     return FieldScores(out, n_missing)
-
-
-def _tidy(fs: FieldScores, method: str, fname: str) -> xr.Dataset:
-    """One (method, field)'s scores as a Dataset with length-1 ``method`` and ``field`` dims."""
-    values = dict(fs.values)
-    if "rank_histogram" in values:
-        rh = values["rank_histogram"]
-        values["rank_histogram"] = rh.assign_coords(rank=np.arange(1, rh.sizes["rank"] + 1))
-    ds = xr.Dataset({k: v.drop_vars([c for c in v.coords if c not in v.dims and c != "wavelength"],
-                                    errors="ignore") for k, v in values.items()})
-    return ds.expand_dims(method=[method], field=[fname])
-
-
-def _ordered(scores: xr.Dataset, rdims: tuple[str, ...]) -> xr.Dataset:
-    """Variables in table order with dims (method, field, prediction_timedelta, [region], ...)."""
-    head = ("method", "field", "prediction_timedelta", *rdims)
-    names = [m for m in METRICS if m in scores]
-    names += sorted(k for k in scores.data_vars if str(k).startswith("per_init_"))
-    names += sorted(k for k in scores.data_vars if str(k).startswith("wb2_"))
-    names += [k for k in ("spectrum", "rank_histogram") if k in scores]
-    names += [k for k in scores.data_vars if k not in names]  # calibration: Brier, reliability, PIT
-    return xr.Dataset({k: scores[k].transpose(*[d for d in head if d in scores[k].dims], ...) for k in names},
-                      attrs=scores.attrs)
-
-
-def assemble(parts: list[xr.Dataset], methods: list[str], fields: list[str], rdims: tuple[str, ...]) -> xr.Dataset:
-    """Join the per-(method, field) Datasets with xarray (outer join: a field a method lacks is NaN), in the
-    order the methods and fields were given."""
-    scores = xr.merge(parts, join="outer", compat="no_conflicts", combine_attrs="drop")
-    scores = scores.reindex({"method": methods, "field": fields})  # dict: `method=` is reindex's own keyword
-    # numpy unicode coordinates (as before): pandas' string-dtype index from the merge selects oddly
-    scores = scores.assign_coords(method=np.array(methods, dtype=str), field=np.array(fields, dtype=str))
-    return _ordered(scores, rdims)
 
 
 def _truth_spectra(truths: dict[str, xr.DataArray], band: tuple[tuple[float, float], str]) -> xr.DataArray:
@@ -270,37 +221,8 @@ def _score_all(inp: Inputs, contexts: dict[Field, FieldContext], allow_missing: 
                     continue
                 fs = score_field(ds, inp.kinds[m], f, ctx, inp.inits, inp.leads, allow_missing, inp.paths.get(m, m))
                 missing[m, field_name(f)] = fs.n_missing
-                parts.append(_tidy(fs, m, field_name(f)))
+                parts.append(tidy(fs, m, field_name(f)))
     return parts, missing
-
-
-def brier_skill_scores(scores: xr.Dataset, contexts: dict[Field, FieldContext], reference: str | None
-                       ) -> xr.Dataset:
-    """Add ``brier_score_climatology`` (the climatological probability's Brier score) and ``brier_skill_score``
-    (dim ``reference``: climatology and/or the ``reference`` method, e.g. the raw ensemble) to ``scores``."""
-    from smoeweather.metrics import calibration as cal
-
-    if "brier_score" not in scores:
-        return scores
-    refs: dict[str, xr.DataArray] = {}
-    clim = [cal.brier_terms(ctx.clim_probability, cal.event(ctx.truth, ctx.event_thresholds), ctx.area).mean(
-        "time").expand_dims(field=[field_name(f)]) for f, ctx in contexts.items()
-        if ctx.clim_probability is not None and ctx.event_thresholds is not None]
-    rdims = "region" in scores.dims
-    if clim:
-        bs_clim = xr.concat(clim, "field").reindex({"field": scores["field"].values,
-                                                    "threshold": scores["threshold"].values})
-        scores["brier_score_climatology"] = bs_clim if rdims else bs_clim.squeeze("region", drop=True)
-        refs["climatology"] = scores["brier_score_climatology"]
-    if reference is not None:
-        if reference not in scores["method"].values.tolist():
-            raise ValueError(f"--bss-reference {reference!r} is not one of the methods "
-                             f"{scores['method'].values.tolist()}")
-        refs[reference] = scores["brier_score"].sel({"method": reference}, drop=True)
-    if refs:
-        scores["brier_skill_score"] = xr.concat([cal.brier_skill(scores["brier_score"], r).expand_dims(reference=[n])
-                                                 for n, r in refs.items()], "reference")
-    return scores
 
 
 def _provenance(inp: Inputs, truth: Any, climatology: Any, clim_kind: str | None, region_list: Any,
@@ -415,7 +337,7 @@ def evaluate(
     scores = assemble(parts, methods, fields, rdims)
     if rw is None:
         squeezed = {k: v.squeeze("region", drop=True) for k, v in scores.data_vars.items() if "region" in v.dims}
-        scores = _ordered(scores.drop_vars(list(squeezed)).merge(xr.Dataset(squeezed)), rdims)
+        scores = ordered(scores.drop_vars(list(squeezed)).merge(xr.Dataset(squeezed)), rdims)
     scores = brier_skill_scores(scores, contexts, bss_reference or _default_reference(inp, events))
     scores = _finish(scores, inp, {field_name(f): c.truth for f, c in contexts.items()}, band)
     prov = _provenance(inp, truth, climatology, clim_kind, region_list, land_threshold, lsm_from, band,

@@ -334,7 +334,7 @@ def _score_all(inp: SiteInputs, events: dict[str, xr.DataArray], allow_missing: 
                ) -> tuple[list[xr.Dataset], dict[str, xr.DataArray], dict[tuple[str, str], int]]:
     """(per-(method, field) score Datasets, {field: scored cases (time, lead, site)}, {(method, field): cases
     missing})."""
-    from smoeweather.evaluate import FieldScores, _tidy
+    from smoeweather.evaluate_assemble import FieldScores, tidy
 
     parts, masks, missing = [], {}, {}
     for name in inp.fields:
@@ -345,7 +345,7 @@ def _score_all(inp: SiteInputs, events: dict[str, xr.DataArray], allow_missing: 
         for m, d in data.items():
             missing[m, name] = lacking[m]
             values = score_site_field(d, inp.kinds[m], scored, events.get(name))
-            parts.append(_tidy(FieldScores(values), m, name))
+            parts.append(tidy(FieldScores(values), m, name))
     return parts, masks, missing
 
 
@@ -463,7 +463,7 @@ def evaluate_sites(forecasts: Mapping[str, Source] | Source | Sequence[Source], 
         from pipelines.atomic import check_output
 
         check_output(out_dir, overwrite)  # before anything is computed
-    from smoeweather.evaluate import assemble, brier_skill_scores
+    from smoeweather.evaluate_assemble import assemble, brier_skill_scores
 
     inp = open_site_inputs(forecasts, truth, table, ensemble_dim)
     events = event_thresholds(inp, thresholds)

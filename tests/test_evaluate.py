@@ -223,3 +223,36 @@ def test_ensemble_crps_fair_and_ecdf_on_outer_members(linear_store: Path, tmp_pa
         expected = properscoring.crps_ensemble(0.0, np.array([0.0, 0.0, d, -d]))
         assert expected == pytest.approx(d / 8)
         assert s["crps_ecdf"].sel(cell).item() == pytest.approx(expected, abs=tol)
+
+
+def test_field_read_once_scores_equal_the_lazy_blocked_scores(linear_store: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field small enough is read into memory once before it is scored (the completeness check, calibration,
+    our scores and the WB2 terms each read the store otherwise); a larger one stays lazy. Every score of the two
+    paths is the same, up to float64 re-association of the same sums."""
+    import smoeweather.evaluate as E
+
+    base = make_forecast(linear_store, method="persistence", init=("2000-01-03", "2000-01-12"), every="12h",
+                         leads_h=(24, 48), fields=["geopotential_500"], progress=False)
+    rng = np.random.default_rng(3)
+    z = base["geopotential"]
+    members = xr.concat([z + rng.normal(0.0, 30.0, size=z.shape) for _ in range(4)], "member")
+    fc = base.copy()
+    fc["geopotential"] = members.transpose("time", ..., "member", "latitude", "longitude").astype(np.float32)
+    fc.attrs["forecast_kind"] = "ensemble"
+    fc.chunk({"time": 4}).to_zarr(tmp_path / "ens.zarr", zarr_format=2)
+    lazy_field = xr.open_zarr(tmp_path / "ens.zarr")["geopotential"]
+    assert E._read_once(lazy_field).chunks is None  # 4 × 19 × 2 × 32 × 64 float64: far below BLOCK_BYTES
+
+    def run() -> xr.Dataset:
+        return evaluate({"ens": tmp_path / "ens.zarr"}, linear_store, climatology=linear_store,
+                        climatology_years=(2000, 2000), references=False,
+                        thresholds={"geopotential_500": [50500.0]})
+
+    once = run()
+    monkeypatch.setattr(E, "BLOCK_BYTES", 1.0)
+    assert E._read_once(lazy_field).chunks is not None  # now too large: lazy
+    lazy = run()
+    assert set(once.data_vars) == set(lazy.data_vars) and "wb2_crps" in once and "brier_score" in once
+    for k in once.data_vars:
+        np.testing.assert_allclose(lazy[k].values, once[k].values, rtol=1e3 * EPS64, atol=0.0, err_msg=str(k))

@@ -21,7 +21,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("smoeweather.models",),
     ("smoeweather.training",),
     ("smoeweather.forecast", "smoeweather.postprocess"),
-    ("smoeweather.evaluate", "smoeweather.evaluate_files", "smoeweather.evaluate_inputs", "smoeweather.plotting"),
+    ("smoeweather.evaluate", "smoeweather.evaluate_assemble", "smoeweather.evaluate_files",
+     "smoeweather.evaluate_inputs",
+     "smoeweather.evaluate_sites", "smoeweather.plotting"),
     ("smoeweather.experiments",),
     ("smoeweather.commands", "smoeweather.cli", "smoeweather.__main__"),
 )
