@@ -256,3 +256,26 @@ def test_field_read_once_scores_equal_the_lazy_blocked_scores(linear_store: Path
     assert set(once.data_vars) == set(lazy.data_vars) and "wb2_crps" in once and "brier_score" in once
     for k in once.data_vars:
         np.testing.assert_allclose(lazy[k].values, once[k].values, rtol=1e3 * EPS64, atol=0.0, err_msg=str(k))
+
+
+def test_vectorised_nanquantile_equals_numpy() -> None:
+    """The climatological thresholds' quantiles are numpy's nanquantile exactly (the same np.quantile on the same
+    sorted valid samples), for NaN-free data, scattered gaps, a single valid sample and an all-NaN point."""
+    import warnings
+
+    from smoeweather.forecast.climatology import nanquantile_samples
+
+    rng = np.random.default_rng(5)
+    q = np.array([0.0, 0.1, 0.5, 0.9, 1.0])
+    x = rng.normal(size=(31, 4, 6))
+    np.testing.assert_array_equal(nanquantile_samples(x, q), np.nanquantile(x, q, axis=0))
+    x[rng.random(x.shape) < 0.3] = np.nan
+    x[:, 0, 0] = np.nan
+    x[1:, 0, 1] = np.nan
+    x[0, 0, 1] = 2.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns of the all-NaN point
+        expected = np.nanquantile(x, q, axis=0)
+    got = nanquantile_samples(x, q)
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[:, 0, 0]).all() and (got[:, 0, 1] == 2.5).all()
