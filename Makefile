@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 # CPU build of torch for this project's machines; GPU users: install your CUDA torch first, then `pip install -e .`
 TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= demo_output
-PYTEST_ARGS ?=
+# the suite on every core (pytest-xdist; at most 4 workers, whole files per worker so module fixtures are built
+# once): PYTEST_ARGS="-n 0" runs it in one process
+PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: venv demo test lint docs benchmarks wheel-smoke clean
 

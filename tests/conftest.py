@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 # SMOE_TEST_THREADS=1 / 2 reruns the suite at another intra-op thread count (reduction order changes):
-# every float comparison must pass at both
-torch.set_num_threads(int(os.environ.get("SMOE_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
+# every float comparison must pass at both. By default the cores are shared among pytest-xdist's workers
+# (`make test` runs `-n auto`): 2 workers on 2 cores get 1 thread each, not 2 each on 2 cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+torch.set_num_threads(int(os.environ.get("SMOE_TEST_THREADS", max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))))
 
 UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 

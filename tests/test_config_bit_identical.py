@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,16 @@ def run_case(name: str, stores: dict[str, str], out: Path) -> dict[str, str]:
                            every="24h", leads_h=(24,), checkpoint=result.last_checkpoint, progress=False)
         digests["forecast"] = _digest(*(ds[v].values for v in sorted(ds.data_vars)))
     return digests
+
+
+@pytest.fixture(autouse=True)
+def _recorded_threads() -> Iterator[None]:
+    """The digests were recorded at 2 intra-op threads (the reduction order): computed at 2 whatever the suite's
+    default (1 per pytest-xdist worker on 2 cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,16 @@ def rolling_cases(root: Path, table: Path) -> dict[str, Path]:
         "--out", root / "drn_roll.zarr")
     return {"rolling_site_model": root / "roll.nc", "rolling_site_mu_sigma": root / "roll.zarr",
             "rolling_drn_model": root / "drn_roll.nc", "rolling_drn_mu_sigma": root / "drn_roll.zarr"}
+
+
+@pytest.fixture(autouse=True)
+def _recorded_threads() -> Iterator[None]:
+    """The digests were recorded at 2 intra-op threads (the reduction order): computed at 2 whatever the suite's
+    default (1 per pytest-xdist worker on 2 cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 def test_postprocess_outputs_are_bit_identical(tmp_path: Path) -> None:
