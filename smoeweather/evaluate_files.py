@@ -154,8 +154,8 @@ def _markdown_tables(scores: xr.Dataset) -> list[str]:
         if np.all(np.isnan(scores[metric].values)):
             continue
         lines += [f"**{metric}** ({scores[metric].attrs['long_name']})", ""]
-        cols = [f"{f} {lead}" + ("" if metric in UNITLESS else f" [({units[f]})²]" if metric in SQUARED
-                                 else f" [{units[f]}]") for f in fields for lead in leads]
+        cols = [f"{f} {lead}" + ("" if metric in UNITLESS or not units[f] else f" [({units[f]})²]"
+                                 if metric in SQUARED else f" [{units[f]}]") for f in fields for lead in leads]
         lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
         for m in scores["method"].values.tolist():
             vals = scores[metric].sel({"method": m}).transpose("field", "prediction_timedelta").values.ravel()
