@@ -111,8 +111,10 @@ def open_site_forecast(path: str, table: Mapping[str, Any], ensemble_dim: str | 
 
 
 def _by_station(ds: xr.Dataset, where: str) -> xr.Dataset:
-    """``ds`` with the station ids as its ``site`` index; ValueError naming ``where`` for repeated ids."""
-    ids = station_ids(ds["station_id"].values)
+    """``ds`` with the station ids as its ``site`` index, blanks around them stripped (a site table's ids are
+    read stripped, a CF file's fixed-width ids may be padded: "K001 " is station "K001"); ValueError naming
+    ``where`` for repeated ids."""
+    ids = station_ids(np.char.strip(station_ids(ds["station_id"].values)))
     if len(set(ids.tolist())) < len(ids):
         raise ValueError(f"{where}: station ids repeat; each station must appear once on the site dim")
     return ds.drop_vars([c for c in ds.coords if c not in ds.dims or c == "site"]).assign_coords(site=ids)
@@ -255,7 +257,11 @@ def field_data(inp: SiteInputs, name: str) -> tuple[xr.DataArray, dict[str, Fiel
             point, sigma = sub[name], None
         has = xr.DataArray(np.isin(inp.leads, own), dims="prediction_timedelta",
                            coords={"prediction_timedelta": inp.leads})
-        out[m] = FieldData(point, sigma, has, str(ds[name].attrs.get("spp__relative_to_threshold", "greater_than")))
+        # how P is meant: the variable's spp__relative_to_threshold, else its threshold coordinate's (IMPROVER's
+        # place for it), else exceedance
+        coord = ds["threshold"].attrs if "threshold" in ds.coords else {}
+        relative = ds[name].attrs.get("spp__relative_to_threshold", coord.get("spp__relative_to_threshold"))
+        out[m] = FieldData(point, sigma, has, str(relative or "greater_than"))
     return truth, out
 
 

@@ -208,3 +208,66 @@ def test_uwme_raw_brier_score_of_frost_is_the_benchmark_figure(shared_data: Path
     bs = s["brier_score"].isel(field=0, prediction_timedelta=0, threshold=0)
     assert bs.sel({"method": "raw"}).item() == pytest.approx(ref["bs"]["raw"], rel=1e6 * EPS64)
     assert bs.sel({"method": "emos"}).item() == pytest.approx(ref["bs"]["emos_site"], rel=1e2 * EPS32)
+
+
+def test_station_ids_padded_or_with_leading_zeros_match_across_formats(table: Path, tmp_path: Path) -> None:
+    """WMO-style ids with a leading zero in a CSV table (read as text, not the number 1000) and the same stations in
+    a CF file with blank-padded fixed-width ids, in another order: every station matches, and either way round
+    the scores are the table's own."""
+    df = pd.read_csv(table)
+    df["station"] = [f"0{1000 + int(s.strip()[1:])} " for s in df["station"]]  # "01000 ", ...
+    df.to_csv(tmp_path / "wmo.csv", index=False)
+    fc, obs = read_site_table(tmp_path / "wmo.csv")
+    assert fc["station_id"].values.tolist() == ["01000", "01001", "01002", "01003", "01004"]
+    padded = ("site", np.array([f"{s}  " for s in fc["station_id"].values.tolist()]))
+    order = [3, 1, 4, 0, 2]
+    write_sites(fc.assign_coords(station_id=padded).isel(site=order),
+                obs.assign_coords(station_id=padded).isel(site=order), tmp_path / "padded.nc")
+    own = evaluate({"raw": tmp_path / "wmo.csv"}, tmp_path / "wmo.csv")
+    for f, t in ((tmp_path / "padded.nc", tmp_path / "wmo.csv"), (tmp_path / "wmo.csv", tmp_path / "padded.nc")):
+        s = evaluate({"raw": f}, t)
+        assert int(s["n_sites"].item()) == 5 and int(s["n_cases"].item()) == int(own["n_cases"].item())
+        np.testing.assert_allclose(s["crps"].values, own["crps"].values, rtol=TOL)
+
+
+def test_cf_file_of_two_leads_observations_per_valid_time_and_threshold_coordinate_sense(tmp_path: Path) -> None:
+    """A CF file with leads 24 h and 48 h whose 24 h observations are left empty after the first initialisation
+    (a tool that writes the observation only where it wrote a forecast): the 48 h rows still give every valid
+    time its observation, so both leads are scored on every case, per lead as properscoring. A probability
+    store of P(Y ≤ t) whose ``spp__relative_to_threshold`` is only on its threshold coordinate (IMPROVER's
+    place) is scored as the complementary exceedance: the Brier score of the ensemble's own fractions."""
+    from smoeweather.data.sites import site_coords
+
+    rng = np.random.default_rng(3)
+    n_init, n_site, t = 12, 3, 271.0
+    inits = pd.date_range("2004-01-01", periods=n_init, freq="D").values.astype("datetime64[ns]")
+    leads = np.array([24, 48], "timedelta64[h]").astype("timedelta64[ns]")
+    valid = pd.date_range("2004-01-01", periods=n_init + 2, freq="D").values.astype("datetime64[ns]")
+    coords = site_coords(["A", "B", "C"], np.full(n_site, 45.0), np.full(n_site, 7.0), np.zeros(n_site))
+    y = 271.0 + rng.normal(0.0, 2.0, (len(valid), n_site))
+    truth = xr.Dataset({VAR: (("time", "site"), y, {"units": "K"})}, coords={"time": valid, **coords})
+    yv = np.stack([truth[VAR].sel(time=inits + lead).values for lead in leads], 1)  # (init, lead, site)
+    x = yv[:, :, None, :] + rng.normal(0.5, 1.0, (n_init, 2, 4, n_site))
+    fc = xr.Dataset({VAR: (("time", "prediction_timedelta", "member", "site"), x, {"units": "K"})},
+                    coords={"time": inits, "prediction_timedelta": leads, "member": MEMBERS, **coords})
+    write_sites(fc, truth, tmp_path / "full.nc")
+    ds = xr.load_dataset(tmp_path / "full.nc")
+    ds[f"{VAR}_observation"][:, 1:, 0] = np.nan  # 24 h observations only for the first initialisation
+    ds.to_netcdf(tmp_path / "sparse.nc")
+    below = (x <= t).mean(2)[:, :, None, :]  # P(Y <= t) of the members, (init, lead, threshold, site)
+    prob = xr.Dataset({VAR: (("time", "prediction_timedelta", "threshold", "site"), below, {"units": "1"})},
+                      coords={"time": inits, "prediction_timedelta": leads, **coords})
+    prob = prob.assign_coords(threshold=("threshold", [t], {"spp__relative_to_threshold": "less_than"}))
+    write_store(prob, tmp_path / "below.zarr", "probability")
+    s = evaluate({"raw": tmp_path / "sparse.nc", "below": tmp_path / "below.zarr"}, tmp_path / "sparse.nc",
+                 thresholds={VAR: [t]})
+    assert s["n_cases"].values.ravel().tolist() == [n_init * n_site] * 2
+    for j, lead in enumerate(leads):
+        xs, ys = x[:, j].transpose(0, 2, 1).reshape(-1, 4), yv[:, j].reshape(-1)  # (init·site, member)
+        at = {"field": VAR, "prediction_timedelta": lead}
+        assert s["crps_ecdf"].sel({**at, "method": "raw"}).item() == pytest.approx(
+            properscoring.crps_ensemble(ys, xs).mean(), rel=TOL)
+        bs = (((xs > t).mean(1) - (ys > t)) ** 2).mean()
+        for m in ("raw", "below"):
+            got = s["brier_score"].sel({**at, "method": m, "threshold": t}).item()
+            assert got == pytest.approx(bs, rel=TOL, abs=TOL)

@@ -32,6 +32,7 @@ from pipelines.errors import DataError
 OBS_SUFFIX = "_observation"
 SITE_COORDS = ("station_id", "latitude", "longitude", "altitude")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+STATION_COLUMNS = ("station", "station_id", "site", "id")
 NON_MEMBER_COLUMNS = {"observation", "obs", "date", "time", "valid_time", "init_time", "station", "station_id",
                       "site", "id", "latitude", "lat", "longitude", "lon", "elevation", "altitude", "alt", "type",
                       "network", "idate", "vdate"}
@@ -64,7 +65,9 @@ def _read_table(path: Path) -> pd.DataFrame:
     """The rows of a CSV/Parquet table; DataError naming the file when it is empty, unreadable or has no rows."""
     what = "Parquet" if path.suffix.lower() in (".parquet", ".pq") else "CSV"
     try:
-        df = pd.read_parquet(path) if what == "Parquet" else pd.read_csv(path)
+        # station ids as text: WMO ids such as 01001 keep their leading zero (a CF file's ids are text)
+        df = pd.read_parquet(path) if what == "Parquet" else pd.read_csv(path, dtype=dict.fromkeys(STATION_COLUMNS,
+                                                                                                      str))
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: empty file; expected a {what} table with a header row (member columns, "
                         "observation, date, station, latitude, longitude)") from None
@@ -161,7 +164,7 @@ def read_site_table(path: str | Path, variable: str = "2m_temperature", lead: st
     df = _read_table(path)
     tcol = _column(df, ("date", "time", "valid_time" if time_kind == "valid" else "init_time", "vdate", "idate"),
                    "date", path)
-    scol = _column(df, ("station", "station_id", "site", "id"), "station id", path)
+    scol = _column(df, STATION_COLUMNS, "station id", path)
     ocol = observation or _column(df, ("observation", "obs"), "observation", path)
     if ocol not in df.columns:
         raise DataError(f"{path}: no observation column {ocol!r} (columns: {list(df.columns)})")
@@ -315,8 +318,8 @@ def open_sites(path: str | Path, **table_options: object) -> tuple[xr.Dataset, x
         vals = ds[key].transpose("time", "prediction_timedelta", "site").values
         idx = vt.get_indexer(valid.ravel())
         flat = vals.reshape(-1, ds.sizes["site"])
-        have = np.isfinite(flat)
-        obs[idx] = np.where(have, flat, obs[idx])
+        rows, cols = np.nonzero(np.isfinite(flat))  # a valid time seen at several (init, lead): any value it has
+        obs[idx[rows], cols] = flat[rows, cols]
         truth[n] = (("time", "site"), obs, {k: v for k, v in ds[key].attrs.items()
                                             if k not in ("coordinates", "long_name")})
     return fc, truth
