@@ -34,6 +34,7 @@ CASE = "case"
 WEIGHTING = ("every (initialisation, station) case once, per lead: stations weighted equally, no latitude "
              "weights; only the cases every method forecasts and the truth observes")
 NO_WB2 = "not written: WeatherBench 2's evaluation files are for gridded forecasts"
+SAME_THRESHOLD = float(np.finfo(np.float32).eps)  # thresholds closer (relative) than float32 rounding: one event
 SITE_DROPPED = ("energy_score",)  # a multivariate score of one field vector: the pooled cases are no such vector
 
 
@@ -302,7 +303,8 @@ def score_site_field(d: FieldData, kind: str, truth: xr.DataArray, thresholds: x
     if thresholds is not None and kind != "quantiles":
         p = cal.exceedance_probability(point, kind, thresholds, sigma, d.relative_to)
         if kind == "probability":
-            p = p.reindex(threshold=thresholds.values)
+            p = p.sortby("threshold").reindex(threshold=thresholds.values, method="nearest",
+                                              tolerance=SAME_THRESHOLD * float(np.abs(thresholds).max()))
         o = cal.event(y, thresholds)
         out["brier_score"] = area_mean((p - o) ** 2, xr.DataArray(np.ones(y.sizes[CASE]), dims=CASE), [CASE])
         table = cal.reliability_table(p, o, (CASE,))
@@ -330,8 +332,10 @@ def event_thresholds(inp: SiteInputs, given: Mapping[str, Sequence[float]] | Non
     for m, ds in inp.forecasts.items():
         if inp.kinds[m] == "probability":
             for f in inp.fields:
-                if f in ds.data_vars:
-                    out.setdefault(f, set()).update(map(float, ds["threshold"].values))
+                if f in ds.data_vars:  # a store's float32 270.3 (270.29998779...) is the event 270.3 given
+                    have = out.setdefault(f, set())
+                    have.update(t for t in map(float, ds["threshold"].values)
+                                if not any(abs(t - u) <= SAME_THRESHOLD * abs(u) for u in have))
     return {f: xr.DataArray(np.array(sorted(v)), dims="threshold", coords={"threshold": np.array(sorted(v))})
             for f, v in out.items() if v}
 

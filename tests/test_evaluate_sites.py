@@ -235,11 +235,12 @@ def test_cf_file_of_two_leads_observations_per_valid_time_and_threshold_coordina
     (a tool that writes the observation only where it wrote a forecast): the 48 h rows still give every valid
     time its observation, so both leads are scored on every case, per lead as properscoring. A probability
     store of P(Y ≤ t) whose ``spp__relative_to_threshold`` is only on its threshold coordinate (IMPROVER's
-    place) is scored as the complementary exceedance: the Brier score of the ensemble's own fractions."""
+    place) and whose threshold is float32 is scored as the complementary exceedance of the threshold given in
+    float64 (one event, not two): the Brier score of the ensemble's own fractions."""
     from smoeweather.data.sites import site_coords
 
     rng = np.random.default_rng(3)
-    n_init, n_site, t = 12, 3, 271.0
+    n_init, n_site, t = 12, 3, 271.3
     inits = pd.date_range("2004-01-01", periods=n_init, freq="D").values.astype("datetime64[ns]")
     leads = np.array([24, 48], "timedelta64[h]").astype("timedelta64[ns]")
     valid = pd.date_range("2004-01-01", periods=n_init + 2, freq="D").values.astype("datetime64[ns]")
@@ -257,11 +258,13 @@ def test_cf_file_of_two_leads_observations_per_valid_time_and_threshold_coordina
     below = (x <= t).mean(2)[:, :, None, :]  # P(Y <= t) of the members, (init, lead, threshold, site)
     prob = xr.Dataset({VAR: (("time", "prediction_timedelta", "threshold", "site"), below, {"units": "1"})},
                       coords={"time": inits, "prediction_timedelta": leads, **coords})
-    prob = prob.assign_coords(threshold=("threshold", [t], {"spp__relative_to_threshold": "less_than"}))
+    prob = prob.assign_coords(threshold=("threshold", np.array([t], np.float32),
+                                         {"spp__relative_to_threshold": "less_than"}))
     write_store(prob, tmp_path / "below.zarr", "probability")
     s = evaluate({"raw": tmp_path / "sparse.nc", "below": tmp_path / "below.zarr"}, tmp_path / "sparse.nc",
                  thresholds={VAR: [t]})
     assert s["n_cases"].values.ravel().tolist() == [n_init * n_site] * 2
+    assert s["threshold"].values.tolist() == [t]
     for j, lead in enumerate(leads):
         xs, ys = x[:, j].transpose(0, 2, 1).reshape(-1, 4), yv[:, j].reshape(-1)  # (init·site, member)
         at = {"field": VAR, "prediction_timedelta": lead}
