@@ -54,6 +54,7 @@ from smoeweather.evaluate_files import (
     write_scores,
 )
 from smoeweather.evaluate_inputs import (
+    SAME_THRESHOLD,
     Inputs,
     Source,
     _regions_for,
@@ -142,8 +143,10 @@ def calibration_scores(point: xr.DataArray, kind: str, ctx: FieldContext, truth:
     out: dict[str, xr.DataArray] = {}
     if ctx.event_thresholds is not None and kind != "quantiles":
         p = cal.exceedance_probability(point.astype(np.float64), kind, ctx.event_thresholds, sigma, relative_to)
-        if kind == "probability":
-            p = p.reindex(threshold=ctx.event_thresholds.values)
+        if kind == "probability":  # a store's float32 270.29998779 is the event 270.3
+            t = ctx.event_thresholds
+            p = p.sortby("threshold").reindex(threshold=t.values, method="nearest",
+                                              tolerance=SAME_THRESHOLD * float(np.abs(t).max()))
         o = cal.event(truth, ctx.event_thresholds)
         per_init = cal.brier_terms(p, o, ctx.area)
         table = cal.reliability_table(p, o, ("time", "latitude", "longitude"))
@@ -165,7 +168,10 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, ctx: FieldContext, inits: n
     the count) unless ``allow_missing``: then those initialisations are left out of every score (NaN per init)
     and counted in ``n_missing``."""
     own_leads = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
-    relative_to = str(ds[f[0]].attrs.get("spp__relative_to_threshold", "greater_than"))
+    # how P is meant: the variable's spp__relative_to_threshold, else its threshold coordinate's (IMPROVER's place)
+    coord = ds["threshold"].attrs if "threshold" in ds.coords else {}
+    relative_to = str(ds[f[0]].attrs.get("spp__relative_to_threshold", coord.get("spp__relative_to_threshold"))
+                      or "greater_than")
     # non-index coordinates (valid_time, realization labels, ...) play no part and may be chunked differently
     ds = ds.drop_vars([c for c in ds.coords if c not in ds.dims])
     ds = ds.sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores

@@ -29,6 +29,7 @@ from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.regions import Region, parse_regions, region_weights
 
 Source = str | Path
+SAME_THRESHOLD = float(np.finfo(np.float32).eps)  # thresholds closer (relative) than float32 rounding: one event
 
 
 @dataclass
@@ -306,8 +307,10 @@ def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float]] | None) -
         if inp.kinds[m] != "probability":
             continue
         for f in inp.fields:
-            if f[0] in ds.data_vars:
-                out.setdefault(f, set()).update(map(float, ds["threshold"].values))
+            if f[0] in ds.data_vars:  # a store's float32 270.3 (270.29998779...) is the event 270.3 given
+                have = out.setdefault(f, set())
+                have.update(t for t in map(float, ds["threshold"].values)
+                            if not any(abs(t - u) <= SAME_THRESHOLD * abs(u) for u in have))
     return {f: np.array(sorted(v)) for f, v in out.items() if v}
 
 

@@ -28,13 +28,13 @@ import xarray as xr
 
 from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
+from smoeweather.evaluate_inputs import SAME_THRESHOLD
 
 Source = str | Path
 CASE = "case"
 WEIGHTING = ("every (initialisation, station) case once, per lead: stations weighted equally, no latitude "
              "weights; only the cases every method forecasts and the truth observes")
 NO_WB2 = "not written: WeatherBench 2's evaluation files are for gridded forecasts"
-SAME_THRESHOLD = float(np.finfo(np.float32).eps)  # thresholds closer (relative) than float32 rounding: one event
 SITE_DROPPED = ("energy_score",)  # a multivariate score of one field vector: the pooled cases are no such vector
 
 

@@ -119,6 +119,28 @@ def test_evaluate_brier_bss_reliability_pit(stores: dict, tmp_path: Path) -> Non
     assert "brier_score" in (out / "scores.md").read_text()
 
 
+def test_probability_store_below_with_float32_thresholds_and_the_sense_on_the_coordinate(stores: dict,
+                                                                                          tmp_path: Path) -> None:
+    """An IMPROVER-style store of P(Y <= t), spp__relative_to_threshold only on its float32 threshold coordinate
+    (278.3 stored as 278.29998779): scored as the event --thresholds 278.3 names (not as a second threshold, not
+    as P(Y > t)), with the Brier score of the Gaussian it was computed from."""
+    g = xr.open_zarr(stores["gauss"]).load()
+    t = np.array([278.3, 282.0])
+    below = stats.norm.cdf((t[None, None, :, None, None, None] - g["temperature"].values[:, :, None])
+                           / g["temperature_std"].values[:, :, None])
+    coords = {d: g[d] for d in ("time", "prediction_timedelta", "level", "latitude", "longitude")}
+    sense = {"units": "K", "spp__relative_to_threshold": "less_than"}
+    xr.Dataset({"temperature": (("time", "prediction_timedelta", "threshold", "level", "latitude", "longitude"), below,
+                                {"units": "1"})},
+               coords={**coords, "threshold": ("threshold", t.astype(np.float32), sense)}
+               ).to_zarr(tmp_path / "below.zarr", zarr_format=2)
+    s = evaluate({"emos": stores["gauss"], "below": tmp_path / "below.zarr"}, stores["truth"], references=False,
+                 thresholds={"temperature_850": t.tolist()})
+    bs = s["brier_score"].sel(field="temperature_850").isel(prediction_timedelta=0)
+    assert bs.sizes["threshold"] == 2 and np.isfinite(bs.values).all()
+    np.testing.assert_allclose(bs.sel({"method": "below"}).values, bs.sel({"method": "emos"}).values, rtol=1e-12)
+
+
 def test_cli_thresholds_and_calibration_plots(stores: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "scores"
     assert main(["evaluate", f"raw={stores['ens']}", f"emos={stores['gauss']}", "--truth", str(stores["truth"]),
