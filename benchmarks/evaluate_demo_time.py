@@ -79,7 +79,8 @@ def main() -> int:
     a.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     a.out.write_text(
         "# `smoe evaluate` on the demo's forecasts: WeatherBench 2 view against the evaluation before it\n\n"
-        f"Command: `python benchmarks/evaluate_demo_time.py --demo DEMO --out {a.out}` (DEMO: an `smoe demo` output, any --steps: the same inits).\n"
+        f"Command: `python benchmarks/evaluate_demo_time.py --demo DEMO --out {a.out}` "
+        "(DEMO: an `smoe demo` output, any --steps).\n"
         f"Each command in a child process on one thread, interleaved, {a.rounds} rounds, median; load average "
         f"{result['load_average'][0]:.1f} at the end.\n\n"
         "| run | what | median wall s |\n|---|---|---:|\n"
