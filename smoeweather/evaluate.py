@@ -54,19 +54,20 @@ from smoeweather.evaluate_files import (
     write_scores,
 )
 from smoeweather.evaluate_inputs import (
-    SAME_THRESHOLD,
     Inputs,
     Source,
     _regions_for,
     _select,
     add_climatology_reference,
     add_persistence,
+    at_thresholds,
     climatological_probabilities,
     climatology_inputs,
     event_thresholds,
     land_sea_mask_of,
     open_inputs,
     open_truth_source,
+    relative_to_threshold,
 )
 from smoeweather.metrics import wb2
 from smoeweather.metrics.regions import Region, describe_regions
@@ -143,10 +144,8 @@ def calibration_scores(point: xr.DataArray, kind: str, ctx: FieldContext, truth:
     out: dict[str, xr.DataArray] = {}
     if ctx.event_thresholds is not None and kind != "quantiles":
         p = cal.exceedance_probability(point.astype(np.float64), kind, ctx.event_thresholds, sigma, relative_to)
-        if kind == "probability":  # a store's float32 270.29998779 is the event 270.3
-            t = ctx.event_thresholds
-            p = p.sortby("threshold").reindex(threshold=t.values, method="nearest",
-                                              tolerance=SAME_THRESHOLD * float(np.abs(t).max()))
+        if kind == "probability":
+            p = at_thresholds(p, ctx.event_thresholds)
         o = cal.event(truth, ctx.event_thresholds)
         per_init = cal.brier_terms(p, o, ctx.area)
         table = cal.reliability_table(p, o, ("time", "latitude", "longitude"))
@@ -168,10 +167,7 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, ctx: FieldContext, inits: n
     the count) unless ``allow_missing``: then those initialisations are left out of every score (NaN per init)
     and counted in ``n_missing``."""
     own_leads = ds["prediction_timedelta"].values.astype("timedelta64[ns]")
-    # how P is meant: the variable's spp__relative_to_threshold, else its threshold coordinate's (IMPROVER's place)
-    coord = ds["threshold"].attrs if "threshold" in ds.coords else {}
-    relative_to = str(ds[f[0]].attrs.get("spp__relative_to_threshold", coord.get("spp__relative_to_threshold"))
-                      or "greater_than")
+    relative_to = relative_to_threshold(ds, f[0])
     # non-index coordinates (valid_time, realization labels, ...) play no part and may be chunked differently
     ds = ds.drop_vars([c for c in ds.coords if c not in ds.dims])
     ds = ds.sel(time=inits).reindex(prediction_timedelta=leads)  # a lead it lacks: NaN scores

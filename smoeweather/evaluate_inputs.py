@@ -32,6 +32,27 @@ Source = str | Path
 SAME_THRESHOLD = float(np.finfo(np.float32).eps)  # thresholds closer (relative) than float32 rounding: one event
 
 
+def relative_to_threshold(ds: xr.Dataset, name: str) -> str:
+    """How the probabilities of ``ds[name]`` are meant: its ``spp__relative_to_threshold``, else its threshold
+    coordinate's (IMPROVER's place for it), else exceedance (``greater_than``)."""
+    coord = ds["threshold"].attrs if "threshold" in ds.coords else {}
+    return str(ds[name].attrs.get("spp__relative_to_threshold", coord.get("spp__relative_to_threshold"))
+               or "greater_than")
+
+
+def add_thresholds(have: set[float], values: np.ndarray) -> None:
+    """Add ``values`` to the event thresholds ``have``, but not one within float32 rounding of one there (a
+    store's float32 270.3, 270.29998779..., is the event 270.3 given)."""
+    have.update(t for t in map(float, values) if not any(abs(t - u) <= SAME_THRESHOLD * abs(u) for u in have))
+
+
+def at_thresholds(p: xr.DataArray, thresholds: xr.DataArray) -> xr.DataArray:
+    """A probability forecast ``p`` at the event ``thresholds`` (its own float32 thresholds matched within
+    rounding; NaN at a threshold it lacks)."""
+    return p.sortby("threshold").reindex(threshold=thresholds.values, method="nearest",
+                                         tolerance=SAME_THRESHOLD * float(np.abs(thresholds).max()))
+
+
 @dataclass
 class Inputs:
     """The aligned inputs of one evaluation: forecasts by method name, their kinds, the truth and the axes."""
@@ -307,10 +328,8 @@ def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float]] | None) -
         if inp.kinds[m] != "probability":
             continue
         for f in inp.fields:
-            if f[0] in ds.data_vars:  # a store's float32 270.3 (270.29998779...) is the event 270.3 given
-                have = out.setdefault(f, set())
-                have.update(t for t in map(float, ds["threshold"].values)
-                            if not any(abs(t - u) <= SAME_THRESHOLD * abs(u) for u in have))
+            if f[0] in ds.data_vars:
+                add_thresholds(out.setdefault(f, set()), ds["threshold"].values)
     return {f: np.array(sorted(v)) for f, v in out.items() if v}
 
 

@@ -28,7 +28,7 @@ import xarray as xr
 
 from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
-from smoeweather.evaluate_inputs import SAME_THRESHOLD
+from smoeweather.evaluate_inputs import add_thresholds, at_thresholds, relative_to_threshold
 
 Source = str | Path
 CASE = "case"
@@ -258,11 +258,7 @@ def field_data(inp: SiteInputs, name: str) -> tuple[xr.DataArray, dict[str, Fiel
             point, sigma = sub[name], None
         has = xr.DataArray(np.isin(inp.leads, own), dims="prediction_timedelta",
                            coords={"prediction_timedelta": inp.leads})
-        # how P is meant: the variable's spp__relative_to_threshold, else its threshold coordinate's (IMPROVER's
-        # place for it), else exceedance
-        coord = ds["threshold"].attrs if "threshold" in ds.coords else {}
-        relative = ds[name].attrs.get("spp__relative_to_threshold", coord.get("spp__relative_to_threshold"))
-        out[m] = FieldData(point, sigma, has, str(relative or "greater_than"))
+        out[m] = FieldData(point, sigma, has, relative_to_threshold(ds, name))
     return truth, out
 
 
@@ -303,8 +299,7 @@ def score_site_field(d: FieldData, kind: str, truth: xr.DataArray, thresholds: x
     if thresholds is not None and kind != "quantiles":
         p = cal.exceedance_probability(point, kind, thresholds, sigma, d.relative_to)
         if kind == "probability":
-            p = p.sortby("threshold").reindex(threshold=thresholds.values, method="nearest",
-                                              tolerance=SAME_THRESHOLD * float(np.abs(thresholds).max()))
+            p = at_thresholds(p, thresholds)
         o = cal.event(y, thresholds)
         out["brier_score"] = area_mean((p - o) ** 2, xr.DataArray(np.ones(y.sizes[CASE]), dims=CASE), [CASE])
         table = cal.reliability_table(p, o, (CASE,))
@@ -332,10 +327,8 @@ def event_thresholds(inp: SiteInputs, given: Mapping[str, Sequence[float]] | Non
     for m, ds in inp.forecasts.items():
         if inp.kinds[m] == "probability":
             for f in inp.fields:
-                if f in ds.data_vars:  # a store's float32 270.3 (270.29998779...) is the event 270.3 given
-                    have = out.setdefault(f, set())
-                    have.update(t for t in map(float, ds["threshold"].values)
-                                if not any(abs(t - u) <= SAME_THRESHOLD * abs(u) for u in have))
+                if f in ds.data_vars:
+                    add_thresholds(out.setdefault(f, set()), ds["threshold"].values)
     return {f: xr.DataArray(np.array(sorted(v)), dims="threshold", coords={"threshold": np.array(sorted(v))})
             for f, v in out.items() if v}
 

@@ -6,6 +6,7 @@ Session fixtures are read-only for the tests: a test that writes files puts them
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +75,13 @@ def gcm_ens_streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     folder = tmp_path_factory.mktemp("gcm_ens")
     return {"a": write_gcm_ens(folder / "ens_2005.nc", "2005-01-01", seed=1),
             "b": write_gcm_ens(folder / "ens_2006.nc", "2006-01-01", seed=2)}
+
+
+@pytest.fixture
+def recorded_threads() -> Iterator[None]:
+    """2 intra-op threads for the test (the reduction order its digests were recorded with), whatever the
+    suite's default (1 per pytest-xdist worker on 2 cores); the default restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)

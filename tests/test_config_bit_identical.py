@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -120,16 +119,7 @@ def run_case(name: str, stores: dict[str, str], out: Path) -> dict[str, str]:
     return digests
 
 
-@pytest.fixture(autouse=True)
-def _recorded_threads() -> Iterator[None]:
-    """The digests were recorded at 2 intra-op threads (the reduction order): computed at 2 whatever the suite's
-    default (1 per pytest-xdist worker on 2 cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
+@pytest.mark.usefixtures("recorded_threads")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tiny_train_and_forecast_are_bit_identical(name: str, stores: dict[str, str], tmp_path: Path) -> None:
     recorded = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -87,16 +86,7 @@ def rolling_cases(root: Path, table: Path) -> dict[str, Path]:
             "rolling_drn_model": root / "drn_roll.nc", "rolling_drn_mu_sigma": root / "drn_roll.zarr"}
 
 
-@pytest.fixture(autouse=True)
-def _recorded_threads() -> Iterator[None]:
-    """The digests were recorded at 2 intra-op threads (the reduction order): computed at 2 whatever the suite's
-    default (1 per pytest-xdist worker on 2 cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
+@pytest.mark.usefixtures("recorded_threads")
 def test_postprocess_outputs_are_bit_identical(tmp_path: Path) -> None:
     recorded = json.loads(DIGESTS.read_text())
     torch.manual_seed(0)
