@@ -12,6 +12,7 @@ import difflib
 import importlib
 import re
 import sys
+import textwrap
 import traceback
 from types import ModuleType
 
@@ -34,14 +35,32 @@ def plain_text(text: str | None) -> str | None:
     return None if text is None else _RST_LITERAL.sub(r"'\1'", text)
 
 
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
 class _PlainHelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, with reST literals turned into plain quotes in every help string."""
+    """argparse's formatter, with reST literals turned into plain quotes in every help string, and the
+    indented blocks of a description (a synopsis) kept line by line.
+
+    A description is split into paragraphs at blank lines: a paragraph whose every line is indented is
+    printed as written (dedented to two spaces); any other paragraph is re-wrapped to the terminal width,
+    as argparse wraps a one-paragraph description."""
 
     def _expand_help(self, action: argparse.Action) -> str:
         return plain_text(super()._expand_help(action)) or ""
 
     def _format_text(self, text: str) -> str:
         return super()._format_text(plain_text(text) or "")
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for block in _BLANK_LINE.split(text.strip("\n")):
+            lines = block.splitlines()
+            if all(line[:1].isspace() for line in lines):
+                paragraphs.append(textwrap.indent(textwrap.dedent(block), indent + "  "))
+            else:
+                paragraphs.append(super()._fill_text(block, width, indent))
+        return "\n\n".join(paragraphs)
 
 
 def _verb_modules() -> dict[str, ModuleType]:

@@ -34,6 +34,54 @@ def test_every_verb_has_a_description_and_plain_help() -> None:
         assert "``" not in text, f"{path} --help shows reST double backticks"
 
 
+def _options_without_help(parser: argparse.ArgumentParser) -> list[str]:
+    """'smoe forecast --batch-size', 'smoe postprocess apply MODEL' …: every option or positional of every
+    (sub)parser whose help is empty (argparse.SUPPRESS hides an option on purpose and counts as help)."""
+    missing = []
+    for path, p in _all_parsers(parser):
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"{path} {c.dest}" for c in action._choices_actions if not (c.help or "").strip()]
+            elif not (action.help or "").strip():
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.metavar or action.dest}")
+    return missing
+
+
+def test_every_option_of_every_verb_has_help() -> None:
+    assert not _options_without_help(build_parser()), "options without help text (add help=...): " + ", ".join(
+        _options_without_help(build_parser()))
+
+
+def test_an_option_without_help_is_named() -> None:
+    """The walk above can fail: an option added without help, deep in the tree, is reported by its command."""
+    parser = build_parser()
+    fit = next(p for path, p in _all_parsers(parser) if path == "smoe postprocess fit")
+    fit.add_argument("--undocumented", type=int)
+    fit.add_argument("unnamed", nargs="?", help="")
+    assert _options_without_help(parser) == ["smoe postprocess fit --undocumented", "smoe postprocess fit unnamed"]
+
+
+def test_postprocess_help_keeps_its_synopsis_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The indented synopsis of a description is printed line by line; its prose is still wrapped to the
+    terminal; a one-paragraph description wraps as argparse wraps it."""
+    from smoeweather.commands import postprocess
+
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = next(p for path, p in _all_parsers(build_parser()) if path == "smoe postprocess")
+    text = parser.format_help()
+    synopsis = [line.strip() for line in postprocess.__doc__.splitlines() if line.startswith("    ")]
+    assert len(synopsis) > 5
+    printed = [line.strip() for line in text.splitlines()]
+    at = printed.index(synopsis[0])
+    assert printed[at:at + len(synopsis)] == synopsis, "the synopsis of 'smoe postprocess --help' lost its lines"
+    assert all(len(line) <= 100 for line in text.splitlines()), "a line of 'smoe postprocess --help' is too wide"
+    prose = text[text.index("ENS/NEW:"):text.index("positional arguments:")].strip().splitlines()
+    assert len(prose) > 5 and max(len(line) for line in prose) > 80, "the prose after the synopsis is not wrapped"
+    top = build_parser().format_help()
+    description = top[top.index("Spatial"):top.index("positional arguments:")].strip().splitlines()
+    assert len(description) > 2 and max(len(line) for line in description) <= 100  # one paragraph: wrapped
+
+
 def test_unknown_option_is_reported_under_the_verb_with_a_suggestion(capsys: pytest.CaptureFixture) -> None:
     # --out is required by 'postprocess fit'; the misspelt option must still be what is reported
     with pytest.raises(SystemExit) as stop:

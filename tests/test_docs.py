@@ -1,4 +1,5 @@
-"""The documentation site: the generated CLI reference equals `smoe ... --help`, and every page is in the nav.
+"""The documentation site: the committed CLI reference is current and equals `smoe ... --help`, and every page is
+in the nav.
 
 The site itself is built (strict, offline) by `make docs`, which .ci/run runs; these tests are the fast checks.
 """
@@ -62,6 +63,22 @@ def test_cli_reference_equals_help_of_every_verb() -> None:
         command = " ".join(("smoe", *words))
         assert printed[" ".join(words)] == text, f"`{command} --help` differs from the generated reference"
         assert f"$ {command} --help\n{text.rstrip()}\n```" in page
+
+
+def test_committed_cli_reference_is_current() -> None:
+    """docs/reference/cli.md, as committed (readable on GitHub), is what the generator writes from the parsers
+    now; and the docs hook only verifies it, failing a build on a stale page."""
+    import pytest
+    from mkdocs.exceptions import PluginError
+
+    ref = _cli_reference()
+    committed = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
+    assert "{{" not in committed, "docs/reference/cli.md holds a template marker: it must be the generated page"
+    assert committed == ref.page_text(), ref.stale_message()
+    page = type("Page", (), {"file": type("File", (), {"src_uri": ref.PAGE})()})()
+    assert ref.on_page_markdown(committed, page, None, None) == committed
+    with pytest.raises(PluginError, match="out of date.*regenerate it with"):
+        ref.on_page_markdown(committed.replace("--batch-size", "--batch-sise", 1), page, None, None)
 
 
 def _nav_pages(node) -> list[str]:

@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="training store (day-of-year climatology, 31-day window) or a WeatherBench 2 climatology "
                         "zarr (dayofyear, hour), local or a URL: ACC, the climatology reference and the binary "
                         "scores' thresholds")
-    p.add_argument("--climatology-years", nargs=2, type=int, default=None, metavar=("Y0", "Y1"))
+    p.add_argument("--climatology-years", nargs=2, type=int, default=None, metavar=("Y0", "Y1"),
+                   help="years of a training-store --climatology (default: the store's statistics years, else all)")
     p.add_argument("--no-references", action="store_true", help="do not add persistence/climatology")
     p.add_argument("--regions", nargs="+", default=None, metavar="REGION",
                    help="regions scored (every metric gets a region dim): 'default' (global, land, sea; the "

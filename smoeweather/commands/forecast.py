@@ -28,11 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--climatology-years", nargs=2, type=int, default=None, metavar=("Y0", "Y1"),
                    help="training years of the climatology (default: the store's statistics years, else all)")
     p.add_argument("--name", default=None, help="method name in score tables (default: run or method name)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="checkpoints: initial times forecast per network batch (default 16; lower it to save memory)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--beyond-data", action="store_true",
                    help="allow valid times past the data (no truth check; inputs must still exist)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="do not print the progress of the forecast")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,15 +1,18 @@
 """``smoe postprocess``: fit a post-processing model once, apply it to any later forecast; EMOS
 cross-validation; a synthetic imperfect ensemble for demos.
 
-    smoe postprocess fit --method emos [--per-gridpoint] --forecast ENS [--truth TRUTH] [--train-period A B]
-                         [--variables ...] --out MODEL.nc
-    smoe postprocess fit --method drn --forecast ENS [--window 25D --lag 2D] [--drn-epochs ...] --out DRN.nc
-    smoe postprocess apply (--emos MODEL.nc | --drn DRN.nc | --network CKPT) --forecast NEW --out PP.zarr
-                           [--apply-period A B]
-                           [--members N [--members-out ENS_PP.zarr]] [--quantiles 0.1 0.5 0.9 [--quantiles-out Q.zarr]]
-                           [--thresholds T ... | VAR=T1,T2 ... [--below]] [--percentiles 10 50 90]
-    smoe postprocess crossval --forecast ENS [--truth TRUTH] [--fold year|month] --out DIR
-    smoe postprocess synthetic STORE --out ENS.zarr [--members 10] [--lead 24h 48h] [--init A B] [--seed 0]
+    smoe postprocess fit [--method emos] [--per-gridpoint] --forecast ENS ... [--truth TRUTH]
+                         [--train-period A B] [--variables VAR ...] --out MODEL.nc
+    smoe postprocess fit --method drn --forecast ENS ... [--window 25D --lag 2D] [--drn-epochs N]
+                         --out DRN.nc
+    smoe postprocess apply (--emos MODEL.nc | --drn DRN.nc | --network CKPT) --forecast NEW ...
+                           --out PP.zarr [--apply-period A B]
+                           [--members N [--members-out ENS_PP.zarr]]
+                           [--quantiles 0.1 0.5 0.9 [--quantiles-out Q.zarr]]
+                           [--thresholds (T ... | VAR=T1,T2 ...) [--below]] [--percentiles 10 50 90]
+    smoe postprocess crossval --forecast ENS ... [--truth TRUTH] [--fold year|month] --out DIR
+    smoe postprocess synthetic STORE --out ENS.zarr [--members 10] [--lead 24h 48h]
+                               [--init A B] [--seed 0]
 
 ENS/NEW: an ensemble store (WeatherBench 2 conventions), a gcm_ens reforecast file or a forecast file such as
 SEAS5 hindcasts (sdate/ftime/member); TRUTH: a canonical store with valid times (default: the truth inside ENS).
@@ -34,7 +37,7 @@ NAME = "postprocess"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("postprocess", help="post-process ensembles: fit once (EMOS), apply many (EMOS or network)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__)  # its indented synopsis keeps its lines (cli._PlainHelpFormatter)
     verbs = p.add_subparsers(dest="pp_verb", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--overwrite", action="store_true", help="replace existing outputs")
@@ -87,8 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          help="leave-one-year/month-out EMOS vs raw CRPS → DIR/crossval.{json,md}")
     c.add_argument("--forecast", type=Path, nargs="+", required=True,
                    help="ensemble store(s) or forecast file(s) with their truth")
-    c.add_argument("--truth", type=Path)
-    c.add_argument("--variables", nargs="+")
+    c.add_argument("--truth", type=Path, help="truth store (valid times); default: the truth inside --forecast")
+    c.add_argument("--variables", nargs="+", help="ensemble variables to cross-validate (default: all)")
     c.add_argument("--fold", choices=["year", "month"], default="year", help="folds (default year)")
     c.add_argument("--iterations", type=int, default=None, help="max Newton iterations per fit (default 50)")
     c.add_argument("--out", type=Path, required=True, help="output folder")
