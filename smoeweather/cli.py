@@ -14,6 +14,8 @@ import re
 import sys
 import textwrap
 import traceback
+import warnings
+from collections.abc import Callable
 from types import ModuleType
 
 from smoeweather import __version__
@@ -182,6 +184,18 @@ def user_message(err: BaseException) -> str | None:
     return "; ".join(lines) if lines else type(err).__name__
 
 
+def warning_line(command: str) -> Callable[..., str]:
+    """A :func:`warnings.formatwarning` that prints a warning as one line of ours, ``smoe VERB: warning: <message>
+    (<category>)``, instead of Python's file:line and the line of source code that warned."""
+
+    def formatwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+        text = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        return f"smoe {command}: warning: {text} ({category.__name__})\n"
+
+    return formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = DEBUG_FLAG in argv[: argv.index("--")] if "--" in argv else DEBUG_FLAG in argv
@@ -192,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     check_unknown_options(parser, argv)
     args = parser.parse_args(argv)
     module = _verb_modules()[args.command]
+    python_format = warnings.formatwarning
+    if not debug:  # --debug keeps Python's warnings, with the file and line that warned
+        warnings.formatwarning = warning_line(args.command)
     try:
         return int(module.run(args) or 0)
     except Exception as err:
@@ -203,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2 if user_message(err) is not None else 1
         print(f"smoe {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = python_format
 
 
 if __name__ == "__main__":

@@ -137,11 +137,11 @@ def scores_json(scores: xr.Dataset) -> dict[str, Any]:
         out["regions"] = {r: _json_table(scores.sel(region=r, drop=True))
                           for r in scores["region"].values.tolist()}
     h = headline(scores)
-    if "brier_score" in h:  # {method: {field: {threshold: {lead: value}}}}
+    if "brier_score" in h:  # {method: {field: {threshold: {lead: value}}}}, each field's own thresholds
+        events = scored_events(h)
         out["brier_score"] = {m: {f: {f"{t:g}": {lead_label(td): (None if np.isnan(v) else float(v)) for td, v in zip(
             h["prediction_timedelta"].values, h["brier_score"].sel({"method": m, "field": f, "threshold": t}).values)}
-            for t in h["threshold"].values.tolist()} for f in h["field"].values.tolist()}
-            for m in h["method"].values.tolist()}
+            for t in ts} for f, ts in events.items()} for m in h["method"].values.tolist()}
     return out
 
 
@@ -164,15 +164,23 @@ def _markdown_tables(scores: xr.Dataset) -> list[str]:
     return lines
 
 
+def scored_events(h: xr.Dataset) -> dict[str, list[float]]:
+    """{field: the thresholds scored for it}: the (field, threshold) pairs of ``h["brier_score"]`` with a value
+    for some method and lead (the ``threshold`` dim is the union over fields; another field's thresholds are NaN)."""
+    bs = h["brier_score"]
+    scored = bs.notnull().any([d for d in bs.dims if d not in ("field", "threshold")])
+    events = {f: [float(t) for t, ok in zip(h["threshold"].values, scored.sel(field=f).values) if ok]
+              for f in h["field"].values.tolist()}
+    return {f: ts for f, ts in events.items() if ts}
+
+
 def _brier_tables(scores: xr.Dataset) -> list[str]:
     """Brier score and skill tables (rows: methods; columns: field × threshold × lead), headline region."""
     h = headline(scores)
     if "brier_score" not in h:
         return []
-    leads = [lead_label(td) for td in h["prediction_timedelta"].values]
-    cols = [(f, t, lead) for f in h["field"].values.tolist() for t in h["threshold"].values.tolist()
-            for lead in leads]
-    head = "| method | " + " | ".join(f"{f} > {t:g} {lead}" for f, t, lead in cols) + " |"
+    cols = [(f, t, td) for f, ts in scored_events(h).items() for t in ts for td in h["prediction_timedelta"].values]
+    head = "| method | " + " | ".join(f"{f} > {t:g} {lead_label(td)}" for f, t, td in cols) + " |"
     lines = []
     tables = [("brier_score", h["brier_score"])]
     if "brier_skill_score" in h:
@@ -181,7 +189,8 @@ def _brier_tables(scores: xr.Dataset) -> list[str]:
     for title, da in tables:
         lines += [f"**{title}**", "", head, "|---|" + "---:|" * len(cols)]
         for m in h["method"].values.tolist():
-            vals = da.sel({"method": m}).transpose("field", "threshold", "prediction_timedelta").values.ravel()
+            row = da.sel({"method": m})
+            vals = [float(row.sel({"field": f, "threshold": t, "prediction_timedelta": td})) for f, t, td in cols]
             lines.append(f"| {m} | " + " | ".join("–" if np.isnan(v) else f"{v:.4g}" for v in vals) + " |")
         lines.append("")
     return lines

@@ -317,18 +317,22 @@ def climatology_inputs(climatology: Source | None, fields: Sequence[Field], year
 
 def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float]] | None) -> dict[Field, np.ndarray]:
     """{field: sorted thresholds (units of the field)} whose exceedance is scored: those of the probability
-    forecasts (their ``threshold`` coordinate) and those ``given`` by field name (``--thresholds``)."""
+    forecasts (their ``threshold`` coordinate, for the fields and levels they hold) and those ``given`` by field
+    name (``--thresholds``); a field neither names has none."""
     given = dict(given or {})
     names = {field_name(f): f for f in inp.fields}
     unknown = [k for k in given if k not in names]
     if unknown:
         raise ValueError(f"--thresholds names unknown field(s) {unknown}; the forecasts' fields are {list(names)}")
+    from smoeweather.forecast.output import forecast_fields
+
     out: dict[Field, set[float]] = {names[k]: set(map(float, v)) for k, v in given.items()}
     for m, ds in inp.forecasts.items():
         if inp.kinds[m] != "probability":
             continue
+        held = set(forecast_fields(ds))  # (variable, level): a store of temperature_850 is no temperature_500
         for f in inp.fields:
-            if f[0] in ds.data_vars:
+            if f in held:
                 add_thresholds(out.setdefault(f, set()), ds["threshold"].values)
     return {f: np.array(sorted(v)) for f, v in out.items() if v}
 

@@ -50,24 +50,25 @@ def write_lsm(path: Path) -> np.ndarray:
     return lsm
 
 
-def smoe_config(store: Path) -> dict:
+def smoe_config(store: Path, width: int = 4) -> dict:
     return {
         "task": "weatherbench", "seed": 0, "data": {"store": str(store)},
-        "model": {"name": "resnet", "width": 4, "blocks": 1, "dropout": 0.0, "grid": [H, W],
+        "model": {"name": "resnet", "width": width, "blocks": 1, "dropout": 0.0, "grid": [H, W],
                   "smoe": {"placement": "all", "experts_factor": 2, "gate_prior": "land_sea",
                            "prior_strength": 1.0}},
     }
 
 
-def write_checkpoint(tmp_path: Path, lat: np.ndarray) -> tuple[Path, np.ndarray, np.ndarray]:
-    """A `smoe train`-format checkpoint of a tiny SMoE ResNet with a perturbed ("trained") gate.
+def write_checkpoint(tmp_path: Path, lat: np.ndarray, width: int = 4) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A `smoe train`-format checkpoint of a tiny SMoE ResNet (|E| = 2 x ``width`` experts) with a perturbed
+    ("trained") gate.
 
     Returns (checkpoint, gate tensor (|E|, H, W) in the model's row order, land fraction (H, W))."""
     from smoeweather.models.loader import forecast_network
 
     lsm = write_lsm(tmp_path / "lsm.nc")
     _, lon = routing.regular_grid(H, W)
-    meta = {"task": "weatherbench", "config": smoe_config(tmp_path / "lsm.nc"),
+    meta = {"task": "weatherbench", "config": smoe_config(tmp_path / "lsm.nc", width),
             "channel_names": ["a", "b", "c"], "target_names": ["geopotential_500"],
             "latitude": lat.tolist(), "longitude": lon.tolist(),
             "normalisation": {"input_mean": [0.0] * 3, "input_std": [1.0] * 3,
@@ -205,6 +206,52 @@ def test_smoe_plot_routing_cli(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert xr.load_dataset(tmp_path / "maps" / f"routing_{gate}.nc")["dominant_expert"].shape == (H, W)
     assert main(["plot", "routing", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path)]) == 2
     assert "missing.ckpt" in capsys.readouterr().err
+
+
+def test_dominant_expert_map_shows_every_expert_that_dominates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """32 experts (16 sea, 16 land): every expert dominating at least 0.5 % of the area has its own colour and
+    a legend entry naming its index and prior group; none of them is pooled into grey "smaller experts"."""
+    from smoeweather.plotting import routing as maps
+
+    legends: list[list[str]] = []  # the legend of every categorical map, in the order drawn (dominant first)
+    categorical = maps._categorical
+
+    def recorded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = categorical(*args, **kwargs)
+        legends.append([h.get_label() for h in out[3]])
+        return out
+
+    monkeypatch.setattr(maps, "_categorical", recorded)
+    lat, lon = routing.regular_grid(H, W)
+    ckpt, _, _ = write_checkpoint(tmp_path, lat, width=16)
+    assert main(["plot", "routing", str(ckpt), "--out", str(tmp_path / "maps")]) == 0
+    ds = xr.load_dataset(tmp_path / "maps" / f"routing_E32_H{H}_W{W}.nc")
+    share = np.bincount(ds["dominant_expert"].values.ravel(), weights=np.broadcast_to(
+        routing.area_weights(lat, W), (H, W)).ravel(), minlength=32)
+    share = share / share.sum()
+    legend = legends[0]
+    group = ds["expert_prior_group"].values
+    expected = {f"{e} {('sea', 'land')[group[e]]}" for e in np.flatnonzero(share >= 0.005)}
+    assert len(expected) > maps.MAX_LEGEND  # more than the old 20 classes: they were pooled into grey before
+    assert {label.rsplit(" (", 1)[0] for label in legend if "pooled" not in label} == expected
+    pooled = [label for label in legend if "pooled" in label]
+    assert not pooled or "under 0.5% each" in pooled[0]
+
+
+def test_emos_colour_bars_carry_the_model_files_units() -> None:
+    """a and √c in the field's units as the model file records them (c in units²), b and d said dimensionless;
+    a coefficient without units is labelled so, not given assumed ones."""
+    from smoeweather.plotting.emos import coefficient_labels
+
+    units = {"z_a": "m**2 s**-2", "z_b": "1", "z_c": "(m**2 s**-2)**2", "z_d": "1", "t_a": "K", "t_b": "1",
+             "t_c": "K**2", "t_d": "1", "q_a": "", "q_b": "1", "q_c": "", "q_d": "1"}
+    model = xr.Dataset({k: ((), 0.0, {"units": u}) for k, u in units.items()})
+    assert coefficient_labels(model, "z") == {"a": "a [m² s⁻²]", "b": "b [1: dimensionless slope]",
+                                              "sqrt_c": "√c [m² s⁻²]", "d": "d [1: dimensionless weight]"}
+    assert coefficient_labels(model, "t")["sqrt_c"] == "√c [K]"
+    q = coefficient_labels(model, "q", "emos.nc")
+    assert q["a"] == "a [no units in emos.nc]" and q["sqrt_c"] == "√c [no units in emos.nc]"
 
 
 def make_stores(tmp_path: Path, offset: float = 3.0) -> tuple[Path, Path]:

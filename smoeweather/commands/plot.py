@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 NAME = "plot"
+FILE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".gif", ".tif", ".tiff", ".eps", ".ps", ".webp", ".bmp",
+                 ".html")  # an --out ending so names a figure, not the folder every plot verb writes into
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -129,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     file of the same name is refused without --overwrite, before any is moved; a failed plot leaves none."""
     from smoeweather.io import atomic_files
 
+    check_out_folder(Path(args.out))
     args.final_out, args.lines = Path(args.out), []
     try:
         with atomic_files(args.final_out, args.overwrite) as tmp:
@@ -144,6 +147,18 @@ def run(args: argparse.Namespace) -> int:
     for line in args.lines:  # said once the files are in place
         print(line)
     return rc
+
+
+def check_out_folder(out: Path) -> None:
+    """Refuse an ``--out`` that names a file (an image or document name, or an existing file): every plot verb
+    writes its own named files into the folder ``--out``; ValueError with the fix."""
+    if out.is_dir():
+        return
+    if out.exists() or out.suffix.lower() in FILE_SUFFIXES:
+        what, fix = ("an existing file", out.parent / "figures") if out.exists() else \
+            (f"a {out.suffix} file name", out.with_suffix(""))
+        raise ValueError(f"--out {out} is {what}; expected the folder the figures are written into (each plot "
+                         f"names its own files): give a folder, e.g. --out {fix}")
 
 
 class _Failed(Exception):

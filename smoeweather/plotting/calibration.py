@@ -17,6 +17,11 @@ from smoeweather.data.ensembles import lead_label  # noqa: E402
 
 
 def _open(path: str | Path, needs: str, hint: str) -> xr.Dataset:
+    """The scores of a scores.nc or an evaluate folder (:func:`~smoeweather.plotting.scores.scores_file`)
+    holding ``needs``; ValueError with ``hint`` otherwise."""
+    from smoeweather.plotting.scores import scores_file
+
+    path = scores_file(path)
     try:
         ds = xr.load_dataset(path)
     except (OSError, ValueError) as err:

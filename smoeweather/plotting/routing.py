@@ -22,18 +22,23 @@ from smoeweather.models.routing import area_weights, checkpoint_routing, routing
 from smoeweather.plotting.cartography import draw_field, global_axes, save_png  # noqa: E402
 
 MAX_LEGEND = 20  # categorical maps show at most this many classes; the rest are drawn grey as "other"
+MIN_DOMINANT_SHARE = 0.005  # the dominant-expert map shows every expert dominating at least this share of the area
 
 
 # ---- figures -----------------------------------------------------------------------------------------------
 def _categorical(values: np.ndarray, weights: np.ndarray, labels: dict[int, str] | None = None,
-                 max_classes: int = MAX_LEGEND, colours_of: dict[int, str] | None = None,
+                 max_classes: int = MAX_LEGEND, colours_of: dict[int, str] | None = None, min_share: float = 0.0,
+                 pooled: tuple[str, str] = ("class", "classes"),
                  ) -> tuple[np.ndarray, ListedColormap, BoundaryNorm, list[Patch]]:
-    """Remap category values to 0..m (m ≤ max_classes; the smallest-area rest → 'other', grey) with a
-    qualitative colour map and legend handles labelled with each class's share of the globe's area."""
+    """Remap category values to 0..m (m ≤ max_classes, each holding at least ``min_share`` of the area; the
+    smallest-area rest → pooled, grey) with a qualitative colour map and legend handles labelled with each
+    class's share of the globe's area; ``pooled``: what a class is called (singular, plural) in the pooled one."""
     classes, inverse = np.unique(values, return_inverse=True)
     area = np.bincount(inverse.reshape(-1), weights=weights.reshape(-1))
+    area = area / area.sum()
     order = np.argsort(-area, kind="stable")
     shown = order[:max_classes]
+    shown = shown[area[shown] >= min_share] if min_share > 0 and (area[shown] >= min_share).any() else shown
     code = np.full(len(classes), len(shown), np.int64)
     code[shown] = np.arange(len(shown))
     mapped = code[inverse].reshape(values.shape)
@@ -49,9 +54,10 @@ def _categorical(values: np.ndarray, weights: np.ndarray, labels: dict[int, str]
         # a mid grey with a hatched legend patch: a class of its own (the smaller experts pooled), which the
         # light grey of "no data" elsewhere must not be mistaken for
         colours.append((0.55, 0.55, 0.55))
-        rest = area[order[max_classes:]].sum()
+        rest, k = area[order[len(shown):]].sum(), len(classes) - len(shown)
+        under = f" (under {100 * min_share:g}% each)" if min_share > 0 and len(shown) < max_classes else ""
         handles.append(Patch(facecolor=colours[-1], edgecolor="0.2", hatch="///",
-                             label=f"{len(classes) - len(shown)} smaller experts, pooled ({100 * rest:.1f}%)"))
+                             label=f"{k} smaller {pooled[k > 1]}{under}, pooled ({100 * rest:.1f}%)"))
     cmap = ListedColormap(colours)
     norm = BoundaryNorm(np.arange(len(colours) + 1) - 0.5, len(colours))
     return mapped, cmap, norm, handles
@@ -66,14 +72,16 @@ def _map_figure(title: str, longitude: np.ndarray, proj: str = "robinson") -> tu
 
 def plot_categorical_map(values: np.ndarray, latitude: np.ndarray, longitude: np.ndarray, title: str,
                          path: str | Path, legend_title: str, labels: dict[int, str] | None = None,
-                         colours: dict[int, str] | None = None, proj: str = "robinson") -> Path:
-    """A categorical (lat, lon) map with a legend (class, % of the globe's area); ``colours``: class → colour."""
+                         colours: dict[int, str] | None = None, proj: str = "robinson", max_classes: int = MAX_LEGEND,
+                         min_share: float = 0.0, pooled: tuple[str, str] = ("class", "classes")) -> Path:
+    """A categorical (lat, lon) map with a legend (class, % of the globe's area); ``colours``: class → colour;
+    at most ``max_classes`` classes of at least ``min_share`` of the area each are shown, the rest pooled."""
     fig, ax = _map_figure(title, longitude, proj)
     weights = area_weights(latitude, len(longitude))
-    mapped, cmap, norm, handles = _categorical(values, weights, labels, colours_of=colours)
+    mapped, cmap, norm, handles = _categorical(values, weights, labels, max_classes, colours, min_share, pooled)
     draw_field(ax, mapped, latitude, longitude, cmap=cmap, norm=norm)
     ax.legend(handles=handles, title=legend_title, loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=7,
-              title_fontsize=8, ncol=1 if len(handles) <= 14 else 2, frameon=False)
+              title_fontsize=8, ncol=1 if len(handles) <= 14 else max(2, -(-len(handles) // 22)), frameon=False)
     return save_png(fig, path)
 
 
@@ -129,7 +137,7 @@ def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "", proj: str = 
     g, n, e = ds.attrs["gate"], ds.attrs["num_experts"], ds.attrs["num_selected"]
     lat, lon = ds["latitude"].values, ds["longitude"].values
     head = f"{label}gate {g} (|E|={n}, E={e})"
-    colours, legend = None, "expert (% of area)"
+    colours, legend, names = None, "expert (% of area)", None
     if "expert_prior_group" in ds and int(ds["expert_prior_group"].max()) == 1:
         # sea-group experts in blues, land-group experts in browns: misrouted cells stand out at a glance
         group = ds["expert_prior_group"].values
@@ -139,13 +147,16 @@ def plot_gate(ds: xr.Dataset, out_dir: str | Path, label: str = "", proj: str = 
             shades = np.linspace(0.35, 0.95, len(members)) if len(members) > 1 else [0.7]
             order = np.argsort((np.arange(len(members)) * 7) % len(members))  # neighbours get distant shades
             colours.update({int(e): cmap(float(shades[i])) for e, i in zip(members, order)})
-        legend = "expert (% of area)\nblue: sea group, brown: land group"
-    paths = [
+        legend = "expert, prior group (% of area)\nblue: sea group, brown: land group"
+        names = {int(k): f"{k} {('sea', 'land')[int(grp)]}" for k, grp in enumerate(group)}
+    paths = [  # every expert dominating a meaningful share drawn in its own colour; only tiny ones pooled
         plot_categorical_map(ds["dominant_expert"].values, lat, lon, f"{head}: dominant (top-1) expert",
-                             out_dir / f"routing_{g}_dominant.png", legend, proj=proj, colours=colours),
+                             out_dir / f"routing_{g}_dominant.png", legend, names, colours, proj, max_classes=n,
+                             min_share=MIN_DOMINANT_SHARE, pooled=("expert", "experts")),
         plot_categorical_map(ds["routing_region"].values, lat, lon,
                              f"{head}: regions of equal top-E set ({ds.attrs['n_distinct_sets']} distinct sets)",
-                             out_dir / f"routing_{g}_regions.png", "top-E set (% of area)", proj=proj),
+                             out_dir / f"routing_{g}_regions.png", "top-E set (% of area)", proj=proj,
+                             pooled=("top-E set", "top-E sets")),
     ]
     if e < n:
         paths.append(plot_continuous_map(

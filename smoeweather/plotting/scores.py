@@ -24,6 +24,7 @@ from smoeweather.plotting.fields import pretty_units  # noqa: E402
 DIMENSIONLESS = {"acc", "spread_skill", "spread_skill_ratio", "efi", "skill_score"}
 LABELS = {"rmse": "RMSE", "bias": "bias (forecast − truth)", "acc": "anomaly correlation (ACC)",
           "crps": "CRPS", "spread_skill": "spread–skill ratio", "mae": "MAE"}
+OWN_PLOTS = {"wavenumber", "rank", "threshold", "reference", "probability_bin", "pit_bin"}  # dims not drawn here
 REFERENCE_STYLE = {"persistence": dict(color="0.35", ls="--", marker="s"),
                    "climatology": dict(color="0.55", ls=":", marker="^")}
 
@@ -38,11 +39,25 @@ def lead_hours(values: np.ndarray) -> np.ndarray:
     return np.array([float(str(s).rstrip("h")) for s in v])
 
 
-def open_scores(path: str | Path) -> tuple[xr.Dataset, dict[str, str]]:
-    """The scores Dataset and the field units; FileNotFoundError/ValueError naming the file."""
+def scores_file(path: str | Path) -> Path:
+    """The scores.nc that ``path`` names: the file itself, or ``path/scores.nc`` when ``path`` is the folder
+    ``smoe evaluate --out`` wrote; FileNotFoundError naming what was expected otherwise."""
     path = Path(path)
+    if path.is_dir():
+        if (path / "scores.nc").is_file():
+            return path / "scores.nc"
+        raise FileNotFoundError(f"{path} is a folder without a scores.nc; expected the scores.nc of `smoe evaluate` "
+                                "or the folder its --out wrote it into")
     if not path.is_file():
-        raise FileNotFoundError(f"scores file {path} does not exist (write it with `smoe evaluate`)")
+        raise FileNotFoundError(f"scores file {path} does not exist (write it with `smoe evaluate --out DIR`: "
+                                "DIR/scores.nc)")
+    return path
+
+
+def open_scores(path: str | Path) -> tuple[xr.Dataset, dict[str, str]]:
+    """The scores Dataset of a scores.nc or an evaluate folder (:func:`scores_file`) and the field units;
+    FileNotFoundError/ValueError naming the file."""
+    path = scores_file(path)
     ds = xr.load_dataset(path)
     for dim in ("method", "field", "prediction_timedelta"):
         if dim not in ds.dims:
@@ -77,7 +92,7 @@ def plot_scores(path: str | Path, out_dir: str | Path) -> list[Path]:
             continue
         extra = [d for d in da.dims if d not in ("method", "field", "prediction_timedelta", "region")]
         if extra:
-            if metric in ("spectrum", "rank_histogram"):
+            if set(extra) <= OWN_PLOTS:  # spectra, rank histograms, Brier scores and reliability: their own plots
                 continue
             raise ValueError(f"{path}: {metric} has extra dims {extra}; expected method × field × lead")
         if np.all(np.isnan(da.values)) or metric == "n_scored":
