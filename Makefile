@@ -3,26 +3,32 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# CPU build of torch for this project's machines; GPU users: install your CUDA torch first, then `pip install -e .`
+# torch for .venv: TORCH_PIN from your pip index (PyPI's Linux wheel is the CUDA build); TORCH_INDEX=URL takes it from
+# that index instead, e.g. https://download.pytorch.org/whl/cpu for the CPU build. A torch already in .venv is kept.
 TORCH_PIN ?= torch==2.13.0
+TORCH_INDEX ?=
 DEMO_OUT ?= demo_output
 # the suite on every core (pytest-xdist; at most 4 workers, whole files per worker so module fixtures are built
 # once): PYTEST_ARGS="-n 0" runs it in one process
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
 
-.PHONY: venv demo test lint docs benchmarks wheel-smoke clean
+.PHONY: venv demo demo-full test lint docs benchmarks wheel-smoke clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[dev,docs,gcm]"
 	touch $(STAMP)
 
+# the first demo (150 steps a model, minutes); demo-full: 362 steps a model, the run docs/guide/results-reading.md reads
 demo: $(STAMP)
 	$(VENV)/bin/smoe demo --out $(DEMO_OUT)
+
+demo-full: $(STAMP)
+	$(VENV)/bin/smoe demo --full --out $(DEMO_OUT)
 
 # pytest's exit code 5 (no tests collected) is a failure here, never a silent pass.
 test: $(STAMP)

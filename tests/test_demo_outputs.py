@@ -61,7 +61,8 @@ def test_routing_legend_pools_the_smaller_experts_as_a_class_of_its_own() -> Non
     from smoeweather.plotting.routing import _categorical
 
     values = np.arange(30).repeat(2).reshape(6, 10)  # 30 experts, equal areas
-    mapped, cmap, _, handles = _categorical(values, np.ones((6, 10)) / 60, max_classes=20)
+    mapped, cmap, _, handles = _categorical(values, np.ones((6, 10)) / 60, max_classes=20,
+                                            pooled=("expert", "experts"))
     assert handles[-1].get_label() == "10 smaller experts, pooled (33.3%)"
     assert handles[-1].get_hatch() == "///"
     assert mapped.max() == 20 and cmap.colors[20] == (0.55, 0.55, 0.55)
@@ -99,3 +100,32 @@ def test_closing_summary_is_short_and_holds_the_headline_scores(tmp_path: Path) 
     assert f"What every file is and how to read it: {out / INDEX}" in lines
     assert f"  {out / 'scores' / 'scores.md'}" in lines and f"  {out / 'ensemble' / 'scores' / 'scores.md'}" in lines
     assert f"  {out / 'maps' / 'scores'}/ (1 PNG)" in lines and f"  {out / 'maps' / 'routing'}/ (0 PNG)" in lines
+
+
+def test_bottom_line_states_the_result_from_the_scores(tmp_path: Path) -> None:
+    """The result in sentences, from the score tables: SMoE vs dense, the better network vs the better reference,
+    EMOS vs the raw ensemble; and INDEX.md opens with it."""
+    import json
+
+    from smoeweather.experiments.demo import bottom_line
+
+    rmse = {"dense": (100.0, 200.0), "smoe_prior": (110.0, 190.0), "persistence": (120.0, 180.0),
+            "climatology": (150.0, 170.0)}
+    scores = {m: {"rmse": {"z": {"72h": a, "120h": b}}} for m, (a, b) in rmse.items()}
+    pp = {"raw_ensemble": {"crps": {"z": {"72h": 10.0}}}, "emos": {"crps": {"z": {"72h": 8.0}}}}
+    lines = bottom_line(scores, pp)
+    assert lines[0] == ("- At equal optimizer steps the SMoE ResNet's RMSE is -5.0 % (z 120h) to +10.0 % (z 72h) "
+                        "of the dense ResNet's: lower in 1 of 2 field-leads.")
+    # best network 100 / 190 against the best reference 120 / 170: -16.7 % and +11.8 %
+    assert lines[1] == ("- The better network beats the better of persistence and climatology in 1 of 2 field-leads: "
+                        "its RMSE is -16.7 % (z 72h) to +11.8 % (z 120h) of theirs.")
+    assert lines[2] == "- EMOS changes the raw ensemble's CRPS by -20.0 % (z 72h) on the held-out year."
+    scores["persistence"]["rmse"]["z"]["120h"] = 195.0
+    scores["climatology"]["rmse"]["z"]["120h"] = 196.0
+    assert "in every field-lead" in bottom_line(scores)[1] and len(bottom_line(scores)) == 2
+
+    out = tmp_path / "demo"
+    (out / "scores").mkdir(parents=True)
+    (out / "scores" / "scores.json").write_text(json.dumps({"scores": scores}))
+    text = write_index(out).read_text()
+    assert text.index("## The result") < text.index("in every field-lead") < text.index("## The files")

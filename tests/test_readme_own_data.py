@@ -1,9 +1,10 @@
-"""The README's "Your own data" lines run as written.
+"""The README's researcher lines run as written.
 
-The lines are parsed from README.md, so this test breaks when the README drifts from the configs: the
-WeatherBench prepare line runs on a small store in the exact WeatherBench v1 layout (40 years, a few days
-each), then the README's ERA5 training line runs on the store it wrote. The only change to a README line is
-``--source`` (the test's folder) and, for time, one appended override (``trainer.max_epochs=1``).
+The lines are parsed from README.md's researcher section, so this test breaks when the README drifts from the
+configs: the prepare line (WeatherBench 2's ERA5 zarr in its bucket) runs on a small local zarr in the exact
+WeatherBench 2 layout (40 years, a few days each), then the README's training line runs on the store it wrote. The
+only change to a README line is ``--source`` (the test's zarr) and, for time, one appended override
+(``trainer.max_epochs=1``).
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ import pandas as pd
 import pytest
 import torch
 import xarray as xr
-from fake_layouts import WB_LAT, WB_LON, _wb_file
+from fake_layouts import wb2_dataset
 
 from smoeweather.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-README_SOURCE = "/data/weatherbench/5.625deg"
+README_SOURCE = "gs://weatherbench2/datasets/era5/1959-2022-6h-64x32_equiangular_conservative.zarr"
+SECTION = "## I am a researcher"
 
 
 def own_data_lines() -> list[str]:
-    """The commands of the README's "## Your own data" bash block (continuation lines joined)."""
+    """The commands of the bash block of the README's researcher section (continuation lines joined)."""
     text = README.read_text()
-    section = text.split("## Your own data", 1)[1]
+    assert SECTION in text, f"README.md: no section {SECTION!r}"
+    section = text.split(SECTION, 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block, "README.md: no ```bash block under '## Your own data'"
+    assert block, f"README.md: no ```bash block under {SECTION!r}"
     joined = block.group(1).replace("\\\n", " ")
     return [" ".join(line.split("#", 1)[0].split()) for line in joined.splitlines() if line.strip()]
 
@@ -42,47 +45,32 @@ def readme_line(prefix: str) -> list[str]:
     return shlex.split(hits[0])
 
 
-def write_weatherbench_years(root: Path, years: range, levels: list[int], steps: int = 24) -> dict[str, float]:
-    """WeatherBench v1 ``geopotential`` and ``temperature`` folders (all ``levels``, 6-hourly, ``steps`` times
-    from 1 January of each year) and the constants file. Returns the true mean of Z and T at 500 hPa over
-    1979–2015 (the README's statistics years)."""
-    rng = np.random.default_rng(0)
-    sums: dict[str, list[np.ndarray]] = {"geopotential": [], "temperature": []}
-    for folder, var, units, mean, std in (
-        ("geopotential", "z", "m**2 s**-2", 54000.0, 3000.0),
-        ("temperature", "t", "K", 260.0, 20.0),
-    ):
-        (root / folder).mkdir(parents=True)
-        for year in years:
-            times = pd.date_range(f"{year}-01-01", periods=steps, freq="6h")
-            data = (mean + std * rng.standard_normal((steps, len(levels), 32, 64))).astype("float32")
-            ds = _wb_file(var, data, times, {"units": units}, levels)
-            ds.to_netcdf(
-                root / folder / f"{folder}_{year}_5.625deg.nc",
-                encoding={"time": {"units": "hours since 1900-01-01", "dtype": "int32"}},
-            )
-            if year <= 2015:
-                sums[folder].append(data[:, levels.index(500)].astype(np.float64))
-    (root / "constants").mkdir()
-    xr.Dataset(
-        {
-            "lsm": (("lat", "lon"), rng.uniform(0, 1, (32, 64)).round().astype("float32"), {"units": "(0 - 1)"}),
-            "orography": (("lat", "lon"), rng.uniform(0, 3e4, (32, 64)).astype("float32"), {"units": "m**2 s**-2"}),
-        },
-        coords={"lat": WB_LAT, "lon": WB_LON},
-    ).to_netcdf(root / "constants" / "constants_5.625deg.nc")
-    return {k: float(np.mean(v)) for k, v in sums.items()}
+def write_wb2_years(path: Path, years: range, levels: list[int], steps: int = 24) -> dict[str, float]:
+    """A WeatherBench 2 ERA5 zarr (its variable names, attributes, 64×32 grid and consolidated zarr v2) with
+    ``steps`` 6-hourly times from 1 January of each year, ``levels`` and the constants the README keeps. Returns
+    the true mean of Z and T at 500 hPa over 1979–2015 (the README's statistics years)."""
+    ds = wb2_dataset(times=steps * len(years), levels=levels, seed=0)
+    times = np.concatenate([pd.date_range(f"{y}-01-01", periods=steps, freq="6h").values for y in years])
+    ds = ds.assign_coords(time=times)
+    rng = np.random.default_rng(1)
+    ds["geopotential_at_surface"] = (("latitude", "longitude"), rng.uniform(0, 3e4, (32, 64)).astype("float32"),
+                                     {"long_name": "Geopotential at surface", "units": "m**2 s**-2"})
+    ds.chunk({"time": steps}).to_zarr(path, mode="w", consolidated=True, zarr_format=2)
+    train = ds.sel(time=ds.time.dt.year <= 2015, level=500)
+    return {k: float(train[k].astype("float64").mean()) for k in ("geopotential", "temperature")}
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_readme_own_data_prepare_and_train_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    prepare = readme_line("smoe data prepare era5 --source")
+    prepare = readme_line("smoe data prepare era5 --format wb2 --source")
     train = readme_line("smoe train --config weatherbench/")  # a built-in config, by name
     assert "data.store=era5.zarr" in train, f"README train line does not read the prepared store: {train}"
+    evaluate = readme_line("smoe evaluate")
+    assert "--climatology" in evaluate, f"README evaluate line has no --climatology (no ACC): {evaluate}"
 
-    source = tmp_path / "weatherbench"
+    source = tmp_path / "era5_wb2.zarr"
     years = range(int(prepare[prepare.index("--years") + 1]), int(prepare[prepare.index("--years") + 2]) + 1)
-    means = write_weatherbench_years(source, years, levels=[250, 500, 850, 1000])  # more levels than asked
+    means = write_wb2_years(source, years, levels=[250, 500, 850, 1000])  # more levels than asked
     monkeypatch.chdir(tmp_path)
 
     prepare = [str(source) if a == README_SOURCE else a for a in prepare] + ["--quiet"]

@@ -37,6 +37,11 @@ CONFIGS = BUILTIN_CONFIGS
 # the last init leaves room for the 120 h lead inside the year.
 TEST_INITS = ("2003-01-01T00", "2003-12-26T00")
 TRAIN_YEARS = ("2000", "2001")
+# Budgets in optimizer steps (batch 32): the full demo trains 2 epochs of the default world (2 × 181 steps), the first
+# demo 150 steps (under one epoch: it validates once, at its last step, so that it still keeps a best checkpoint).
+EPOCH_STEPS = 181
+FULL_STEPS = 2 * EPOCH_STEPS
+QUICK_STEPS = 150
 BEST = "best-*.ckpt"  # `smoe train` names its best checkpoint best-<epoch>.ckpt; resolved when the step runs
 DEMO_THREADS = 2  # intra-op threads of every step: reductions split the same way on every machine
 INDEX = "INDEX.md"
@@ -45,6 +50,8 @@ HEADLINE_LEADS = ("72h", "120h")
 
 # What each output is, for INDEX.md (relative to the output folder; folders end in "/").
 DESCRIPTIONS: dict[str, str] = {
+    "data/.default_world.zarr.lock": "the lock that lets one process at a time build the default world (empty; "
+    "safe to delete)",
     "data/default_world.zarr/": "the embedded default world (synthetic, 5.625°, 2000–2003, 6-hourly): Z and T "
     "at 250/500/700/850 hPa, land-sea mask, orography; the truth for every score. Z is geopotential in "
     "m² s⁻² (divide by 9.81 for metres), T in K",
@@ -102,8 +109,9 @@ class DemoPlan:
     pngs: list[str] = field(default_factory=list)
 
 
-def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 10) -> DemoPlan:
-    """Build the command list for :func:`run_demo` (no side effects)."""
+def plan_demo(out: Path, steps: int = FULL_STEPS, every: str = "24h", members_n: int = 10) -> DemoPlan:
+    """Build the command list for :func:`run_demo` (no side effects). A budget under one epoch validates once, at
+    its last step (``trainer.val_check_interval``), so that each run still keeps its best checkpoint."""
     out = Path(out)
     store = out / "data" / "default_world.zarr"
     plan = DemoPlan(out=out, steps=steps)
@@ -113,6 +121,7 @@ def plan_demo(out: Path, steps: int = 362, every: str = "24h", members_n: int = 
         f"trainer.max_steps={steps}",
         "trainer.max_epochs=-1",
         f"training.early_stopping_patience={steps}",
+        *([f"trainer.val_check_interval={steps}"] if steps < EPOCH_STEPS else []),
     ]
     ckpts: dict[str, Path] = {}
     for name, config in runs.items():
@@ -172,14 +181,22 @@ def step_environment(threads: int = DEMO_THREADS) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONHASHSEED": "0"}
 
 
+def _scores_block(path: Path) -> dict:
+    """The ``scores`` block of a ``scores.json`` that ``smoe evaluate`` wrote; empty where there is none."""
+    return json.loads(path.read_text()).get("scores", {}) if path.is_file() else {}
+
+
 def write_index(out: Path) -> Path:
     """Write ``out/INDEX.md``: every file and folder the demo wrote, each with what it is and how to read it.
 
-    Entries come from :data:`DESCRIPTIONS` (only those that exist) plus the PNG files under ``maps/``; a
-    file the demo wrote that has no description is listed as such, so the index never hides an output.
+    It opens with the result (:func:`bottom_line`, from the score files); entries come from :data:`DESCRIPTIONS`
+    (only those that exist) plus the PNG files under ``maps/``; a file the demo wrote that has no description is
+    listed as such, so the index never hides an output.
     """
     out = Path(out)
-    lines = ["# What `smoe demo` wrote", "",
+    result = bottom_line(*(_scores_block(out / rel) for rel in ("scores/scores.json", "ensemble/scores/scores.json")))
+    lines = ["# What `smoe demo` wrote", "", *(["## The result", "", *result, ""] if result else []),
+             "## The files", "",
              "Read scores/scores.md first (lower RMSE and CRPS are better; ACC and spread–skill near 1 are "
              "better), then the maps. How to read every score: docs/guide/results-reading.md.", ""]
     described: set[Path] = set()
@@ -200,7 +217,7 @@ def write_index(out: Path) -> Path:
     return index
 
 
-def run_demo(out: Path, steps: int = 362, threads: int = DEMO_THREADS) -> int:
+def run_demo(out: Path, steps: int = QUICK_STEPS, threads: int = DEMO_THREADS) -> int:
     """Run every command of :func:`plan_demo`; stop at the first failure (its exit code is returned).
 
     Each step runs with ``threads`` intra-op threads (:func:`step_environment`); at the end the demo writes
@@ -244,6 +261,53 @@ def _headline_table(scores: dict, units: dict[str, str], metric: str) -> list[st
     return lines
 
 
+def _relative(scores: dict, metric: str, method: str, baseline: str) -> dict[str, float]:
+    """{"field lead": 100 · (method / baseline − 1)} of ``metric`` where both have it (negative: method lower)."""
+    a, b = scores.get(method, {}).get(metric, {}), scores.get(baseline, {}).get(metric, {})
+    return {f"{f} {lead}": 100.0 * (a[f][lead] / b[f][lead] - 1.0) for f in a for lead in a[f]
+            if f in b and b[f].get(lead) and a[f][lead] is not None}
+
+
+def _spread(diffs: dict[str, float]) -> str:
+    """'+3.1 % (geopotential_500 72h) … +9.8 % (temperature_850 120h)': the smallest and largest of ``diffs``."""
+    lo, hi = min(diffs, key=diffs.get), max(diffs, key=diffs.get)
+    return f"{diffs[lo]:+.1f} % ({lo})" if lo == hi else f"{diffs[lo]:+.1f} % ({lo}) to {diffs[hi]:+.1f} % ({hi})"
+
+
+def _best_rmse(scores: dict, methods: tuple[str, ...]) -> dict[str, float]:
+    """{"field lead": the lowest RMSE among ``methods``} over the field-leads any of them has."""
+    best: dict[str, float] = {}
+    for m in methods:
+        for f, leads in scores.get(m, {}).get("rmse", {}).items():
+            for lead, v in leads.items():
+                if v is not None:
+                    best[f"{f} {lead}"] = min(v, best.get(f"{f} {lead}", v))
+    return best
+
+
+def bottom_line(scores: dict, pp_scores: dict | None = None) -> list[str]:
+    """The demo's result in plain sentences, computed from its score files (``scores.json``'s ``scores`` block of
+    the networks' evaluation and, when given, of the post-processing one): the SMoE against the dense ResNet at
+    equal optimizer steps, the better network against the better reference, EMOS against the raw ensemble."""
+    lines = []
+    smoe = _relative(scores, "rmse", "smoe_prior", "dense")
+    if smoe:
+        wins = sum(v < 0 for v in smoe.values())
+        lines.append(f"- At equal optimizer steps the SMoE ResNet's RMSE is {_spread(smoe)} of the dense ResNet's: "
+                     f"lower in {wins} of {len(smoe)} field-leads.")
+    best_net, best_ref = _best_rmse(scores, ("dense", "smoe_prior")), _best_rmse(scores, ("persistence", "climatology"))
+    skill = {k: 100.0 * (best_net[k] / best_ref[k] - 1.0) for k in best_net if best_ref.get(k)}
+    if skill:
+        wins = sum(v < 0 for v in skill.values())
+        where = "every field-lead" if wins == len(skill) else f"{wins} of {len(skill)} field-leads"
+        lines.append(f"- The better network beats the better of persistence and climatology in {where}: its RMSE is "
+                     f"{_spread(skill)} of theirs.")
+    emos = _relative(pp_scores or {}, "crps", "emos", "raw_ensemble")
+    if emos:
+        lines.append(f"- EMOS changes the raw ensemble's CRPS by {_spread(emos)} on the held-out year.")
+    return lines
+
+
 def summary(plan: DemoPlan, index: Path, seconds: float) -> str:
     """The demo's closing printout (under 40 lines): the headline RMSE and ACC of both networks, persistence and
     climatology at 72 h and 120 h (global, held-out 2003, from ``scores/scores.json``), and where everything
@@ -255,6 +319,8 @@ def summary(plan: DemoPlan, index: Path, seconds: float) -> str:
     for metric in HEADLINE_METRICS:
         table = _headline_table(written["scores"], written.get("units", {}), metric)
         lines += [*table, ""] if table else []
+    result = bottom_line(written["scores"], _scores_block(plan.tables[1].with_suffix(".json")))
+    lines += ["Bottom line:", *result, ""] if result else []
     lines += [f"What every file is and how to read it: {index}",
               "Every score (bias, CRPS, land and sea regions, spectra; the post-processing table):",
               *(f"  {table}" for table in plan.tables), "Figures:"]
