@@ -88,11 +88,39 @@ def read_mnist(root: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+# What a CIFAR python batch may ask the unpickler for: numpy's array and scalar reconstruction (under numpy 1's and
+# numpy 2's module names) and the bytes of a protocol-2 pickle written by Python 3 (_codecs.encode). A batch is data
+# from elsewhere: anything else (os.system, eval, ...) is refused, never run.
+CIFAR_PICKLE_GLOBALS = {("_codecs", "encode"),
+                        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+                        ("numpy", "ndarray"), ("numpy", "dtype")}
+
+
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """An unpickler that rebuilds plain containers and numpy arrays only (:data:`CIFAR_PICKLE_GLOBALS`)."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in CIFAR_PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(f"asks for {module}.{name}, which a data batch never needs")
+        import importlib
+
+        return getattr(importlib.import_module(module.replace("numpy.core.", "numpy._core.")), name)
+
+
 def _unpickle(path: Path) -> dict:
+    """A CIFAR python batch (a pickled dict of arrays, lists and bytes), read as data: a pickle that asks for any
+    other callable is refused with ValueError naming the file, before anything in it runs."""
     if not path.is_file():
         raise FileNotFoundError(f"CIFAR batch {path} does not exist")
     with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
+        try:
+            batch = _DataOnlyUnpickler(f, encoding="bytes").load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
+            raise ValueError(f"{path} is not a CIFAR batch of plain data ({err}); refused without running it. "
+                             "Use the batches of the CIFAR python version as published") from None
+    if not isinstance(batch, dict):
+        raise ValueError(f"{path} is not a CIFAR batch: expected a pickled dict, got {type(batch).__name__}")
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
 
 
