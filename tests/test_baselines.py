@@ -108,7 +108,7 @@ def test_condconv_identical_kernels_equal_plain_conv() -> None:
         cond.routing.weight.zero_()
         cond.routing.bias.fill_(-math.log(2.0))  # sigmoid = 1/3 per expert: the weights sum to 1
     x = torch.randn(4, 2, 9, 11)
-    ref = conv(x)
+    ref = conv(x).detach()  # a value to compare with, no graph (float() of a graph tensor warns)
     # float32: mixing 3 kernels (3 roundings per weight) then a 2·3·3 = 18-term accumulation
     torch.testing.assert_close(cond(x), ref, **float_tol(torch.float32, 3 + 18, scale=float(ref.abs().max())))
 
@@ -117,7 +117,7 @@ def test_condconv_routing_is_per_sample() -> None:
     cond = CondConv2d(1, 1, 3, num_experts=3)
     x = torch.randn(3, 1, 8, 8)
     batched = cond(x)
-    single = torch.cat([cond(x[i : i + 1]) for i in range(3)])
+    single = torch.cat([cond(x[i : i + 1]) for i in range(3)]).detach()  # a value, no graph (float() of one warns)
     # the same per-sample kernels; only the accumulation order of the 1·3·3-term sums may differ
     torch.testing.assert_close(batched, single, **float_tol(torch.float32, 3 + 9, scale=float(single.abs().max())))
 
@@ -128,7 +128,7 @@ def test_lrlcn_nd_equal_logits_is_mean_of_basis() -> None:
         layer.location_logits.fill_(0.7)
     x = torch.randn(3, 2, 8, 10)
     mean_kernel = layer.basis.weight.view(3, 4, 2, 3, 3).mean(0)
-    ref = F.conv2d(x, mean_kernel, padding=1)
+    ref = F.conv2d(x, mean_kernel, padding=1).detach()
     # mean of 3 basis outputs vs conv with the mean kernel: 3 + 2·3·3 accumulated roundings
     torch.testing.assert_close(layer(x), ref, **float_tol(torch.float32, 3 + 18, scale=float(ref.abs().max())))
 
@@ -183,7 +183,7 @@ def test_vmoe_equals_vit_with_identical_experts() -> None:
     vit.eval()
     vit.blocks[0].mlp.fc2.weight.data /= 3
     vit.blocks[0].mlp.fc2.bias.data /= 3
-    ref = vit(x)
+    ref = vit(x).detach()
     # one block, dim 16: patch embedding (16 terms), attention (16-term dots, softmax over 4 tokens), MLP
     # (16 + 64 terms), the /3 of fc2 on each side, head (16): a chain of ~150 float32 roundings
     torch.testing.assert_close(vmoe(x), ref, **float_tol(torch.float32, 150, scale=float(ref.abs().max())))

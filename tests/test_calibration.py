@@ -141,6 +141,7 @@ def test_probability_store_below_with_float32_thresholds_and_the_sense_on_the_co
     np.testing.assert_allclose(bs.sel({"method": "below"}).values, bs.sel({"method": "emos"}).values, rtol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:.*has no land_sea_mask:UserWarning")  # expected: the test's truth has none
 def test_cli_thresholds_and_calibration_plots(stores: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "scores"
     assert main(["evaluate", f"raw={stores['ens']}", f"emos={stores['gauss']}", "--truth", str(stores["truth"]),

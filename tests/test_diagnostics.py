@@ -153,6 +153,7 @@ def test_routing_log_every_samples_the_logged_means_and_not_the_training(world_s
         np.testing.assert_allclose(train_rc, expected, rtol=1e-6)
     weights = [dict(runs[every][0].module.state_dict()) for every in (1, 2)]
     assert weights[0].keys() == weights[1].keys()
+    # how often metrics are logged never touches training: the same code path, the same bits
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert runs[1][2].values == runs[2][2].values  # the same RC losses batch by batch
 

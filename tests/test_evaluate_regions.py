@@ -363,6 +363,7 @@ def test_mask_file_region_equals_the_same_box(tmp_path: Path) -> None:
     inside = (box > 0).astype(np.float64).rename("my_mask")
     inside.to_netcdf(tmp_path / "eu.nc")
     from_file = region_weights([parse_region(f"eu={tmp_path / 'eu.nc'}")], lat, lon)
+    # a 0/1 mask gives the box's own weights (weights × 1.0): exact
     np.testing.assert_array_equal(from_file.isel(region=0).values, box.values)
     (inside * 2).to_netcdf(tmp_path / "bad.nc")
     with pytest.raises(ValueError, match=r"\[0, 1\]"):

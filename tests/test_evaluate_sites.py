@@ -143,6 +143,7 @@ def test_cli_scores_postprocess_apply_outputs_end_to_end(table: Path, tmp_path: 
     assert dict(zip(s["method"].values.tolist(), s["kind"].values.tolist())) == {
         "raw": "ensemble", "emos": "gaussian", "ecc": "ensemble", "prob": "probability", "pct": "quantiles",
         "emos_nc": "gaussian"}  # the CF netCDF twin (IMPROVER's names) of the mu/sigma store: the same scores
+    # the twin holds the same float32 mu/sigma: the same scoring code on the same numbers gives the same bits
     np.testing.assert_array_equal(s["crps"].sel({"method": "emos_nc"}).values, s["crps"].sel({"method": "emos"}).values)
     bs = s["brier_score"].sel(field=VAR, threshold=273.15).isel(prediction_timedelta=0)
     assert bs.sel({"method": "prob"}).item() == pytest.approx(bs.sel({"method": "emos"}).item(), rel=1e2 * EPS32)
@@ -203,7 +204,7 @@ def test_uwme_raw_brier_score_of_frost_is_the_benchmark_figure(shared_data: Path
     assert _run("postprocess", "apply", "--emos", tmp_path / "site.nc", "--forecast", table, "--apply-period",
                 *ref["forecast_dates"], "--out", tmp_path / "site.zarr", *pp) == 0
     s = evaluate({"raw": table, "emos": tmp_path / "site.zarr"}, table, thresholds={VAR: [273.15]},
-                 allow_missing=True)
+                 allow_missing=True, table={"units": "K"})  # a table carries no units: EMOS's K are compared
     assert int(s["n_cases"].item()) == ref["cases"]
     bs = s["brier_score"].isel(field=0, prediction_timedelta=0, threshold=0)
     assert bs.sel({"method": "raw"}).item() == pytest.approx(ref["bs"]["raw"], rel=1e6 * EPS64)
@@ -259,7 +260,7 @@ def test_cf_file_of_two_leads_observations_per_valid_time_and_threshold_coordina
     prob = xr.Dataset({VAR: (("time", "prediction_timedelta", "threshold", "site"), below, {"units": "1"})},
                       coords={"time": inits, "prediction_timedelta": leads, **coords})
     prob = prob.assign_coords(threshold=("threshold", np.array([t], np.float32),
-                                         {"spp__relative_to_threshold": "less_than"}))
+                                         {"spp__relative_to_threshold": "less_than", "units": "K"}))
     write_store(prob, tmp_path / "below.zarr", "probability")
     s = evaluate({"raw": tmp_path / "sparse.nc", "below": tmp_path / "below.zarr"}, tmp_path / "sparse.nc",
                  thresholds={VAR: [t]})

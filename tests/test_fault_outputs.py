@@ -79,7 +79,8 @@ def test_output_under_a_file_and_read_only_folder_are_refused_before_writing(
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+@pytest.mark.skipif(os.geteuid() == 0,
+                    reason="needs a non-root user (root ignores folder permissions): run the suite as a normal user")
 def test_read_only_folder_really(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -118,7 +119,8 @@ def test_two_concurrent_writers_exactly_one_wins(tmp_path: Path) -> None:
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
         time.sleep(0.02)
     go.write_text("")
-    results = [(p.wait(60), p.stderr.read()) for p in procs]
+    errs = [p.communicate(timeout=60)[1] for p in procs]  # communicate closes the pipe (read() left it open)
+    results = [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
     assert sorted(rc for rc, _ in results) == [0, 2]
     winner = "ab"[[rc for rc, _ in results].index(0)]
     assert (out / "writer.txt").read_text() == winner  # the loser did not replace it

@@ -91,6 +91,7 @@ def test_station_table_refused_by_name_or_correct(case: tuple[pd.DataFrame, np.n
     assert list(fc["member"].values) == MEMBERS
     want = np.where(kinds == 1, np.nan, df[[*MEMBERS, "observation"]].replace("", np.nan).astype(float).values)
     got_ens = fc["2m_temperature"].isel(prediction_timedelta=0).transpose("site", "time", "member").values
+    # the cells are numbers of at most 7 significant digits: pandas' parser and float() both give the nearest float64
     np.testing.assert_array_equal(got_ens.reshape(-1, len(MEMBERS)), want[:, :3])
     np.testing.assert_array_equal(obs["2m_temperature"].transpose("site", "time").values.ravel(), want[:, 3])
     truth_at = obs.assign_coords(time=fc["time"].values).expand_dims(
@@ -158,6 +159,7 @@ def test_gridded_file_refused_by_name_or_correct(case: tuple[np.ndarray, np.ndar
     fc, truth = open_forecast_and_truth([path], None, None, {})
     truth_at = truth_on_valid_times(fc, truth)
     np.testing.assert_array_equal(fc["longitude"].values, lon)  # one convention for forecast and truth
+    # the file's values reordered, no arithmetic: exact below
     got = fc["temperature"].isel(prediction_timedelta=0).values
     np.testing.assert_array_equal(got, ens)  # the file's longitude order was already 0…270 after the modulo
     np.testing.assert_array_equal(truth_at["temperature"].isel(prediction_timedelta=0).values, obs)

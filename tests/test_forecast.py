@@ -107,10 +107,10 @@ def _tolerance(ckpt: str) -> np.ndarray:
 def test_load_trained_rebuilds_the_training_module(dense: str, tmp_path: Path) -> None:
     t = load_trained(dense)
     assert t.task == "weatherbench" and not t.module.training and not t.model.training
-    assert t.sha256 == hashlib.sha256(Path(dense).read_bytes()).hexdigest()
+    assert t.sha256 == hashlib.sha256(Path(dense).read_bytes()).hexdigest()  # the file's digest computed twice
     saved = torch.load(dense, map_location="cpu", weights_only=False)["state_dict"]
     for k, v in t.module.state_dict().items():
-        assert torch.equal(v, saved[k]), k
+        assert torch.equal(v, saved[k]), k  # loaded, not computed: exact
     with pytest.raises(FileNotFoundError, match="nothere.ckpt"):
         load_trained(tmp_path / "nothere.ckpt")
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")

@@ -185,7 +185,7 @@ def test_planes_off_common_order_maps_the_learned_order() -> None:
     out = planes_off_common_order(top)
     expected = np.zeros((2, 3))
     expected[0, 0], expected[1, 2] = 1.0, 0.5
-    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(out, expected)  # counts over 2 locations: 0, 0.5, 1 are exact
     prior = np.array([[1, 0, 0], [0, 0, 0]])  # the swapped location is its own category: its order is usual
     expected[0, 0] = 0.0
     np.testing.assert_array_equal(planes_off_common_order(top, prior), expected)

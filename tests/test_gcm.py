@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xarray as xr
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, needs_shared
 
 from smoeweather.cli import main
 
-pytest.importorskip("dinosaur_torch", reason="the [gcm] extra (dinosaur-torch) is not installed")
-gcm = pytest.importorskip("pipelines.gcm")
+pytest.importorskip("dinosaur_torch", reason="needs the [gcm] extra (dinosaur-torch): pip install -e '.[gcm]'")
+gcm = pytest.importorskip("pipelines.gcm", reason="needs the [gcm] extra: pip install -e '.[gcm]'")
 
 FAST = ["--truncation", "21", "--dt-minutes", "60", "--spin-up-days", "1", "--quiet"]
 pytestmark = pytest.mark.slow
@@ -109,6 +109,7 @@ def test_ensemble_file_has_the_shared_layout(ens: xr.Dataset) -> None:
 def test_same_seed_same_file(tmp_path, world: xr.Dataset) -> None:
     assert main(["data", "gcm-world", "--out", str(tmp_path), "--years", "1", "--days", "2", *FAST]) == 0
     with xr.open_dataset(tmp_path / "gcm_5.625deg_year1.nc") as again:
+        # the same seed and code on the same machine: a rerun is bit-identical
         xr.testing.assert_identical(again, world)  # every variable, constant and attribute
     assert main(["data", "gcm-world", "--out", str(tmp_path), "--years", "1", "--days", "2", *FAST]) == 2  # exists
 
@@ -156,9 +157,10 @@ def test_orography_and_land_are_the_published_ones() -> None:
     assert 0 <= model.land_model.min() and model.land_model.max() <= 1
     shared = SHARED_DATA / "gcm_world" / "gcm_5.625deg_year1.nc"
     if not shared.exists():
-        pytest.skip(f"{shared} is absent: compared with the published constants only where it exists")
+        pytest.skip(needs_shared("gcm_world", shared.name) + " (to compare with the published constants)")
     with xr.open_dataset(shared) as ref:
         assert np.abs(phis - ref["geopotential_at_surface"].values).max() < 5.0  # m² s⁻²
+        # land_wb is the shipped lsm file's float32 values, copied into the published files: no arithmetic
         assert np.array_equal(model.land_wb.astype("float32"), ref["land_sea_mask"].values)
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-pytest.importorskip("dinosaur_torch", reason="the [gcm] extra (dinosaur-torch) is not installed")
-gcm = pytest.importorskip("pipelines.gcm")
+pytest.importorskip("dinosaur_torch", reason="needs the [gcm] extra (dinosaur-torch): pip install -e '.[gcm]'")
+gcm = pytest.importorskip("pipelines.gcm", reason="needs the [gcm] extra: pip install -e '.[gcm]'")
 pytestmark = pytest.mark.slow
 
 FAST = dict(truncation=21, dt_minutes=60.0, progress=False)
@@ -58,7 +58,8 @@ def test_an_interrupted_world_resumes_to_the_same_files(reference: list[xr.Datas
     paths = _world(tmp_path)  # the same command again: resumes
     for path, want in zip(paths, reference, strict=True):
         with xr.open_dataset(path) as got:
-            xr.testing.assert_identical(got.load(), want)
+            # the restart holds the float64 state bit for bit: the same steps follow, on the same machine
+            xr.testing.assert_identical(got.load(), want)  # as above: resumed from the exact state
     assert not restart.exists()
 
 

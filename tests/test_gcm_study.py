@@ -17,7 +17,7 @@ import xarray as xr
 
 from smoeweather.cli import main
 
-pytest.importorskip("dinosaur_torch", reason="the [gcm] extra (dinosaur-torch) is not installed")
+pytest.importorskip("dinosaur_torch", reason="needs the [gcm] extra (dinosaur-torch): pip install -e '.[gcm]'")
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--truncation", "21", "--dt-minutes", "60", "--spin-up-days", "0", "--members", "3", "--quiet"]
 

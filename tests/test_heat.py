@@ -100,7 +100,7 @@ def test_store_layout_splits_and_atomic_refusal(heat_store, tmp_path) -> None:
     assert [split_runs(ds, s).size for s in ("train", "val", "test")] == [3, 2, 2]
     heat = ds["heat"].values
     assert not np.allclose(heat[split_runs(ds, "train")[0], 0], heat[split_runs(ds, "val")[0], 0])
-    np.testing.assert_array_equal(ds["stencil"].values, stencils())
+    np.testing.assert_array_equal(ds["stencil"].values, stencils())  # stored constants: exact
     # the stored steps are the generator's steps. The re-simulation runs conv2d on a batch of 1 instead of
     # the generator's batch, which may change the float32 summation order: allow the rounding of 6 steps
     # (values ≤ 1, the diffusion is a convex combination so errors do not grow) — 54 eps ≈ 6.4e-6.
@@ -120,7 +120,7 @@ def test_dataset_pairs_frame_t_with_t_plus_1(heat_store) -> None:
     heat = open_heat(heat_store)["heat"].values[split_runs(open_heat(heat_store), "val")]
     assert len(ds) == 2 * 6
     x, y = ds[6 + 2]  # run 1, step 2
-    np.testing.assert_array_equal(x[0].numpy(), heat[1, 2])
+    np.testing.assert_array_equal(x[0].numpy(), heat[1, 2])  # the dataset hands out the stored values: exact
     np.testing.assert_array_equal(y[0].numpy(), heat[1, 3])
     xb, yb = ds.__getitems__([0, 8])
     assert xb.shape == (2, 1, 16, 16)
@@ -284,6 +284,7 @@ def test_reference_generator_draws_and_simulates_like_the_reference(tmp_path) ->
     ds = open_heat(store)
     assert ds.attrs["generator"] == "reference" and ds.attrs["region_map"] == str(mask)
     np.testing.assert_array_equal(ds["region"].values, regions)
+    # stored constants: exact
     np.testing.assert_array_equal(ds["diffusivity"].values, np.float32(REFERENCE_DIFFUSIVITIES))
     heat = ds["heat"].values
     kernels = stencils(REFERENCE_DIFFUSIVITIES, dtype=np.float64)

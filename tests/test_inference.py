@@ -79,7 +79,7 @@ def test_loader_rebuilds_exactly_the_trained_network(which: str, request: pytest
     mine, theirs = net.model.state_dict(), trained.model.state_dict()
     assert mine.keys() == theirs.keys()
     for k in mine:
-        assert torch.equal(mine[k], theirs[k]), k
+        assert torch.equal(mine[k], theirs[k]), k  # loaded from the same file: exact
     saved = {k[len("model."):] for k in read_checkpoint(ckpt)["state_dict"] if k.startswith("model.")}
     assert saved == set(mine)
 
@@ -94,6 +94,7 @@ def test_smoe_forecast_runs_without_lightning(forecast_ckpt: str, world_store: s
     a, b = xr.open_zarr(tmp_path / "hidden.zarr"), xr.open_zarr(tmp_path / "here.zarr")
     assert a.attrs["forecast_kind"] == "deterministic" and set(a.data_vars) == {"geopotential", "temperature"}
     for v in a.data_vars:
+        # the same network code with or without lightning imported: the same bits
         np.testing.assert_array_equal(a[v].values, b[v].values)
 
 
@@ -111,7 +112,7 @@ def test_smoe_postprocess_apply_runs_without_lightning(postprocess_ckpt: Path, g
         b = xr.open_zarr(tmp_path / name.replace("hidden", "here"))
         assert a.attrs["forecast_kind"] == ("ensemble" if "members" in name else "gaussian")
         for v in a.data_vars:
-            np.testing.assert_array_equal(a[v].values, b[v].values)
+            np.testing.assert_array_equal(a[v].values, b[v].values)  # as above
     sigma = xr.open_zarr(tmp_path / "hidden.zarr")["temperature_std"].sel(level=850)
     assert float(sigma.min()) > 0
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PYPROJ = "needs pyproj (installed with cartopy, the [maps] extra): pip install -e '.[maps]'"
+ECCODES = "needs eccodes (a dependency of smoeweather): pip install -e ."
 
 # What a user scripting the chain in a notebook does: the library calls and the CLI's main(), one process.
 CHAIN = r'''
@@ -75,7 +77,7 @@ def _exit_message(done: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow
 def test_train_forecast_evaluate_and_routing_plot_in_one_process_exit_cleanly(tmp_path: Path) -> None:
-    pytest.importorskip("cartopy")
+    pytest.importorskip("cartopy", reason="needs cartopy (the [maps] extra): pip install -e '.[maps]'")
     script = tmp_path / "chain.py"
     script.write_text(CHAIN)
     done = _python([str(script), str(tmp_path), str(REPO)], tmp_path)
@@ -90,8 +92,8 @@ def test_train_forecast_evaluate_and_routing_plot_in_one_process_exit_cleanly(tm
 def test_importing_smoeweather_first_makes_the_eccodes_pyproj_pair_safe(tmp_path: Path) -> None:
     """The minimal pair: `import eccodes; import pyproj` aborts at exit; after `import smoeweather` it does
     not, and pyproj runs its own PROJ (not the one bundled in eckitlib)."""
-    pytest.importorskip("pyproj")
-    pytest.importorskip("eccodes")
+    pytest.importorskip("pyproj", reason=PYPROJ)
+    pytest.importorskip("eccodes", reason=ECCODES)
     code = ("import smoeweather, eccodes, pyproj, pyproj.datadir, sys; "
             "sys.exit(0 if pyproj.datadir.get_data_dir() else 3)")
     done = _python(["-c", code], tmp_path)
@@ -101,8 +103,8 @@ def test_importing_smoeweather_first_makes_the_eccodes_pyproj_pair_safe(tmp_path
 
 def test_eccodes_imported_before_smoeweather_is_named(tmp_path: Path) -> None:
     """Too late to fix the order: say so (and do not load pyproj ourselves, which would crash at exit)."""
-    pytest.importorskip("pyproj")
-    pytest.importorskip("eccodes")
+    pytest.importorskip("pyproj", reason=PYPROJ)
+    pytest.importorskip("eccodes", reason=ECCODES)
     code = "import sys, eccodes, smoeweather; sys.exit(4 if 'pyproj' in sys.modules else 0)"
     done = _python(["-W", "always::RuntimeWarning", "-c", code], tmp_path)
     assert done.returncode == 0, _exit_message(done)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import xarray as xr
 
-pytest.importorskip("cartopy")
+pytest.importorskip("cartopy", reason="needs cartopy (the [maps] extra): pip install -e '.[maps]'")
 
 from smoeweather.cli import main  # noqa: E402
 from smoeweather.io import write_netcdf  # noqa: E402
@@ -101,6 +101,7 @@ def test_map_edge_falls_on_a_cell_edge() -> None:
         assert abs(central) <= np.diff(lon)[0] / 2 + 1e-12
         gap = np.abs((edges - (central + 180.0) + 180.0) % 360.0 - 180.0)
         assert gap.min() < 1e-9
+    # midpoints of small integers: exact in binary
     np.testing.assert_array_equal(cartography.refine_edges(np.array([0.0, 1.0, 3.0]), 2), [0, 0.5, 1, 2, 3])
 
 
@@ -128,12 +129,13 @@ def test_routing_netcdf_equals_gate_argmax_and_topk(tmp_path: Path) -> None:
     # independent numpy computation from the checkpoint tensor
     raw = torch.load(ckpt, weights_only=True)["state_dict"]
     (d,) = [v.numpy() for k, v in raw.items() if k.endswith("weight") and "gates" in k]
-    np.testing.assert_array_equal(d, scores)
+    np.testing.assert_array_equal(d, scores)  # the gate's stored scores, copied
     np.testing.assert_array_equal(ds["gate_scores"].values, d)
     np.testing.assert_array_equal(ds["dominant_expert"].values, d.argmax(axis=0))
     top_np = np.sort(np.argpartition(-d, e - 1, axis=0)[:e], axis=0)
     np.testing.assert_array_equal(np.sort(ds["top_experts"].values, axis=0), top_np)
     s = -np.sort(-d, axis=0)
+    # one float32 subtraction, correctly rounded everywhere: exact
     np.testing.assert_array_equal(ds["routing_margin"].values, (s[e - 1] - s[e]).astype(np.float32))
     # usage: every location selects E experts and the area weights sum to 1 → Σ usage = E
     assert ds["expert_usage_area"].sum().item() == pytest.approx(e, rel=1e-12)
@@ -168,7 +170,7 @@ def test_north_to_south_grid_is_flipped(tmp_path: Path) -> None:
     (gate,) = model.gates.values()
     (r,) = routing.gate_routings(model, {"latitude": lat[::-1], "longitude": lon}, {})
     assert np.all(np.diff(r.latitude) > 0)
-    np.testing.assert_array_equal(r.scores, gate.weight.detach().numpy()[:, ::-1])
+    np.testing.assert_array_equal(r.scores, gate.weight.detach().numpy()[:, ::-1])  # copied, flipped
 
 
 def test_unet_gates_get_the_pooled_grid() -> None:
@@ -262,7 +264,7 @@ def make_stores(tmp_path: Path, offset: float = 3.0) -> tuple[Path, Path]:
     t = 250 + rng.normal(size=(len(times), 1, H, W)).astype(np.float32)
     truth = xr.Dataset({"temperature": (("time", "level", "latitude", "longitude"), t, {"units": "K"})},
                        coords={"time": times, "level": [850], "latitude": lat, "longitude": lon})
-    truth.to_zarr(tmp_path / "truth.zarr")
+    truth.to_zarr(tmp_path / "truth.zarr", zarr_format=2)  # the project's store format (v3 warns on consolidation)
     inits = times[:4:2]
     leads = np.array([24, 48], "timedelta64[h]").astype("timedelta64[ns]")
     fc = np.stack([[truth["temperature"].sel(time=i + lt).values + offset for lt in leads] for i in inits])
@@ -270,7 +272,7 @@ def make_stores(tmp_path: Path, offset: float = 3.0) -> tuple[Path, Path]:
                                      {"units": "K"})},
                     coords={"time": inits, "prediction_timedelta": leads, "level": [850], "latitude": lat,
                             "longitude": lon}, attrs={"forecast_kind": "deterministic"})
-    ds.to_zarr(tmp_path / "fc.zarr")
+    ds.to_zarr(tmp_path / "fc.zarr", zarr_format=2)
     return tmp_path / "fc.zarr", tmp_path / "truth.zarr"
 
 
@@ -291,7 +293,7 @@ def test_ensemble_store_maps_the_member_mean(tmp_path: Path) -> None:
     spread = xr.DataArray([-2.0, 1.0, 4.0], dims="member")  # member mean +1 K
     ens = (ds + spread).transpose("time", "prediction_timedelta", "member", ...)
     ens.attrs["forecast_kind"] = "ensemble"
-    ens.to_zarr(tmp_path / "ens.zarr")
+    ens.to_zarr(tmp_path / "ens.zarr", zarr_format=2)
     fc, tr, kind = forecast_and_truth(tmp_path / "ens.zarr", truth_path, "temperature_850", "24h", "2003-01-01T12")
     assert kind == "ensemble mean" and fc.sizes["time"] == 1
     np.testing.assert_allclose((fc - tr).values, 1.0, rtol=0, atol=8 * np.finfo(np.float32).eps * 256)

@@ -110,7 +110,7 @@ def test_forecast_nc_reader_seas5_layout(tmp_path: Path) -> None:
     assert list(pd.to_timedelta(fc["prediction_timedelta"].values).days) == [0, 30, 61]  # Nov 1 → Dec 1, Jan 1
     np.testing.assert_array_equal(
         da.isel(time=1, prediction_timedelta=2, member=3).sel(latitude=35.0, longitude=350.0).values,
-        raw["tas_seas5"].isel(member=3, sdate=1, ftime=2).sel(lat=35.0, lon=350.0).values)
+        raw["tas_seas5"].isel(member=3, sdate=1, ftime=2).sel(lat=35.0, lon=350.0).values)  # copied
     truth = ensembles.truth_at_valid_times(fc, open_forecast_truth(tmp_path / "seas5.nc"))
     np.testing.assert_array_equal(truth["2m_temperature"].transpose("time", "prediction_timedelta", ...).values,
                                   raw["tas_era5"].sortby("lat").values)
@@ -134,7 +134,7 @@ def _world(path: Path) -> Path:
         coords={"time": time, "level": [500, 850], "latitude": LAT, "longitude": LON})
     ds["geopotential"].attrs["units"] = "m**2 s**-2"
     ds["temperature"].attrs["units"] = "K"
-    ds.to_zarr(path, mode="w")
+    ds.to_zarr(path, mode="w", zarr_format=2)  # the project's store format (v3 warns on consolidation)
     return path
 
 
@@ -142,7 +142,7 @@ def test_synthetic_ensemble_is_seeded_biased_and_underdispersive(tmp_path: Path)
     truth = xr.open_zarr(_world(tmp_path / "w.zarr"))
     a = synthetic_ensemble(truth, members=6, init=("2001-01-01", "2001-06-30"), seed=1)
     b = synthetic_ensemble(truth, members=6, init=("2001-01-01", "2001-06-30"), seed=1)
-    xr.testing.assert_identical(a, b)
+    xr.testing.assert_identical(a, b)  # the same seed through the same code: a rerun is bit-identical
     assert a["geopotential"].dims == ("time", "prediction_timedelta", "member", "level", "latitude", "longitude")
     assert list(a["level"].values) == [500, 850] and not bool(a["temperature"].isnull().any())
     obs = ensembles.truth_at_valid_times(a, truth)
@@ -236,7 +236,7 @@ def test_ens10_checkpoint_applied_to_ensemble_store(tmp_path: Path, config: str)
                              variables=["geopotential_500", "temperature_850"])
     store = _ens10_store(ens, truth, tmp_path / "ens10.zarr")
     ens_path = tmp_path / "ens.zarr"
-    ens.to_zarr(ens_path, mode="w")
+    ens.to_zarr(ens_path, mode="w", zarr_format=2)
     overrides = [f"data.store={store}", "data.variables=[geopotential_500, temperature_850]",
                  "data.target_variables=[geopotential_500]", "data.train_years=[2001, 2001]",
                  "data.valid_years=[2002, 2002]", "data.test_years=[2002, 2002]", "data.batch_size=8",

@@ -60,6 +60,7 @@ def test_drn_loaded_calibrator_equals_the_file_driver(tmp_path: Path) -> None:
     pred = cal.apply(fc)
     mu, sigma = ensembles.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
     name = "2m_temperature"
+    # the CLI runs the same Calibrator.apply and stores its float32: the same bits on one machine
     np.testing.assert_array_equal(pred.mu[name].transpose(*mu[name].dims).values.astype(np.float32), mu[name].values)
     np.testing.assert_array_equal(pred.sigma[name].transpose(*mu[name].dims).values.astype(np.float32),
                                   sigma[name].values)
@@ -90,7 +91,7 @@ def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) ->
     ens = synthetic_ensemble(truth, members=5, leads=("48h",), every="96h", seed=0,
                              variables=["geopotential_500", "temperature_850"])
     store = _ens10_store(ens, truth, tmp_path / "ens10.zarr")
-    ens.to_zarr(tmp_path / "ens.zarr", mode="w")
+    ens.to_zarr(tmp_path / "ens.zarr", mode="w", zarr_format=2)  # the project's format (v3 warns on consolidation)
     overrides = [f"data.store={store}", "data.variables=[geopotential_500, temperature_850]",
                  "data.target_variables=[geopotential_500]", "data.train_years=[2001, 2001]",
                  "data.valid_years=[2002, 2002]", "data.test_years=[2002, 2002]", "data.batch_size=8",
@@ -105,6 +106,7 @@ def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) ->
     pred = cal.apply(ensembles.open_forecast(tmp_path / "ens.zarr"))
     mu, sigma = ensembles.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
     m = mu["geopotential"].sel(level=500)
+    # the CLI runs the same NetworkCalibrator.apply and stores its float32: the same bits on one machine
     np.testing.assert_array_equal(pred.mu["geopotential"].sel(level=500).values.astype(np.float32), m.values)
     prob = xr.open_zarr(tmp_path / "pp_probabilities.zarr")["geopotential"].sel(threshold=54000.0, level=500)
     s = sigma["geopotential"].sel(level=500).values.astype(np.float64)

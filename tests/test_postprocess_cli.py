@@ -76,6 +76,9 @@ def _crps_raw_and_pp(new: Path, pp: Path) -> tuple[float, float]:
             float(crps_gaussian(mu, sigma, truth)["temperature"].mean()))
 
 
+# expected: the streams hold their truth inside the forecast file and have no land-sea mask (evaluate says so)
+@pytest.mark.filterwarnings("ignore:.*truth held inside a forecast file:UserWarning",
+                            "ignore:.*has no land_sea_mask:UserWarning")
 def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_path: Path) -> None:
     old, new = streams
     model, pp = tmp_path / "emos.nc", tmp_path / "pp.zarr"

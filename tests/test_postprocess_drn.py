@@ -118,11 +118,13 @@ def test_deterministic_for_a_seed_and_new_sites_get_the_mean_embedding(tmp_path:
     a, b = fit_drn(fc, truth, s), fit_drn(fc, truth, s)
     c = fit_drn(fc, truth, DRNSettings(hidden=4, epochs=3, seeds=2, batch_size=32, seed=1))
     for v in a.data_vars:
+        # the same seed through the same code on one machine: a rerun is bit-identical
         np.testing.assert_array_equal(a[v].values, b[v].values)
     assert not np.array_equal(a[f"{VAR}_w1"].values, c[f"{VAR}_w1"].values)
     a.attrs["fields"] = VAR
     known, _ = apply_drn(a, fc, np.arange(5))
     new, _ = apply_drn(a, fc, np.array([0, 1, -1, 3, -1]))  # sites 2 and 4 unknown to the model
+    # a row of a batched matmul does not depend on the other rows' values: the known sites' bits are unchanged
     np.testing.assert_array_equal(new[VAR].values[..., [0, 1, 3]], known[VAR].values[..., [0, 1, 3]])
     mean_emb = a.copy()
     e = mean_emb[f"{VAR}_embedding"]

@@ -97,7 +97,8 @@ def test_grid_percentiles_ppf_members_and_std_names(grid: Path) -> None:
 
 def _cf_high_failures(path: Path) -> list[str]:
     """compliance-checker's CF-1.8 test: messages of its failed high-priority checks."""
-    runner = pytest.importorskip("compliance_checker.runner")
+    why = "needs compliance-checker (the [dev] extra): pip install -e '.[dev]'"
+    runner = pytest.importorskip("compliance_checker.runner", reason=why)
     suite = runner.CheckSuite()
     suite.load_all_available_checkers()
     results, errors = suite.run_all(suite.load_dataset(str(path)), ["cf:1.8"], skip_checks=[])["cf:1.8"]

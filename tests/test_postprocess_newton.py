@@ -81,6 +81,18 @@ def test_minimise_descends_away_from_a_maximum() -> None:
     np.testing.assert_allclose(theta[:, 0], [1.0, -1.0], atol=np.sqrt(TOL / 2.0))
 
 
+def test_a_group_without_curvature_takes_no_step_and_no_warning() -> None:
+    """A group whose Hessian is 0 (all its cases missing) takes a zero step, without an overflow or NaN warning
+    (1/|λ| was ∞ there); the other groups' steps are −H⁻¹g as before."""
+    hess = np.stack([np.zeros((2, 2)), np.diag([2.0, 4.0]), np.diag([1e-305, 1e-306])])
+    grad = np.array([[0.0, 0.0], [2.0, -4.0], [1.0, 1.0]])
+    with np.errstate(divide="raise", over="raise", invalid="raise"):  # underflow to subnormals is harmless
+        step = newton.saddle_free_step(grad, hess)
+    np.testing.assert_array_equal(step[0], 0.0)  # no curvature: no step, exactly
+    np.testing.assert_allclose(step[1], [-1.0, 1.0], rtol=4 * np.finfo(np.float64).eps)  # −g/λ per axis
+    assert np.isfinite(step).all()
+
+
 def test_both_emos_fitters_run_on_the_one_solver(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = emos.minimise

@@ -12,7 +12,7 @@ import pandas as pd
 import properscoring
 import pytest
 import xarray as xr
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, skip_without_shared
 from test_postprocess_cli import gcm_ens_like
 
 from smoeweather.cli import main
@@ -85,7 +85,7 @@ def test_chunked_cli_equals_in_memory_on_gcm_ens_layout(tmp_path: Path, local: b
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-@pytest.mark.skipif(not (GCM_ENS / "gcm_ens_2006.nc").is_file(), reason=f"needs {GCM_ENS} (../shared/data)")
+@skip_without_shared("gcm_ens", "gcm_ens_2006.nc")
 def test_gcm_ens_scores_unchanged_against_the_in_memory_path(tmp_path: Path) -> None:
     """Fit on the 2005 stream (Jan–Feb), apply to the 2006 stream (January): per-grid-point and global EMOS
     CRPS of the chunked CLI path equal today's in-memory path to float32 tolerance."""
@@ -113,7 +113,7 @@ def test_tcp_scheduler_gives_the_default_output(tmp_path: Path) -> None:
         _fit_apply(train, new, tmp_path / "tcp", "--scheduler", cluster.scheduler_address, local=True, members=6)
     a, _ = read_model(tmp_path / "default" / "emos.nc")
     b, _ = read_model(tmp_path / "tcp" / "emos.nc")
-    xr.testing.assert_identical(a, b)
+    xr.testing.assert_identical(a, b)  # one dask graph under both schedulers: the same reductions in the same order
     for store in ("pp.zarr", "pp_members.zarr"):
         xr.testing.assert_equal(xr.open_zarr(tmp_path / "default" / store), xr.open_zarr(tmp_path / "tcp" / store))
 
@@ -143,9 +143,11 @@ def test_pooled_fit_reduces_over_blocks_and_ecc_streams(tmp_path: Path) -> None:
     lazy_mu, lazy_sigma = apply_emos(ref, fc.chunk({"time": 3, "latitude": 4}))
     lazy = ecc_members(lazy_mu, lazy_sigma, fc.chunk({"time": 3, "latitude": 4}), 6)
     assert lazy["geopotential"].chunks is not None
+    # dask runs the same numpy functions per chunk, the members of a point never split for its statistics: exact
     xr.testing.assert_identical(lazy.compute(), eager)
     # a store chunked ALONG the members (e.g. zarr's default chunks of a member store) gives the same members
     split = ecc_members(lazy_mu, lazy_sigma, fc.chunk({"time": 3, "member": 2}), 6)
+    # the member chunks only feed the ranks (integers); mu/sigma as above: exact
     xr.testing.assert_identical(split.compute(), eager)
 
 

@@ -360,6 +360,7 @@ def test_variables_on_different_levels_keep_only_real_fields(tmp_path: Path) -> 
     stats = xr.open_zarr(tmp_path / "s.zarr", group="statistics").load()
     assert sorted(ds.data_vars) == ["geopotential_500", "temperature_850"] and "level" not in ds.dims
     assert int(ds.to_array().isnull().sum()) == 0 and bool(np.isfinite(stats.to_array()).all())
+    # the store keeps float32: one correctly rounded cast, exact
     np.testing.assert_array_equal(ds["temperature_850"].values, src["t850"].values.astype(np.float32))
     data = WeatherBenchDataset(
         tmp_path / "s.zarr", [("geopotential", 500), "temperature_850"], input_offsets_h=(0,), lead_h=6, constants=()

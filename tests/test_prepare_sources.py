@@ -94,7 +94,7 @@ def test_weatherbench_folder_values_statistics_provenance(tmp_path: Path) -> Non
     out = prepare("era5", root, tmp_path / "wb.zarr", train_years=(1979, 1979), **FAST)
     ds, stats = open_store(out)
     t = xr.concat([w["t"] for w in written["temperature"]], "time")
-    np.testing.assert_array_equal(ds["temperature"].values, t.values)
+    np.testing.assert_array_equal(ds["temperature"].values, t.values)  # copied (no regrid): exact
     z = xr.concat([w["z"] for w in written["geopotential_500"]], "time")
     np.testing.assert_array_equal(ds["geopotential_500"].values, z.values)
     # only real fields: geopotential exists at 500 hPa only, so no all-NaN geopotential@850/1000
@@ -180,6 +180,7 @@ def test_cmip6_two_files_regridded_conservatively(tmp_path: Path) -> None:
     assert np.isfinite(got.values).all()
     # the same glob as a pattern gives the same store content
     again = prepare("cmip6", str(tmp_path / "cmip6" / "zg_*.nc"), tmp_path / "zg2.zarr", grid=5.625, **FAST)
+    # the same regrid code twice on one machine: the same bits
     np.testing.assert_array_equal(xr.open_zarr(again)["geopotential"].values, got.values.astype(np.float32))
 
 

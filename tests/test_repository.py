@@ -18,7 +18,7 @@ MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|home|Users|root|tmp/(?!site\b))[A
 
 def _tracked() -> list[str]:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout: the committed files cannot be listed")
+        pytest.skip("needs a git checkout with git installed (the committed files are listed with git ls-files)")
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [name for name in out.splitlines() if (ROOT / name).is_file()]
 

@@ -40,7 +40,7 @@ def test_paired_test_is_scipy_ttest_rel_without_autocorrelation() -> None:
     assert float(res["p_value"]) == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-10)
     assert float(res["mean_difference"]) == pytest.approx(0.2, rel=1e-12)
     assert effective_sample_size(100, 0.5) == pytest.approx(100 / 3)
-    assert effective_sample_size(10, 0.99) == 2.0
+    assert effective_sample_size(10, 0.99) == 2.0  # clamped at 2: exact
 
 
 def test_autocorrelation_keeps_the_false_alarm_rate() -> None:

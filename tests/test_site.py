@@ -61,7 +61,8 @@ def test_search_index_is_a_script_holding_the_json_index(site: Path) -> None:
     assert {"getting-started.html", "guide/results-reading.html", "reference/cli.html"} <= locations
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed (runs the site's search worker)")
+@pytest.mark.skipif(shutil.which("node") is None,
+                    reason="needs Node.js to run the site's search worker: install it (e.g. apt install nodejs)")
 def test_search_works_from_the_file_system(site: Path) -> None:
     """The site's own lunr search worker, fed the offline index as the page feeds it, finds pages."""
 

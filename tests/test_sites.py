@@ -12,7 +12,7 @@ import pandas as pd
 import properscoring
 import pytest
 import xarray as xr
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, skip_without_shared
 
 from smoeweather.cli import main
 from smoeweather.data.sites import open_sites, read_site_table, write_sites
@@ -64,7 +64,7 @@ def test_table_reader_exact_layout(tmp_path: Path, suffix: str) -> None:
         s = int(r["station"].strip()[1:])
         assert obs["2m_temperature"].sel(time=t).values[s] == r["observation"]
         got = fc["2m_temperature"].sel(time=t - pd.Timedelta("48h")).values[0, :, s]
-        np.testing.assert_array_equal(got, r[MEMBERS].to_numpy(float))
+        np.testing.assert_array_equal(got, r[MEMBERS].to_numpy(float))  # parsed from the same CSV text: exact
     assert int(np.isnan(obs["2m_temperature"]).sum()) == 5
     np.testing.assert_array_equal(fc["altitude"].values, 100.0 * np.arange(6))
 
@@ -198,7 +198,7 @@ def test_cli_site_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.shared_data
-@pytest.mark.skipif(not UWME.is_file(), reason=f"needs the UWME site table {UWME} (../shared/data, GPL: not copied)")
+@skip_without_shared(UWME.name)  # the UWME site table (ensembleBMA, GPL: never copied into the project)
 def test_uwme_rolling_emos_beats_the_raw_ensemble(tmp_path: Path) -> None:
     """Real 48 h 2 m temperature of the 8-member UWME at 969 stations: a 25-day rolling global EMOS (lag 2 days)
     over one week of forecast dates lowers the CRPS of the raw ensemble (fair) by more than 10 %."""

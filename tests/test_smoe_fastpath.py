@@ -272,7 +272,8 @@ def test_host_sync_check_catches_injected_sync(monkeypatch: pytest.MonkeyPatch, 
         _layer_step("channels_last", "tensor")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.set_sync_debug_mode)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU and a CUDA build of torch (torch.cuda.set_sync_debug_mode)")
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("gate_kind", ["tensor", "conv"], ids=["G=1", "G=B"])
 def test_training_step_has_no_host_sync_cuda(impl: str, gate_kind: str) -> None:

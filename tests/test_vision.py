@@ -205,7 +205,7 @@ def test_emoe_gate_is_mean_key_score_and_masks_other_experts() -> None:
     groups = act.groups
     keys_mean = torch.stack([mlp.fc1.weight[groups == n].mean(0) for n in range(4)])
     bias_mean = torch.stack([mlp.fc1.bias[groups == n].mean() for n in range(4)])
-    scores = x @ keys_mean.T + bias_mean  # avg-k gate from the keys
+    scores = (x @ keys_mean.T + bias_mean).detach()  # avg-k gate from the keys
     # the layer scores by the mean pre-activation (x·W + b, then the group mean), this by x·mean(W) + mean(b): the
     # same number in exact arithmetic, rounded in another order. The chosen expert is the top one to that rounding
     # (a sum of 6 products and a mean of 2 per side), not necessarily the same index on a near tie.

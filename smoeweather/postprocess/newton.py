@@ -62,10 +62,14 @@ class Problem(Protocol):
 
 
 def saddle_free_step(grad: np.ndarray, hess: np.ndarray) -> np.ndarray:
-    """−|H|⁻¹ g (G, P) in numpy: eigenvalues by magnitude, floored at 10⁻¹⁰ of the largest."""
+    """−|H|⁻¹ g (G, P) in numpy: eigenvalues by magnitude, floored at 10⁻¹⁰ of the largest.
+
+    A group without curvature (H = 0, e.g. one whose cases are all missing) takes no step: its 1/|λ| would
+    overflow to ∞ and its step be ∞ or ∞ · 0 = NaN, which stopped it as well, through a warning."""
     evals, evecs = np.linalg.eigh(hess)
-    floor = 1e-10 * np.maximum(np.abs(evals).max(1, keepdims=True), 1e-300)
-    inv = 1.0 / np.maximum(np.abs(evals), floor)
+    magnitude = np.abs(evals)
+    floored = np.maximum(magnitude, 1e-10 * magnitude.max(1, keepdims=True))
+    inv = np.divide(1.0, floored, out=np.zeros_like(floored), where=floored > 1.0 / np.finfo(floored.dtype).max)
     return -np.einsum("gij,gj->gi", evecs, inv * np.einsum("gji,gj->gi", evecs, grad))
 
 

@@ -220,9 +220,12 @@ def train(
     created = not Path(output_dir).exists()
     try:
         trainer = build_trainer(cfg, output_dir, extra_callbacks=extra_callbacks)
-        # Lightning reads the resume file again itself: with weights_only=True, its restricted unpickler too
-        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None,
-                    weights_only=True)
+        with warnings.catch_warnings():
+            if resume is not None:  # a resumed run writes on into its own checkpoints folder: not empty, by design
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            # Lightning reads the resume file again itself: with weights_only=True, its restricted unpickler too
+            trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None,
+                        weights_only=True)
     except BaseException:
         if created:
             remove_unfinished_run(Path(output_dir))
