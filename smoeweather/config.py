@@ -90,6 +90,17 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def flatten(block: Any, sep: str = ".", prefix: str = "") -> dict[str, Any]:
+    """``{"model.smoe.placement": "all", ...}``: the leaves of a nested mapping under their dotted keys (joined
+    with ``sep``; what is not a mapping is a leaf, lists included)."""
+    if not isinstance(block, Mapping):
+        return {prefix: block}
+    out: dict[str, Any] = {}
+    for key, value in block.items():
+        out.update(flatten(value, sep, f"{prefix}{sep}{key}" if prefix else str(key)))
+    return out
+
+
 def apply_overrides(cfg: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` strings; the value is parsed as YAML (``1e-3``, ``[1, 2]``, ``null``)."""
     out = copy.deepcopy(cfg)

@@ -7,7 +7,8 @@ precision, ...), ``seed`` and ``output_dir``; it is checked against its task's s
 (:mod:`smoeweather.training.schema`) before anything runs. Outputs (rank 0 only):
 ``<output_dir>/checkpoints/best-*.ckpt`` (best val_loss), ``last.ckpt`` (rewritten after EVERY epoch and
 at the end of a fit, e.g. ``trainer.max_steps`` inside an epoch, so ``--resume`` never rolls back),
-``config.yaml`` (the resolved config) and CSV logs under ``<output_dir>/logs``.
+``config.yaml`` (the resolved config) and the logs of ``trainer.logger``'s experiment trackers: by default CSV
+under ``<output_dir>/logs``; TensorBoard, MLflow, W&B on request (:mod:`~smoeweather.training.trackers`).
 
 Layout: :mod:`~smoeweather.training.stores` (store creation, splits), :mod:`~smoeweather.training.tasks`
 (one builder per task), :mod:`~smoeweather.training.init` (``--init-from``), this module (the trainer and
@@ -30,10 +31,10 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from pipelines.progress import interactive
+from smoeweather.config import flatten
 from smoeweather.models.checkpoint_io import read_checkpoint
 from smoeweather.models.loader import canonical_task, check_checkpoint
 from smoeweather.training.callbacks import (
@@ -48,6 +49,7 @@ from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.init import init_weights
 from smoeweather.training.settings import TrainConfig
 from smoeweather.training.tasks import build
+from smoeweather.training.trackers import TrackerLogging, build_loggers
 
 
 class _WithoutLibraryChatter(logging.Filter):
@@ -103,7 +105,7 @@ def build_trainer(
     extra_callbacks: list[L.Callback] | None = None,
 ) -> L.Trainer:
     """A Lightning Trainer from ``cfg.trainer`` with best/last checkpoints, early stopping, per-batch
-    reseeding, throughput logging and the resolved config file."""
+    reseeding, throughput logging, the resolved config file and the loggers of ``trainer.logger``."""
     cfg = TrainConfig.from_dict(cfg)
     checkpoint = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
@@ -124,25 +126,15 @@ def build_trainer(
         SamplesPerSecond(batch_size_fn),
         SaveResolvedConfig(cfg.to_dict(), output_dir),
         RoutingDiagnostics(),
+        TrackerLogging(cfg.to_dict(), cfg.trackers, output_dir),
         *(extra_callbacks or []),
     ]
     tcfg = {"enable_model_summary": False, **cfg.trainer}
     if "enable_progress_bar" not in tcfg and not interactive():  # piped: lines, not a redrawn bar
         tcfg["enable_progress_bar"] = False
         callbacks.append(PipedProgress())
-    return L.Trainer(
-        default_root_dir=output_dir, callbacks=callbacks, logger=CSVLogger(output_dir, name="logs"), **tcfg
-    )
-
-
-def _flat(block: Any, prefix: str) -> dict[str, Any]:
-    """``{"model.smoe.placement": "all", ...}`` of a nested mapping."""
-    if not isinstance(block, Mapping):
-        return {prefix: block}
-    out: dict[str, Any] = {}
-    for key, value in block.items():
-        out.update(_flat(value, f"{prefix}.{key}"))
-    return out
+    loggers = build_loggers(cfg.trackers, output_dir)
+    return L.Trainer(default_root_dir=output_dir, callbacks=callbacks, logger=loggers or False, **tcfg)
 
 
 RESUME_KEYS = ("model", "data.variables", "data.target_variables", "data.input_offsets_h", "data.lead_h",
@@ -159,7 +151,7 @@ def check_resume_config(meta: Mapping[str, Any], cfg: TrainConfig, where: str) -
     if canonical_task(old.get("task"), where) != cfg.task:
         raise ValueError(f"--resume {where} is a {old.get('task')!r} checkpoint, the config is task {cfg.task!r}: "
                          "resume with the checkpoint's own config.yaml, or train afresh without --resume")
-    was, now = {k[1:]: v for k, v in _flat(old, "").items()}, {k[1:]: v for k, v in _flat(cfg.raw, "").items()}
+    was, now = flatten(old), flatten(cfg.raw)
     for key in sorted(set(was) & set(now)):
         if key.startswith(RESUME_KEYS) and was[key] != now[key]:
             raise ValueError(f"--resume {where} was trained with {key}={was[key]!r}, the config says {now[key]!r}: "

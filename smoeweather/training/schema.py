@@ -26,15 +26,19 @@ INT, BOOL, STR, LIST = (int,), (bool,), (str,), (list,)
 NULL = type(None)
 
 SET_BY_SMOE_TRAIN = ("callbacks", "logger", "default_root_dir")
-"""``lightning.Trainer`` arguments that ``smoe train`` builds itself (checkpoints, logs, early stopping)."""
+"""``lightning.Trainer`` arguments that ``smoe train`` builds itself (checkpoints, early stopping, the loggers:
+``trainer.logger`` names trackers, :mod:`smoeweather.training.trackers`)."""
 
 
 def trainer_block() -> Block:
-    """``trainer``: any keyword of ``lightning.Trainer`` (values are checked by Lightning itself)."""
+    """``trainer``: any keyword of ``lightning.Trainer`` (values are checked by Lightning itself), and
+    ``logger``: the experiment trackers (:func:`~smoeweather.training.trackers.parse_trackers`)."""
     import lightning as L
 
+    from smoeweather.training.trackers import TrackerSpec
+
     names = [p for p in inspect.signature(L.Trainer.__init__).parameters if p != "self"]
-    return Block({name: (object,) for name in names if name not in SET_BY_SMOE_TRAIN})
+    return Block({**{name: (object,) for name in names if name not in SET_BY_SMOE_TRAIN}, "logger": TrackerSpec()})
 
 
 TRAINING = Block(settings_specs(TrainingSettings))

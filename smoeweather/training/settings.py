@@ -4,7 +4,8 @@ A whole config is checked before anything runs (unknown keys with did-you-mean a
 the model's keys: :mod:`smoeweather.training.schema`) and returned as a :class:`TrainConfig`: ``task``,
 ``seed``, ``output_dir`` and the blocks ``data`` (its loader part typed, :class:`LoaderSettings`; the rest per
 task), ``model`` (:class:`ModelBlock`), ``training`` (:class:`TrainingSettings`) and ``trainer``
-(``lightning.Trainer`` keywords). Defaults and bounds live in :mod:`smoeweather.training.blocks`.
+(``lightning.Trainer`` keywords) with its ``logger`` parsed apart (:attr:`TrainConfig.trackers`,
+:mod:`smoeweather.training.trackers`). Defaults and bounds live in :mod:`smoeweather.training.blocks`.
 :meth:`TrainConfig.to_dict` gives the config exactly as written (with overrides), which is what checkpoints and
 ``config.yaml`` record; a :class:`TrainConfig` also reads as that mapping (``cfg["data"]``) for code that
 takes a dict.
@@ -22,6 +23,7 @@ from typing import Any
 from smoeweather.config import ConfigError, parse_settings, read_config
 from smoeweather.training.blocks import LoaderSettings, ModelBlock, TrainingSettings, training_settings
 from smoeweather.training.schema import validate_train_config
+from smoeweather.training.trackers import TrackerSettings, parse_trackers
 
 __all__ = ["LoaderSettings", "ModelBlock", "TrainConfig", "TrainingSettings", "load_config", "training_settings"]
 
@@ -39,6 +41,9 @@ class TrainConfig(Mapping[str, Any]):
     model: ModelBlock = field(default_factory=lambda: ModelBlock(None))
     training: TrainingSettings = field(default_factory=TrainingSettings)
     trainer: dict[str, Any] = field(default_factory=dict)
+    """``lightning.Trainer`` keywords of the ``trainer`` block, less ``logger`` (:attr:`trackers`)."""
+    trackers: tuple[TrackerSettings, ...] = field(default_factory=lambda: parse_trackers(None))
+    """The experiment trackers of ``trainer.logger`` (default: csv)."""
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any] | TrainConfig) -> TrainConfig:
@@ -59,7 +64,8 @@ class TrainConfig(Mapping[str, Any]):
             loader=LoaderSettings.of(raw.get("data")),
             model=ModelBlock.of(raw.get("model")),
             training=parse_settings(TrainingSettings, raw.get("training"), "training"),
-            trainer=dict(raw.get("trainer") or {}),
+            trainer={k: v for k, v in (raw.get("trainer") or {}).items() if k != "logger"},
+            trackers=parse_trackers((raw.get("trainer") or {}).get("logger")),
         )
 
     @property
