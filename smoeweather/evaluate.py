@@ -73,6 +73,7 @@ from smoeweather.metrics import wb2
 from smoeweather.metrics.regions import Region, describe_regions
 from smoeweather.metrics.scores import BLOCK_BYTES, PER_INIT, forecast_scores, median_of_quantiles
 from smoeweather.metrics.spectra import DEFAULT_BAND, zonal_energy_spectrum
+from smoeweather.units import units_of
 
 
 def _read_once(x: xr.DataArray | None) -> xr.DataArray | None:
@@ -319,7 +320,7 @@ def evaluate(
     if references:
         add_persistence(inp, truth)
     clim_means, clim_thresholds, clim_kind = climatology_inputs(climatology, inp.fields, climatology_years, inp.inits,
-                                                          inp.leads, binary_quantiles, storage_options)
+                                                          inp.leads, binary_quantiles, storage_options, truth=inp)
     if references and climatology is not None:
         add_climatology_reference(inp, truth, climatology, climatology_years, clim_means, clim_kind)
     weights = wb2.cell_area_weights(inp.truth["latitude"])
@@ -330,7 +331,7 @@ def evaluate(
     band = (spectra_band, spectra_recipe) if spectra else None
     events = event_thresholds(inp, thresholds)
     clim_prob = climatological_probabilities(climatology, events, climatology_years, inp.inits, inp.leads,
-                                             clim_kind)
+                                             clim_kind, {f[0]: units_of(inp.truth[f[0]]) for f in inp.fields})
     contexts = _contexts(inp, FieldContext(xr.DataArray(), weights, rw, spectra_band=band),
                          (clim_means, clim_thresholds), events, clim_prob)
     parts, missing = _score_all(inp, contexts, allow_missing, progress)

@@ -27,6 +27,7 @@ from smoeweather.data.ensembles import (
 )
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.regions import Region, parse_regions, region_weights
+from smoeweather.units import Quantity, align_forecast, convert, units_of, values_in
 
 Source = str | Path
 SAME_THRESHOLD = float(np.finfo(np.float32).eps)  # thresholds closer (relative) than float32 rounding: one event
@@ -223,8 +224,11 @@ def open_inputs(forecasts: Mapping[str, Source] | Source | Sequence[Source], tru
         check_grid(ds, truth_ds["latitude"].values, truth_ds["longitude"].values, f"forecast {p}", "the truth's")
     fields = _common_fields(fcs, truth_ds, where_truth)
     inits, leads = _common_times(fcs, truth_ds, where_truth, list(named))
-    return Inputs(paths={n: p for n, (p, _) in named.items()}, forecasts=fcs,
-                  kinds={n: forecast_kind(ds, named[n][0]) for n, ds in fcs.items()}, truth=truth_ds,
+    kinds = {n: forecast_kind(ds, named[n][0]) for n, ds in fcs.items()}
+    # every forecast in the truth's units (the units of the scores): converted with a note, a mismatch refused
+    fcs = {n: align_forecast(ds, kinds[n], truth_ds, [f[0] for f in fields], f"forecast {named[n][0]}",
+                             where_truth) for n, ds in fcs.items()}
+    return Inputs(paths={n: p for n, (p, _) in named.items()}, forecasts=fcs, kinds=kinds, truth=truth_ds,
                   truth_in_file=in_file, where_truth=where_truth, fields=fields, inits=inits, leads=leads)
 
 
@@ -257,12 +261,14 @@ def add_climatology_reference(inp: Inputs, truth: Source | Sequence[Source], cli
     if clim_kind == "wb2":
         inp.forecasts["climatology"] = _fields_dataset(clim_means)
     else:
-        inp.forecasts["climatology"] = make_forecast(truth, inp.inits, method="climatology",
-                                                     leads_h=lead_hours(inp.leads),
-                                                     fields=[field_name(f) for f in inp.fields],
-                                                     climatology_from=str(climatology),
-                                                     climatology_years=climatology_years, beyond_data=True,
-                                                     progress=False)
+        ref = make_forecast(truth, inp.inits, method="climatology", leads_h=lead_hours(inp.leads),
+                            fields=[field_name(f) for f in inp.fields], climatology_from=str(climatology),
+                            climatology_years=climatology_years, beyond_data=True, progress=False)
+        store = open_canonical(climatology)
+        for f in dict.fromkeys(f[0] for f in inp.fields):  # values of the store, in the truth's units
+            ref[f] = convert(ref[f], units_of(inp.truth[f]), f, f"--climatology {climatology}", inp.where_truth,
+                             have=climatology_units(store, f), quiet=True)
+        inp.forecasts["climatology"] = ref
     inp.kinds["climatology"] = "deterministic"
 
 
@@ -277,11 +283,13 @@ def _fields_dataset(per_field: dict[Field, xr.DataArray]) -> xr.Dataset:
 
 def climatology_inputs(climatology: Source | None, fields: Sequence[Field], years: tuple[int, int] | None,
                        inits: np.ndarray, leads: np.ndarray, quantiles: Sequence[float],
-                       storage_options: dict[str, Any] | None = None
+                       storage_options: dict[str, Any] | None = None, truth: Inputs | None = None
                        ) -> tuple[dict[Field, xr.DataArray], dict[Field, xr.DataArray], str | None]:
     """({field: climatological mean at the valid times (time, lead, lat, lon)}, {field: climatological quantile
     thresholds (quantile, time, lead, lat, lon)}, kind: ``"wb2"`` for a WB2 climatology zarr (dims
-    ``dayofyear``, ``hour``), ``"store"`` for a training store (31-day day-of-year window), None without)."""
+    ``dayofyear``, ``hour``), ``"store"`` for a training store (31-day day-of-year window), None without).
+    ``truth``: the inputs whose truth's units the means and thresholds are converted to (noted; a mismatch
+    refused, :mod:`smoeweather.units`)."""
     from smoeweather.forecast.climatology import (
         climatology_at,
         doy_climatology,
@@ -305,20 +313,40 @@ def climatology_inputs(climatology: Source | None, fields: Sequence[Field], year
             means[f] = wb2_climatology_at(sub, f[0], vt, where).load()
             if len(q) and f"{f[0]}_quantile" in sub.data_vars:
                 thresholds[f] = wb2_climatology_at(sub, f[0], vt, where, q).transpose("quantile", ...).load()
-        return means, thresholds, "wb2"
+        return _in_truth_units(means, ds, truth, where), _in_truth_units(thresholds, ds, truth, where), "wb2"
     means, thresholds = {}, {}
     for f, da in training_fields(str(climatology), fields, years).items():
         means[f] = climatology_at(doy_climatology(da), vt, f"climatology of {field_name(f)} from {climatology}"
                                   ).astype(np.float64)
         if len(q):
             thresholds[f] = doy_quantiles(da, q, vt)
+    if truth is not None and (means or thresholds):
+        store, where = open_canonical(climatology, storage_options), f"--climatology {climatology}"
+        means, thresholds = _in_truth_units(means, store, truth, where), _in_truth_units(thresholds, store, truth,
+                                                                                         where)
     return means, thresholds, "store"
 
 
-def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float]] | None) -> dict[Field, np.ndarray]:
-    """{field: sorted thresholds (units of the field)} whose exceedance is scored: those of the probability
+def climatology_units(ds: xr.Dataset, name: str) -> str:
+    """The units of the climatology's ``name`` (a WB2 climatology's ``name_mean`` where ``name`` is absent)."""
+    var = name if name in ds.variables else f"{name}_mean"
+    return units_of(ds[var]) if var in ds.variables else ""
+
+
+def _in_truth_units(per_field: dict[Field, xr.DataArray], clim: xr.Dataset, inp: Inputs | None, where: str
+                    ) -> dict[Field, xr.DataArray]:
+    """{field: values of the climatology ``clim`` (``where``)} in the units of ``inp``'s truth."""
+    if inp is None:
+        return per_field
+    return {f: convert(da, units_of(inp.truth[f[0]]), f[0], where, inp.where_truth, have=climatology_units(clim, f[0]))
+            for f, da in per_field.items()}
+
+
+def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float | Quantity]] | None
+                     ) -> dict[Field, np.ndarray]:
+    """{field: sorted thresholds (units of the truth's field)} whose exceedance is scored: those of the probability
     forecasts (their ``threshold`` coordinate, for the fields and levels they hold) and those ``given`` by field
-    name (``--thresholds``); a field neither names has none."""
+    name (``--thresholds``; a value with units converted to the truth's); a field neither names has none."""
     given = dict(given or {})
     names = {field_name(f): f for f in inp.fields}
     unknown = [k for k in given if k not in names]
@@ -326,7 +354,9 @@ def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float]] | None) -
         raise ValueError(f"--thresholds names unknown field(s) {unknown}; the forecasts' fields are {list(names)}")
     from smoeweather.forecast.output import forecast_fields
 
-    out: dict[Field, set[float]] = {names[k]: set(map(float, v)) for k, v in given.items()}
+    out: dict[Field, set[float]] = {
+        names[k]: set(values_in(v, units_of(inp.truth[names[k][0]]), k, "--thresholds", inp.where_truth).tolist())
+        for k, v in given.items()}
     for m, ds in inp.forecasts.items():
         if inp.kinds[m] != "probability":
             continue
@@ -339,10 +369,11 @@ def event_thresholds(inp: Inputs, given: Mapping[str, Sequence[float]] | None) -
 
 def climatological_probabilities(climatology: Source | None, events: dict[Field, np.ndarray],
                                  years: tuple[int, int] | None, inits: np.ndarray, leads: np.ndarray,
-                                 clim_kind: str | None) -> dict[Field, xr.DataArray]:
+                                 clim_kind: str | None, truth: Mapping[str, str] | None = None
+                                 ) -> dict[Field, xr.DataArray]:
     """{field: probability of each event in the training store's day-of-year window at the valid times}
     (threshold, time, lead, lat, lon); empty without a training-store climatology (a WB2 climatology holds no
-    samples to count)."""
+    samples to count). ``truth``: {variable: the truth's units} the events are in (the samples converted)."""
     from smoeweather.forecast.climatology import doy_exceedance
     from smoeweather.forecast.reference import training_fields
 
@@ -350,5 +381,9 @@ def climatological_probabilities(climatology: Source | None, events: dict[Field,
         return {}
     vt = xr.DataArray(inits[:, None] + leads[None, :], dims=("time", "prediction_timedelta"),
                       coords={"time": inits, "prediction_timedelta": leads})
-    return {f: doy_exceedance(da, events[f], vt)
+    store, where = open_canonical(climatology), f"--climatology {climatology}"
+    truth = truth or {}
+    return {f: doy_exceedance(convert(da, truth.get(f[0], ""), f[0], where, "the truth",
+                                      have=climatology_units(store, f[0]), quiet=True) if truth else da,
+                              events[f], vt)
             for f, da in training_fields(str(climatology), list(events), years).items()}

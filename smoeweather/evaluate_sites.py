@@ -29,6 +29,7 @@ import xarray as xr
 from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
 from smoeweather.evaluate_inputs import add_thresholds, at_thresholds, relative_to_threshold
+from smoeweather.units import Quantity, align_forecast, units_of, values_in
 
 Source = str | Path
 CASE = "case"
@@ -215,8 +216,11 @@ def open_site_inputs(forecasts: Mapping[str, Source] | Source | Sequence[Source]
                                       for ds in fcs.values()]))
     if not np.isin(inits[:, None] + leads[None, :], obs["time"].values).any():
         raise ValueError(f"no valid time (time + prediction_timedelta) of the forecasts lies in {where_truth}")
-    return SiteInputs(paths, {m: ds.sel(site=stations) for m, ds in fcs.items()}, kinds, obs.sel(site=stations),
-                      where_truth, fields, inits, leads, stations, dropped)
+    # every forecast in the observations' units (the units of the scores): converted with a note, else refused
+    fcs = {m: align_forecast(ds.sel(site=stations), kinds[m], obs, fields, f"forecast {paths[m]}", where_truth)
+           for m, ds in fcs.items()}
+    return SiteInputs(paths, fcs, kinds, obs.sel(site=stations), where_truth, fields, inits, leads, stations,
+                      dropped)
 
 
 
@@ -315,15 +319,17 @@ def score_site_field(d: FieldData, kind: str, truth: xr.DataArray, thresholds: x
     return out
 
 
-def event_thresholds(inp: SiteInputs, given: Mapping[str, Sequence[float]] | None) -> dict[str, xr.DataArray]:
-    """{field: thresholds (dim ``threshold``, units of the field)}: ``given`` (``--thresholds``) and those of
-    the probability forecasts."""
+def event_thresholds(inp: SiteInputs, given: Mapping[str, Sequence[float | Quantity]] | None
+                     ) -> dict[str, xr.DataArray]:
+    """{field: thresholds (dim ``threshold``, units of the observations)}: ``given`` (``--thresholds``; a value
+    with units converted) and those of the probability forecasts."""
     given = dict(given or {})
     unknown = [k for k in given if k not in inp.fields]
     if unknown:
         raise ValueError(f"--thresholds names unknown field(s) {unknown}; the site forecasts' fields are "
                          f"{inp.fields}")
-    out: dict[str, set[float]] = {k: set(map(float, v)) for k, v in given.items()}
+    out: dict[str, set[float]] = {k: set(values_in(v, units_of(inp.truth[k]), k, "--thresholds", inp.where_truth
+                                                   ).tolist()) for k, v in given.items()}
     for m, ds in inp.forecasts.items():
         if inp.kinds[m] == "probability":
             for f in inp.fields:

@@ -114,15 +114,17 @@ def test_bottom_line_states_the_result_from_the_scores(tmp_path: Path) -> None:
     scores = {m: {"rmse": {"z": {"72h": a, "120h": b}}} for m, (a, b) in rmse.items()}
     pp = {"raw_ensemble": {"crps": {"z": {"72h": 10.0}}}, "emos": {"crps": {"z": {"72h": 8.0}}}}
     lines = bottom_line(scores, pp)
-    assert lines[0] == ("- At equal optimizer steps the SMoE ResNet's RMSE is -5.0 % (z 120h) to +10.0 % (z 72h) "
-                        "of the dense ResNet's: lower in 1 of 2 field-leads.")
+    assert lines[0] == ("- At equal optimizer steps the SMoE ResNet's RMSE is lower than the dense ResNet's in 1 of 2 "
+                        "field-leads: -5.0 % (z 120h) to +10.0 % (z 72h).")
     # best network 100 / 190 against the best reference 120 / 170: -16.7 % and +11.8 %
     assert lines[1] == ("- The better network beats the better of persistence and climatology in 1 of 2 field-leads: "
-                        "its RMSE is -16.7 % (z 72h) to +11.8 % (z 120h) of theirs.")
-    assert lines[2] == "- EMOS changes the raw ensemble's CRPS by -20.0 % (z 72h) on the held-out year."
+                        "its RMSE against theirs -16.7 % (z 72h) to +11.8 % (z 120h).")
+    assert lines[2] == "- EMOS lowers the raw ensemble's CRPS on the held-out year: -20.0 % (z 72h)."
     scores["persistence"]["rmse"]["z"]["120h"] = 195.0
     scores["climatology"]["rmse"]["z"]["120h"] = 196.0
     assert "in every field-lead" in bottom_line(scores)[1] and len(bottom_line(scores)) == 2
+    scores["smoe_prior"]["rmse"]["z"]["120h"] = 201.0
+    assert "higher than the dense ResNet's in every field-lead" in bottom_line(scores)[0]
 
     out = tmp_path / "demo"
     (out / "scores").mkdir(parents=True)

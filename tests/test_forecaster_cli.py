@@ -1,4 +1,4 @@
-"""The small things a forecaster meets at the command line (issue 63): `smoe plot --out` is a folder (a file name is
+"""The small things a forecaster meets at the command line: `smoe plot --out` is a folder (a file name is
 refused), every plot of scores reads the folder `smoe evaluate --out` wrote, `--thresholds` are scored and tabled
 for their own field only, and a warning prints as one line of ours."""
 

@@ -6,8 +6,8 @@ The recording covers the values of every data variable of the model files and of
 attributes or coordinates: new CF metadata is allowed). On the machine that recorded it (the full
 :func:`reference_values.fingerprint`, 2 intra-op threads) the bytes must be equal; on every other machine the
 values must agree within the rounding :data:`REL` allows. Record with this file's ``__main__``. History: the first
-digests were recorded on commit bc7a7be, before the refactor of issue #55, and renewed with fingerprints and
-reference values on an AVX-512 machine."""
+digests were recorded on commit bc7a7be, before post-processing was refactored into one driver, and renewed with
+fingerprints and reference values on an AVX-512 machine."""
 
 from __future__ import annotations
 

@@ -251,9 +251,10 @@ def test_wb2_climatology_zarr_for_acc_and_thresholds(world: tuple[Path, xr.Datas
     rng = np.random.default_rng(9)
     mean = 280.0 + rng.normal(size=(366, 2, 1, 8, 16))
     q = np.stack([mean - 1.0, mean + 1.0], axis=2)
-    clim = xr.Dataset({"temperature": (("dayofyear", "hour", "level", "latitude", "longitude"), mean),
+    k = {"units": "K"}  # compared with the truth's units (WB2's climatologies carry ERA5's)
+    clim = xr.Dataset({"temperature": (("dayofyear", "hour", "level", "latitude", "longitude"), mean, k),
                        "temperature_quantile": (("dayofyear", "hour", "quantile", "level", "latitude", "longitude"),
-                                                q)},
+                                                q, k)},
                       coords={"dayofyear": np.arange(1, 367), "hour": [0, 12], "quantile": [0.2, 0.8],
                               "level": [850], "latitude": LAT, "longitude": LON})
     clim.to_zarr(tmp_path / "clim.zarr", zarr_format=2)

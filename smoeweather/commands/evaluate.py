@@ -51,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="climatological quantiles whose exceedance the WB2 binary files score (default 0.1 0.5 0.9)")
     p.add_argument("--thresholds", nargs="+", default=None, metavar="FIELD=T1,T2",
                    help="events scored by the Brier score, reliability table and Brier skill score, per field in "
-                        "its units, e.g. temperature_850=265,275 (probability forecasts bring their own)")
+                        "its units or with their own, e.g. temperature_850=265,275 or temperature_850=-5degC "
+                        "(probability forecasts bring their own)")
     p.add_argument("--bss-reference", default=None, metavar="METHOD",
                    help="the method the Brier skill score is measured against besides climatology (default: the "
                         "first ensemble, i.e. the raw ensemble)")
@@ -70,20 +71,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_table_arguments(p)  # site forecasts: the columns of a site table (CSV/Parquet)
 
 
-def parse_thresholds(items: list[str] | None) -> dict[str, list[float]] | None:
-    """``["temperature_850=265,275", ...]`` → {field: [values]}; ValueError naming --thresholds otherwise."""
+def parse_thresholds(items: list[str] | None) -> dict[str, list[Any]] | None:
+    """``["temperature_850=265,275", "temperature_500=-5degC"]`` → {field: [values]}: plain numbers (in the
+    field's units) as floats, numbers with units as :class:`smoeweather.units.Quantity` (converted to the
+    truth's units when it is opened); ValueError naming --thresholds otherwise."""
+    from smoeweather.units import parse_quantity
+
     if not items:
         return None
-    out: dict[str, list[float]] = {}
+    out: dict[str, list[Any]] = {}
     for item in items:
         name, _, values = item.partition("=")
         try:
-            out[name] = [float(v) for v in values.split(",") if v.strip()]
+            quantities = [parse_quantity(v, "--thresholds") for v in values.split(",") if v.strip()]
         except ValueError:
-            out[name] = []
+            quantities = []
+        out[name] = [q.value if q.units is None else q for q in quantities]
         if not name or not out[name]:
-            raise ValueError(f"--thresholds {item!r}: expected FIELD=T1[,T2...] with numbers in the field's units, "
-                             "e.g. temperature_850=265,275")
+            raise ValueError(f"--thresholds {item!r}: expected FIELD=T1[,T2...] with numbers in the field's units "
+                             "or with their own, e.g. temperature_850=265,275 or temperature_850=-5degC")
     return out
 
 

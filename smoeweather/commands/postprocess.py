@@ -73,8 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--quantiles", nargs="+", type=float, help="also write these predictive quantiles, e.g. 0.1 0.5 0.9")
     a.add_argument("--quantiles-out", type=Path, help="quantile store (default: <out>_quantiles.zarr)")
     a.add_argument("--thresholds", nargs="+", metavar="T",
-                   help="also write probabilities of exceeding these thresholds (the variable's units), e.g. "
-                        "--thresholds 273.15 283.15; per variable: --thresholds temperature=265,275 geopotential=54000")
+                   help="also write probabilities of exceeding these thresholds (the variable's units, or a number's "
+                        "own: -5degC), e.g. --thresholds 273.15 283.15; per variable: --thresholds "
+                        "temperature=265,275 geopotential=54000")
     a.add_argument("--below", action="store_true", help="with --thresholds: probabilities of not exceeding them")
     a.add_argument("--thresholds-out", type=Path, help="probability store (default: <out>_probabilities.zarr)")
     a.add_argument("--percentiles", nargs="+", type=float, metavar="P",

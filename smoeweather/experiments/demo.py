@@ -81,11 +81,14 @@ DESCRIPTIONS: dict[str, str] = {
     "too narrow), RMSE of the mean",
     "ensemble/scores/scores.nc": "the same post-processing scores as netCDF",
     "ensemble/scores/scores.json": "the same post-processing scores as JSON",
+    "ensemble/scores/rank_histograms.png": "rank histograms of the truth among the raw and the ECC-Q members per "
+    "field and lead (flat, at the dashed line: calibrated; U-shaped: too narrow, the truth often outside)",
     "ensemble/scores/wb2/": "the same post-processing scores in WeatherBench 2's results layout, one netCDF per "
     "method",
     "maps/routing/": "where the SMoE's experts act: per gate, the dominant expert at each grid point (blue: "
-    "experts initialised on sea, brown: on land; grey: all other experts together), routing margin, usage "
-    "histogram, the land-sea prior; routing as netCDF",
+    "experts initialised on sea, brown: on land; every expert dominating at least 0.5 % of the globe has its own "
+    "colour, hatched grey pools the smaller ones), routing margin, usage histogram, the land-sea prior; routing "
+    "as netCDF",
     "maps/scores/": "RMSE and ACC against lead time, one line per method, one row per region (global, land, sea)",
     "maps/scorecard/": "scorecards against the dense ResNet: per metric the % difference of the SMoE ResNet, "
     "persistence and climatology for every variable, lead and region (blue: better than dense, red: worse; "
@@ -292,19 +295,22 @@ def bottom_line(scores: dict, pp_scores: dict | None = None) -> list[str]:
     lines = []
     smoe = _relative(scores, "rmse", "smoe_prior", "dense")
     if smoe:
-        wins = sum(v < 0 for v in smoe.values())
-        lines.append(f"- At equal optimizer steps the SMoE ResNet's RMSE is {_spread(smoe)} of the dense ResNet's: "
-                     f"lower in {wins} of {len(smoe)} field-leads.")
+        lower = sum(v < 0 for v in smoe.values())
+        verdict = ("higher than the dense ResNet's in every field-lead" if lower == 0 else
+                   "lower than the dense ResNet's in every field-lead" if lower == len(smoe) else
+                   f"lower than the dense ResNet's in {lower} of {len(smoe)} field-leads")
+        lines.append(f"- At equal optimizer steps the SMoE ResNet's RMSE is {verdict}: {_spread(smoe)}.")
     best_net, best_ref = _best_rmse(scores, ("dense", "smoe_prior")), _best_rmse(scores, ("persistence", "climatology"))
     skill = {k: 100.0 * (best_net[k] / best_ref[k] - 1.0) for k in best_net if best_ref.get(k)}
     if skill:
         wins = sum(v < 0 for v in skill.values())
         where = "every field-lead" if wins == len(skill) else f"{wins} of {len(skill)} field-leads"
-        lines.append(f"- The better network beats the better of persistence and climatology in {where}: its RMSE is "
-                     f"{_spread(skill)} of theirs.")
+        lines.append(f"- The better network beats the better of persistence and climatology in {where}: its RMSE "
+                     f"against theirs {_spread(skill)}.")
     emos = _relative(pp_scores or {}, "crps", "emos", "raw_ensemble")
     if emos:
-        lines.append(f"- EMOS changes the raw ensemble's CRPS by {_spread(emos)} on the held-out year.")
+        lines.append(f"- EMOS {'lowers' if max(emos.values()) < 0 else 'changes'} the raw ensemble's CRPS on the "
+                     f"held-out year: {_spread(emos)}.")
     return lines
 
 

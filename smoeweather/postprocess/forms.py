@@ -2,8 +2,9 @@
 computed from the predictive distribution's own CDF and quantile function (:class:`.distributions.Distribution`):
 
 - probabilities of exceeding (``--thresholds``; ``--below``: of not exceeding) thresholds: ``<name>`` (units 1)
-  on a ``threshold`` coordinate in the variable's units, ``spp__relative_to_threshold`` = ``greater_than`` or
-  ``less_than`` (IMPROVER's values), on the variable and on the coordinate;
+  on a ``threshold`` coordinate in the variable's units (a threshold given with units, ``-5degC``, converted),
+  ``spp__relative_to_threshold`` = ``greater_than`` or ``less_than`` (IMPROVER's values), on the variable
+  and on the coordinate;
 - percentiles (``--percentiles``): ``<name>`` on a ``percentile`` coordinate on 0–100 (units ``%``);
 - realizations (``--members``, ECC-Q, :mod:`.ecc`): a ``realization`` coordinate (standard_name realization).
 
@@ -15,7 +16,6 @@ deviation is not ``air_temperature``). Site stores keep their station ids and co
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.postprocess.distributions import family
+from smoeweather.units import Quantity, parse_quantity, units_of, values_in
 
 ABOVE, BELOW = "greater_than", "less_than"
 STD_SUFFIX = "_std"
@@ -42,48 +43,65 @@ class OutputForms:
     percentiles_out: Path | None = None
 
 
-def _numbers(text: str, token: str) -> list[float]:
+def _numbers(text: str, token: str) -> list[Quantity]:
+    """The comma-separated numbers of ``text``, each optionally with its units (``-5degC``)."""
+    hint = ("expected numbers in the variable's units or with their own (-5degC), e.g. --thresholds 265 275, or "
+            "per variable --thresholds temperature=265,275 geopotential=54000")
+    parts = [x for x in text.split(",") if x.strip()]
+    if not parts:
+        raise ValueError(f"--thresholds {token!r}: {hint}")
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        vals = []
-    if not vals or not all(math.isfinite(v) for v in vals):
-        raise ValueError(f"--thresholds {token!r}: expected numbers in the variable's units, e.g. "
-                         "--thresholds 265 275, or per variable --thresholds temperature=265,275 geopotential=54000")
-    return vals
+        return [parse_quantity(x, "--thresholds") for x in parts]
+    except ValueError as err:
+        raise ValueError(f"--thresholds {token!r}: {hint} ({err})") from None
 
 
-def parse_thresholds(tokens: Sequence[str]) -> dict[str | None, np.ndarray]:
+def _values(quantities: list[Quantity]) -> np.ndarray | tuple[Quantity, ...]:
+    """Plain numbers as a sorted unique array (in the variable's units); any with units kept as given, converted
+    to the variable's units once those are known (:func:`thresholds_for`)."""
+    if all(q.units is None for q in quantities):
+        return np.unique(np.asarray([q.value for q in quantities], np.float64))
+    return tuple(quantities)
+
+
+def parse_thresholds(tokens: Sequence[str]) -> dict[str | None, np.ndarray | tuple[Quantity, ...]]:
     """``--thresholds`` tokens → {variable: sorted thresholds}; the key None when they are given for every
-    variable (``265 275`` or ``265,275``). ValueError naming the option for bad numbers or mixed forms."""
-    bare: list[float] = []
-    named: dict[str | None, np.ndarray] = {}
+    variable (``265 275`` or ``265,275``). A value with units (``-5degC``) is kept as a
+    :class:`~smoeweather.units.Quantity` until the variable's units are known. ValueError naming the option for
+    bad numbers or mixed forms."""
+    bare: list[Quantity] = []
+    named: dict[str | None, np.ndarray | tuple[Quantity, ...]] = {}
     for t in tokens:
         if "=" in t:
             name, vals = t.split("=", 1)
             if not name or name in named:
                 raise ValueError(f"--thresholds {t!r}: expected VARIABLE=T1,T2 with each variable once")
-            named[name] = np.unique(np.asarray(_numbers(vals, t), np.float64))
+            named[name] = _values(_numbers(vals, t))
         else:
             bare.extend(_numbers(t, t))
     if bare and named:
         raise ValueError(f"--thresholds {' '.join(tokens)}: give thresholds either for every variable (265 275) "
                          "or per variable (temperature=265,275 geopotential=54000), not both")
-    return named if named else {None: np.unique(np.asarray(bare, np.float64))}
+    return named if named else {None: _values(bare)}
 
 
-def thresholds_for(spec: dict[str | None, np.ndarray], variables: Sequence[str]) -> dict[str, np.ndarray]:
-    """{variable: thresholds} of ``spec`` for the forecast's ``variables``; ValueError when bare thresholds meet
-    several variables or a named variable is not in the forecast."""
+def thresholds_for(spec: dict[str | None, np.ndarray | tuple[Quantity, ...]], variables: Sequence[str],
+                   units: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """{variable: thresholds in its units} of ``spec`` for the forecast's ``variables`` (``units``: {variable:
+    units}, to convert thresholds given with units; refused naming both where they do not convert); ValueError
+    when bare thresholds meet several variables or a named variable is not in the forecast."""
     if None in spec:
         if len(variables) > 1:
             raise ValueError(f"--thresholds: the forecast has several variables {list(variables)}; give the "
                              "thresholds per variable, e.g. --thresholds " + " ".join(f"{v}=T1,T2" for v in variables))
-        return {variables[0]: spec[None]}
+        spec = {variables[0]: spec[None]}
     unknown = [k for k in spec if k not in variables]
     if unknown:
         raise ValueError(f"--thresholds: no variable(s) {unknown} in the forecast; it has {list(variables)}")
-    return {str(k): v for k, v in spec.items()}
+    units = units or {}
+    return {str(k): v if isinstance(v, np.ndarray) else
+            values_in(v, units.get(str(k), ""), str(k), "--thresholds", "the calibrated forecast")
+            for k, v in spec.items()}
 
 
 def check_percentiles(values: Sequence[float]) -> np.ndarray:
@@ -154,7 +172,8 @@ def form_products(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, attrs: d
     with different thresholds go to one store each (``<thresholds_out>_<variable>``)."""
     products: list[tuple[xr.Dataset, Path, str, dict[str, Any]]] = []
     if forms.thresholds is not None and forms.thresholds_out is not None:
-        per_var = thresholds_for(forms.thresholds, [str(n) for n in mu.data_vars])
+        per_var = thresholds_for(forms.thresholds, [str(n) for n in mu.data_vars],
+                                 {str(n): units_of(mu[n]) for n in mu.data_vars})
         groups: dict[tuple[float, ...], list[str]] = {}
         for v, t in per_var.items():
             groups.setdefault(tuple(t), []).append(v)

@@ -5,7 +5,9 @@ forecast matches a model.
 EMOS layout: one variable per field and coefficient, ``<name>_a``, ``<name>_b``, ``<name>_c``, ``<name>_d``, on
 (``prediction_timedelta``, [``level``], [``latitude``, ``longitude``]) — the grid dims only for a per-grid-point
 fit; ``latitude``/``longitude`` coordinates are written either way (the grid the model was fitted on).
-Units: a in the field's units, b and d ``1``, c in the field's units squared. The predictive distribution is
+Units: a in the field's units, b and d ``1``, c in the field's units squared; the global attribute
+``field_units`` (JSON {field: units}) records the units every field was fitted in, and an apply converts a
+forecast in other units to them (:mod:`smoeweather.units`). The predictive distribution is
 N(a + b·mean, c + d·var), mean and var (ddof = 1) over the ensemble members. Global attributes record the
 method, the fit (global / per grid point), fields, levels, leads (hours), member count, training period and
 inits, source files, solver and the software version. DRN: the network weights (:mod:`.drn`) as float32
@@ -14,6 +16,7 @@ arrays, with the same attributes of the training ensemble.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from smoeweather.data.ensembles import check_grid
 from smoeweather.data.sites import site_coord_names, station_ids, unicode_strings
 from smoeweather.io import write_netcdf
 from smoeweather.postprocess.emos import COEFFICIENTS
+from smoeweather.units import units_of
 
 KIND = "smoeweather_emos_model"
 DRN_KIND = "smoeweather_drn_model"
@@ -91,7 +95,8 @@ def _training_attrs(forecast: xr.Dataset, fields: list[str]) -> dict[str, Any]:
     levels = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
     leads = pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")
     times = pd.DatetimeIndex(forecast["time"].values)
-    return {"fields": " ".join(fields), "levels": " ".join(map(str, levels)),
+    return {"fields": " ".join(fields), "field_units": json.dumps({f: units_of(forecast[f]) for f in fields}),
+            "levels": " ".join(map(str, levels)),
             "leads_hours": " ".join(str(int(h)) for h in leads), "members": int(forecast.sizes["member"]),
             "grid": (f"{forecast.sizes['site']} sites" if "site" in forecast.dims
                      else f"{forecast.sizes['latitude']}x{forecast.sizes['longitude']}"),
@@ -147,10 +152,20 @@ def read_model(path: str | Path) -> tuple[xr.Dataset, dict[str, Any]]:
         params[name] = da.transpose(..., "coefficient").drop_vars(
             [c for c in ("latitude", "longitude", "altitude") if c in da.coords and c not in da.dims]
         ).assign_attrs(units=parts[0].attrs.get("units", ""))
-    attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values)
+    attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values,
+                 field_units=fitted_units(ds, "_a"))
     if "site" in ds.dims:
         attrs["station_id"] = station_ids(ds["station_id"].values)
     return xr.Dataset(params, attrs={k: v for k, v in ds.attrs.items()}), attrs
+
+
+def fitted_units(ds: xr.Dataset, variable_suffix: str) -> dict[str, str]:
+    """{field: the units the model file ``ds`` was fitted in} ("" for none): its ``field_units`` attribute, or
+    (files written before it) the ``units`` of each field's ``<field><variable_suffix>`` variable."""
+    if "field_units" in ds.attrs:
+        return {str(k): str(v) for k, v in json.loads(str(ds.attrs["field_units"])).items()}
+    return {f: units_of(ds[f"{f}{variable_suffix}"]) if f"{f}{variable_suffix}" in ds else ""
+            for f in str(ds.attrs.get("fields", "")).split()}
 
 
 def check_forecast(attrs: dict[str, Any], forecast: xr.Dataset, model: str, where: str) -> xr.Dataset:
@@ -246,7 +261,8 @@ def read_drn_model(path: Any) -> tuple[xr.Dataset, dict[str, Any]]:
     if ds.attrs.get("kind") != DRN_KIND:
         raise ValueError(f"{path} is not a DRN model file of `smoe postprocess fit --method drn` (attribute "
                          f"kind={DRN_KIND!r}; an EMOS model file is applied with --emos)")
-    attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values)
+    attrs = dict(ds.attrs, latitude=ds["latitude"].values, longitude=ds["longitude"].values,
+                 field_units=fitted_units(ds, "_w1"))
     if "site" in ds.dims:
         attrs["station_id"] = station_ids(ds["station_id"].values)
     return ds, attrs

@@ -13,6 +13,7 @@ removed).
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from smoeweather.io import atomic_path, check_output
 from smoeweather.postprocess import chunked, validate
 from smoeweather.postprocess.distributions import check_distribution
 from smoeweather.postprocess.rolling import check_window_options, rolling_windows
+from smoeweather.units import align_truth, conversion, convert, units_of
 
 
 def open_forecast_and_truth(paths: Sequence[Path], truth: Path | None, variables: Sequence[str] | None,
@@ -113,6 +115,9 @@ def open_training(forecast_paths: Sequence[Path], out: Path, *, truth_path: Path
 
         forecast = with_static(forecast, list(forecast_paths))
     truth_at = truth_on_valid_times(forecast if targets == list(forecast.data_vars) else forecast[targets], truth)
+    where_truth = f"--truth {truth_path}" if truth_path else f"the truth in {' '.join(map(str, forecast_paths))}"
+    # the model is fitted in the forecast's units: the truth converted to them (noted), a mismatch refused
+    truth_at = align_truth(truth_at, forecast, where_truth, f"--forecast {' '.join(map(str, forecast_paths))}")
     if distribution == "truncnormal":
         check_non_negative(truth_at, "--distribution truncnormal")
     rolling = rolling_windows(forecast["time"].values, forecast["prediction_timedelta"].values, window, lag, dates)
@@ -177,7 +182,7 @@ def fit(
                                     distribution=distribution)
     validate.check_fitted_groups(params.attrs, data.sources)
     for n in names:
-        params[n].attrs["units"] = forecast[n].attrs.get("units", "")
+        params[n].attrs["units"] = units_of(forecast[n])  # the units it is fitted in (the model file records them)
     attrs = {**_fit_attrs(data, truth_path, train_period, report), "predictors": predictors,
              "distribution": distribution}
     written = write_model(params, forecast, out, attrs, overwrite=overwrite)
@@ -306,11 +311,46 @@ def open_to_apply(mattrs: dict[str, Any], model: Path, forecast_paths: Sequence[
         forecast = with_static(forecast, list(forecast_paths))
     check_member_count(members, forecast, sources)
     full = forecast
-    forecast = check_forecast(mattrs, forecast, str(model), sources)
+    forecast = to_model_units(mattrs, check_forecast(mattrs, forecast, str(model), sources), str(model), sources)
     for v in extra_variables:
         if v in full.data_vars and v not in forecast.data_vars:
             forecast[v] = full[v].sel(level=forecast["level"]) if "level" in full[v].dims else full[v]
     return forecast, sources
+
+
+def to_model_units(mattrs: dict[str, Any], forecast: xr.Dataset, model: str, sources: str) -> xr.Dataset:
+    """``forecast`` (the model's fields) in the units the model was fitted in (``mattrs["field_units"]``), each
+    conversion noted (:mod:`smoeweather.units`); attribute ``forecast_units`` {field: its own units}, the units
+    :func:`from_model_units` gives the calibrated forecast back in. A mismatch is refused naming both; so is an
+    offset conversion (°C ↔ K) of a model truncated at 0 (zero is another value in the other unit)."""
+    fitted = mattrs.get("field_units", {})
+    own = {str(n): units_of(forecast[n]) for n in forecast.data_vars}
+    out = forecast.copy()
+    for n, have in own.items():
+        conv = conversion(n, have, f"--forecast {sources}", fitted.get(n, ""), f"the model {model}")
+        if conv is None:
+            continue
+        if conv.offset != 0.0 and str(mattrs.get("distribution", "normal")) == "truncnormal":
+            raise ValueError(f"{n!r}: the model {model} is truncated at 0 {conv.target} and --forecast {sources} "
+                             f"is in {conv.source}; give the forecast in {conv.target}")
+        out[n] = convert(chunked.as_dask(forecast[[n]])[n], conv.target, n, f"--forecast {sources}",
+                         f"the model {model}")
+    out.attrs["forecast_units"] = json.dumps(own)
+    return out
+
+
+def from_model_units(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
+    """(μ, σ) of a model applied in its own units (:func:`to_model_units`) in the forecast's own units again:
+    μ converted as a value, σ as a spread, exactly; the ``units`` attribute of both set."""
+    own = json.loads(forecast.attrs.get("forecast_units", "{}"))
+    mu, sigma = mu.copy(), sigma.copy()
+    for n in mu.data_vars:
+        fitted = units_of(forecast[n]) if n in forecast.data_vars else ""
+        conv = conversion(str(n), fitted, "the model", own.get(str(n), fitted), "the forecast")
+        if conv is not None:
+            mu[n] = conv.value(mu[n]).assign_attrs({**mu[n].attrs, "units": conv.target})
+            sigma[n] = conv.spread(sigma[n]).assign_attrs({**sigma[n].attrs, "units": conv.target})
+    return mu, sigma
 
 
 def write_products(mu: xr.Dataset, sigma: xr.Dataset, raw: xr.Dataset, attrs: dict[str, Any], distribution: str,
@@ -352,7 +392,7 @@ def apply(model: Path, forecast_paths: Sequence[Path], outputs: Outputs, *,
                                       members=outputs.members, table=table)
     forecast = chunked.as_dask(forecast)
     params = _align_sites(params, mattrs, forecast)
-    mu, sigma = apply_emos(params, forecast)  # lazy; refuses dates without coefficients, mismatched members
+    mu, sigma = from_model_units(*apply_emos(params, forecast), forecast)  # lazy; the forecast's own units
     local = int(mattrs["per_gridpoint"])
     where = "site" if "site" in forecast.dims else "gridpoint"
     attrs = {"method": "emos" + (f"_{where}" if local else "_global"), "model": str(model),
@@ -380,7 +420,7 @@ def apply_drn_files(model_path: Path, forecast_paths: Sequence[Path], outputs: O
     if new and progress:
         print(f"DRN: {len(new)} site(s) the model never saw get the mean station embedding, first {new[:5]}",
               file=sys.stderr, flush=True)
-    mu, sigma = apply_drn(model, forecast, idx)
+    mu, sigma = from_model_units(*apply_drn(model, forecast, idx), forecast)  # the forecast's own units
     attrs = {"method": "drn", "model": str(model_path), "model_train_period": mattrs.get("train_period"),
              "members": int(forecast.sizes["member"]), "window": mattrs.get("window"), "forecast": sources,
              "new_sites_mean_embedding": len(new)}
