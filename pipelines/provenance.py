@@ -21,3 +21,19 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         sha = ""
     return f"{installed}+g{sha}" if sha else installed
+
+
+def git_commit() -> str | None:
+    """The full commit hash of the git checkout this code runs from (``-dirty`` appended with local changes),
+    or None when it is not run from one (an installed wheel)."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here,
+                             timeout=10).stdout.strip()
+        if not sha:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=here, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{sha}-dirty" if dirty else sha

@@ -2,6 +2,12 @@
 
 import sys as _sys
 import warnings as _warnings
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+if _TYPE_CHECKING:
+    import os
+
+    from smoeweather.models.loader import TrainedNetwork
 
 __version__ = "0.1.0"
 
@@ -41,3 +47,13 @@ else:
             __import__(_name)
         except ImportError:  # optional here: pyproj comes with the `maps` extra (cartopy)
             pass
+
+
+def load_model(path: "str | os.PathLike[str]", map_location: str = "cpu") -> "TrainedNetwork":
+    """The trained network of a ``smoe train`` checkpoint (``.ckpt``) or of its export folder (``smoe export``), in
+    eval mode on ``map_location``, with its metadata: a :class:`smoeweather.models.loader.TrainedNetwork`
+    (``.model``, ``.metadata``, ``.config``, ``.task``). Nothing is unpickled: a checkpoint is read as data, an
+    export from JSON and safetensors. Networks of tasks ``weatherbench`` and ``postprocess``."""
+    from smoeweather.models.loader import load_network
+
+    return load_network(path, map_location=map_location)

@@ -17,4 +17,5 @@ VERBS: tuple[str, ...] = (
     "study",
     "vision",
     "checkpoint",
+    "export",
 )

@@ -187,15 +187,24 @@ def rebuild_network(checkpoint: Mapping[str, Any], where: str, task: str | None 
 
 
 def load_network(path: str | Path, map_location: str | torch.device = "cpu") -> TrainedNetwork:
-    """Rebuild and load the network of a ``weatherbench`` or ``postprocess`` checkpoint for inference.
+    """Rebuild and load the network of a ``weatherbench`` or ``postprocess`` checkpoint, or of an export folder of
+    ``smoe export`` (:mod:`smoeweather.models.export`), for inference.
 
-    The file is read as data (:func:`~smoeweather.models.checkpoint_io.read_checkpoint`): nothing in it runs.
-    Raises FileNotFoundError for a missing file, UnsafeCheckpointError (a ValueError) for a file holding anything
-    but tensors and plain metadata, CheckpointFormatError for a file not written by ``smoe train`` (this format
-    version), and ValueError (naming the file) for another task or weights that do not fit.
+    A checkpoint is read as data (:func:`~smoeweather.models.checkpoint_io.read_checkpoint`), an export from JSON
+    and safetensors (:func:`~smoeweather.models.export.read_export`): nothing in either runs. ``sha256``: of the
+    checkpoint file, or of the export's weights file. Raises FileNotFoundError for a missing file,
+    UnsafeCheckpointError (a ValueError) for a file holding anything but tensors and plain metadata,
+    CheckpointFormatError for a file not written by ``smoe train`` (this format version), and ValueError (naming
+    the file) for another task or weights that do not fit.
     """
+    from smoeweather.models.export import is_export, read_export
+
     path = Path(path)
-    checkpoint = read_checkpoint(path)  # data only: refuses a pickle that would run code
+    if is_export(path):
+        checkpoint, sha256 = read_export(path)
+    else:
+        checkpoint = read_checkpoint(path)  # data only: refuses a pickle that would run code
+        sha256 = file_sha256(path)
     task, meta, net = rebuild_network(checkpoint, str(path))
-    return TrainedNetwork(path=path, sha256=file_sha256(path), task=task, config=dict(meta["config"]),
+    return TrainedNetwork(path=path, sha256=sha256, task=task, config=dict(meta["config"]),
                           model=net.to(map_location).eval(), metadata=meta)

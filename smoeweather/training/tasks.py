@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from smoeweather.models.card import card_metadata
 from smoeweather.models.loader import canonical_task, complete_model_config
 from smoeweather.training.base import SMoETrainingModule
 from smoeweather.training.blocks import training_settings
@@ -36,6 +37,25 @@ def module_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _stats_metadata(model: nn.Module) -> dict[str, list[float]]:
     return {name: getattr(model, name).flatten().tolist() for name in NORMALISATION_BUFFERS}
+
+
+def _units(*datasets: Any) -> dict[str, str]:
+    """``{variable: units}`` of the data variables of ``datasets`` (None entries skipped; the first wins)."""
+    out: dict[str, str] = {}
+    for ds in reversed([d for d in datasets if d is not None]):
+        out.update({str(n): str(ds[n].attrs.get("units", "")) for n in ds.data_vars})
+    return out
+
+
+def _weatherbench_card(train_ds: Any, store: str, prior: torch.Tensor | None) -> dict[str, Any]:
+    """The model card of a forecasting network (:func:`~smoeweather.models.card.card_metadata`) trained on
+    ``store`` through ``train_ds`` (a :class:`~smoeweather.data.weather.WeatherBenchDataset`)."""
+    import xarray as xr
+
+    fields = [*train_ds.variables, *train_ds.target_variables, *((c, None) for c in train_ds.constants)]
+    with xr.open_zarr(store) as ds:
+        attrs = dict(ds.attrs)
+    return card_metadata(fields, train_ds.units, train_ds.leads_h, train_ds.continuous, prior, store, attrs)
 
 
 def _datamodule(cfg: TrainConfig, splits: Callable[[], dict[str, Dataset]], default_batch: int,
@@ -79,6 +99,7 @@ def build_weatherbench(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoE
         "latitude": train_ds.latitude.tolist(),
         "longitude": train_ds.longitude.tolist(),
         "normalisation": _stats_metadata(model),
+        **_weatherbench_card(train_ds, store, prior),
     }
     module = build_forecasting_module(  # ForecastingModule, or the ensemble one for e3/deep_ensemble/gaussian
         cfg, model, train_ds.latitude, train_ds.target_names, metadata=metadata, **cfg.training.module_kwargs()
@@ -156,6 +177,8 @@ def build_postprocess(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoET
         "longitude": train_ds.longitude.tolist(),
         "members": train_ds.members,
         "train_inits": [str(train_ds.times[0])[:19], str(train_ds.times[-1])[:19]],
+        **card_metadata([*spec.predictors, *spec.targets, *((n, None) for n in names)],
+                        _units(forecast, static), spec.leads_h, spec.lead_as_input, prior, source, forecast.attrs),
     }
     target_std = [train_ds.stats[n.split("@")[0]][1] for n in train_ds.target_names]
     module = PostprocessingModule(model, train_ds.target_names, target_std, metadata=metadata,
