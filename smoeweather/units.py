@@ -1,4 +1,4 @@
-"""Units of every field, one mechanism for every command (issue 65): read, parsed, compared and converted.
+"""Units of every field, one mechanism for every command: read, parsed, compared and converted.
 
 A field's units come from its file's ``units`` attribute, from ``--units`` (site tables, which carry none) or from
 a model file (the units it was fitted in). They are parsed with pint and cf-xarray's CF unit registry

@@ -1,4 +1,4 @@
-"""Units compared everywhere (issue 65): every case of the campaign as a test, each failing before the units layer
+"""Units compared everywhere: every case of the campaign as a test, each failing before the units layer
 (:mod:`smoeweather.units`): a K model on a degC forecast and the reverse, a degC forecast fitted or scored against
 K truth, a K site model on a table given ``--units degC``, ``--thresholds temperature=-5degC`` on a K field, and
 the refusals (no units, incompatible units); plus a property: whatever K/degC labels a model and a forecast carry,
