@@ -70,6 +70,11 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
         help="NaNs in the source: refuse and write nothing (default), or fill with zero, the field mean or "
         "the nearest valid point",
     )
+    prep.add_argument("--allow-missing", action="store_true",
+                      help="keep fields with some NaN/±inf values (stored as NaN, counts in the store's "
+                      "missing_values attribute) instead of refusing them")
+    prep.add_argument("--no-plausibility-check", action="store_true",
+                      help="do not refuse values outside the plausible range of a known variable (exotic data)")
     prep.add_argument("--storage-options", default=None, metavar="JSON",
                       help='fsspec options for a URL source, e.g. \'{"token": "anon"}\' for gs://weatherbench2')
     prep.add_argument("--overwrite", action="store_true", help="replace an existing store")
@@ -123,8 +128,10 @@ def storage_options(text: str | None) -> dict | None:
 def run_data_command(args: argparse.Namespace) -> int:
     """Run one ``smoe data`` verb; returns the exit code (errors propagate to ``smoeweather.cli``)."""
     if args.data_verb == "prepare":
+        from pipelines.atomic import check_apart
         from pipelines.prepare import prepare
 
+        check_apart(args.out, [args.source, args.truth])  # never into or over a source, with or without --overwrite
         prepare(
             args.kind,
             args.source[0] if len(args.source) == 1 else args.source,
@@ -143,6 +150,8 @@ def run_data_command(args: argparse.Namespace) -> int:
             members=args.members,
             fill_policy=args.fill_policy,
             storage_options=storage_options(args.storage_options),
+            allow_missing=args.allow_missing,
+            plausibility_check=not args.no_plausibility_check,
         )
         return 0
     if args.data_verb == "world":

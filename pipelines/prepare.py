@@ -37,6 +37,7 @@ from pipelines.atomic import atomic_path
 from pipelines.compute import compute, dask_client
 from pipelines.errors import DataError
 from pipelines.grids import regrid, same_grid, weatherbench_grid
+from pipelines.plausibility import check_plausible
 from pipelines.provenance import code_version
 from pipelines.readers._files import resolve_sources
 from pipelines.statistics import compute_statistics, select_years
@@ -134,27 +135,72 @@ def _level_label(level: Any) -> str:
     return f"{int(f)}" if f.is_integer() else f"{f:g}"
 
 
-def split_partial_levels(ds: xr.Dataset, where: str) -> xr.Dataset:
+def _named_pairs(ds: xr.Dataset, names: Sequence[str] | None, levels: Sequence[float] | None,
+                 absent: dict[str, list[int]], where: str) -> None:
+    """DataError when a variable holds no data at any level, a level named in ``--levels`` holds none in any
+    variable, or a named variable holds none at a named level (``absent``: per variable the level indices that
+    are all-NaN over every time step): named fields are never dropped, and no variable vanishes."""
+    leveled = [n for n, v in ds.data_vars.items() if "level" in v.dims]
+    values = ds["level"].values
+    for name, lost in absent.items():
+        if len(lost) == ds[name].sizes["level"]:
+            named = " named in --variables" if name in (names or ()) else ""
+            raise DataError(f"{where}: variable {name!r}{named} holds no data (NaN at every level and time step); "
+                            "expected values, or name the other variables with --variables")
+    for name in names or ():
+        lost = absent.get(name, [])
+        if levels and lost:
+            shown = ", ".join(_level_label(values[i]) for i in lost)
+            raise DataError(f"{where}: {name!r} at {shown} hPa (named in --variables and --levels) holds no data "
+                            "(NaN at every time step); expected values, or leave that level out of --levels")
+    for i, level in enumerate(values if levels else ()):
+        if all(i in absent.get(n, []) for n in leveled):
+            raise DataError(f"{where}: level {_level_label(level)} hPa named in --levels holds no data in any "
+                            "variable (NaN at every time step); expected values, or leave it out of --levels")
+
+
+def _absent_levels(ds: xr.Dataset, leveled: list[str]) -> dict[str, list[int]]:
+    """Per leveled variable the level indices that hold no data at ANY time step: candidates from the first
+    time step (cheap), each confirmed over the whole selection (reads only those fields)."""
+    first = ds[leveled].isel(time=0) if "time" in ds.dims else ds[leveled]
+    present = {n: first[n].notnull().any([d for d in first[n].dims if d != "level"]) for n in leveled}
+    present = dict(zip(present, dask.compute(*present.values())))
+    candidates = [(n, int(i)) for n in leveled for i in np.flatnonzero(~present[n].values)]
+    if not candidates:
+        return {}
+    anywhere = dask.compute(*[ds[n].isel(level=i).notnull().any() for n, i in candidates])
+    out: dict[str, list[int]] = {}
+    for (name, i), has_data in zip(candidates, anywhere):
+        if not bool(has_data):
+            out.setdefault(name, []).append(i)
+    return out
+
+
+def split_partial_levels(ds: xr.Dataset, where: str, variables: Sequence[str] | None = None,
+                         levels: Sequence[float] | None = None) -> xr.Dataset:
     """Keep only real fields: a variable that holds data on only some levels of the shared ``level`` axis
     (merged sources, e.g. ``z500`` + ``t850`` in one netCDF) is stored as one 2-D variable per present level,
     ``<name>_<level>`` (attrs ``canonical_name``, ``level``), instead of all-NaN ``<name>@<other level>``.
 
-    Absent levels are found on the first time step (merges make a field absent at every time); NaNs at
-    other times are caught by the NaN check while writing. Reads one time step of each such variable.
+    A level is absent only when it holds no value at ANY time step (candidates found on the first time step,
+    then confirmed over the whole selection); a field with data at some times is kept whole, and the NaN count
+    while writing refuses or records it. A variable named in ``variables`` or a level named in ``levels``
+    (the command line) that holds no data is refused (DataError), never dropped.
     """
     leveled = [n for n, v in ds.data_vars.items() if "level" in v.dims]
-    if len(leveled) < 2:
+    if not leveled:
         return ds
-    first = ds[leveled].isel(time=0) if "time" in ds.dims else ds[leveled]
-    present = {n: first[n].notnull().any([d for d in first[n].dims if d != "level"]) for n in leveled}
-    present = dict(zip(present, dask.compute(*present.values())))
-    partial = [n for n in leveled if not bool(present[n].all())]
-    if not partial:
+    absent = _absent_levels(ds, leveled)
+    _named_pairs(ds, variables, levels, absent, where)
+    if len(leveled) < 2 or not absent:
         return ds
+    partial = list(absent)
     out = ds.drop_vars(partial)
     for name in partial:
         da = ds[name]
-        for i in np.flatnonzero(present[name].values):
+        for i in range(da.sizes["level"]):
+            if i in absent[name]:
+                continue
             level = da["level"].values[i]
             flat = f"{name}_{_level_label(level)}"
             if flat in ds.variables:
@@ -170,26 +216,68 @@ def split_partial_levels(ds: xr.Dataset, where: str) -> xr.Dataset:
 
 
 def _nan_count_graph(ds: xr.Dataset) -> dict[str, xr.DataArray]:
-    """Lazy NaN counts per floating variable (per ``level`` where present)."""
+    """Lazy counts of non-finite values (NaN and ±inf) per floating variable (per ``level`` where present),
+    and of ±inf alone under ``<name>/inf``."""
     out = {}
     for name, da in ds.data_vars.items():
         if np.issubdtype(da.dtype, np.floating):
-            out[str(name)] = da.isnull().sum([d for d in da.dims if d != "level"])
+            dims = [d for d in da.dims if d != "level"]
+            out[str(name)] = (~np.isfinite(da)).sum(dims)
+            out[f"{name}/inf"] = np.isinf(da).sum(dims)
     return out
 
 
 def _nan_report(counts: dict[str, xr.DataArray], ds: xr.Dataset) -> str:
-    """'temperature' @850 hPa: 12 of 2048 values, ... (only the fields with NaNs)."""
+    """'temperature' @850 hPa: 12 of 2048 values (2 ±inf), ... (only the fields with NaN or ±inf)."""
     parts = []
     for name, count in counts.items():
+        if name.endswith("/inf"):
+            continue
+        inf = counts[f"{name}/inf"]
         per_field = ds[name].size // max(int(count.size), 1)
         if "level" in count.dims:
-            for level, c in zip(count["level"].values, count.values):
+            for level, c, n_inf in zip(count["level"].values, count.values, inf.values):
                 if int(c):
-                    parts.append(f"'{name}' @{_level_label(level)} hPa: {int(c)} of {per_field} values")
+                    parts.append(f"'{name}' @{_level_label(level)} hPa: {int(c)} of {per_field} values"
+                                 + (f" ({int(n_inf)} ±inf)" if int(n_inf) else ""))
         elif int(count):
-            parts.append(f"'{name}': {int(count)} of {per_field} values")
+            parts.append(f"'{name}': {int(count)} of {per_field} values" + (f" ({int(inf)} ±inf)" if int(inf) else ""))
     return ", ".join(parts)
+
+
+def _refuse_empty(counts: dict[str, xr.DataArray], ds: xr.Dataset, where: str) -> None:
+    """DataError naming every field (variable, level) without a single finite value."""
+    empty = []
+    for name, count in counts.items():
+        if name.endswith("/inf"):
+            continue
+        per_field = ds[name].size // max(int(count.size), 1)
+        if "level" in count.dims:
+            empty += [f"{name!r} at {_level_label(lv)} hPa" for lv, c in zip(count["level"].values, count.values)
+                      if per_field and int(c) == per_field]
+        elif per_field and int(count) == per_field:
+            empty.append(repr(name))
+    if empty:
+        raise DataError(f"{where}: {', '.join(empty)} hold(s) no finite value (NaN or ±inf at every time step); "
+                        "expected data, or leave the field out with --variables/--levels")
+
+
+def _record_counts(counts: dict[str, xr.DataArray], ds: xr.Dataset, source: str, out: Path, tmp: Path,
+                   fill_policy: str, allow_missing: bool) -> None:
+    """Judge the non-finite counts of the write pass: DataError for an empty field, or for any NaN/±inf with
+    ``fill_policy`` "error" and not ``allow_missing``; else the counts recorded in the store ``tmp``'s attrs
+    (``missing_values`` when kept as NaN, ``nan_filled`` when filled)."""
+    _refuse_empty(counts, ds, source)
+    report = _nan_report(counts, ds)
+    if report and fill_policy == "error" and not allow_missing:
+        raise DataError(
+            f"{source}: NaN or ±inf values found ({report}); nothing was written to {out}. Expected none, or "
+            "pass --fill-policy nearest (SST-style land gaps), mean or zero, or --allow-missing to keep them as NaN"
+        )
+    if report:
+        kept = fill_policy == "error"  # --allow-missing: stored as NaN
+        key, text = ("missing_values", report) if kept else ("nan_filled", f"{fill_policy}: {report}")
+        zarr.open_group(str(tmp), mode="r+", zarr_format=2).attrs[key] = text
 
 
 def write_store(
@@ -205,14 +293,20 @@ def write_store(
     progress: bool = True,
     fill_policy: str = "error",
     fingerprint: dict[str, Any] | None = None,
+    allow_missing: bool = False,
+    plausibility_check: bool = True,
+    named: tuple[Sequence[str] | None, Sequence[float] | None] = (None, None),
 ) -> Path:
     """Write ``make_dataset()`` (a lazy canonical Dataset) to ``out`` with statistics, atomically.
 
-    NaNs are counted chunk by chunk in the same pass that writes the data (bounded memory): with
-    ``fill_policy="error"`` any NaN raises DataError with the counts per variable and level and nothing
-    is written; "zero", "mean", "nearest" fill them (see ``pipelines.canonical.fill_nans``) and record the
-    counts in ``attrs["nan_filled"]``. Variables present on only some levels are split per level
-    (``split_partial_levels``).
+    Before writing, a sample of the values is checked against the plausibility ranges of the known variables
+    (``pipelines.plausibility``; ``plausibility_check=False`` skips it). Non-finite values (NaN and ±inf) are
+    counted over every time step, chunk by chunk, in the same pass that writes the data (bounded memory): with
+    ``fill_policy="error"`` any raises DataError with the counts per variable and level and nothing is written,
+    unless ``allow_missing`` (then ±inf are stored as NaN and the counts recorded in ``attrs["missing_values"]``);
+    "zero", "mean", "nearest" fill them (see ``pipelines.canonical.fill_nans``) and record the counts in
+    ``attrs["nan_filled"]``; a field without one finite value is always refused. ``split_partial_levels`` splits
+    variables present on some levels only (``named``: the command line's variables and levels, never dropped).
 
     Idempotent: when ``out`` exists and records the same ``args`` and source ``fingerprint`` it prints
     "up to date" and returns; other arguments, or a source that changed since, raise FileExistsError
@@ -242,13 +336,16 @@ def write_store(
     ds = make_dataset()
     if train_years is not None:  # fail before writing anything
         select_years(ds, train_years, "training years")
-    ds = split_partial_levels(ds, source)
+    ds = split_partial_levels(ds, source, *named)
+    check_plausible({source: ds}, plausibility_check)
     steps = dask_time_chunk(ds, time_chunk) if "time" in ds.dims else time_chunk
     ds = ds.chunk({d: (steps if d == "time" else -1) for d in ds.dims})
     for name, var in ds.data_vars.items():  # analysis-ready: plain float32, no CF packing
         if np.issubdtype(var.dtype, np.floating) or var.encoding.get("scale_factor") is not None:
             ds[name] = var.astype(np.float32)
     counts = _nan_count_graph(ds)
+    if fill_policy != "error" or allow_missing:  # ±inf are missing values too
+        ds = ds.map(lambda v: v.where(np.isfinite(v)) if np.issubdtype(v.dtype, np.floating) else v, keep_attrs=True)
     if fill_policy != "error":
         ds = fill_nans(ds, fill_policy)
     for name, var in ds.variables.items():
@@ -270,15 +367,7 @@ def write_store(
         delayed = ds.to_zarr(tmp, mode="w", compute=False, consolidated=False, zarr_format=2)
         names = list(counts)
         _, *values = compute([delayed, *counts.values()], client, progress, f"writing {out} (checking NaNs)")
-        counts = dict(zip(names, values))
-        report = _nan_report(counts, ds)
-        if report and fill_policy == "error":
-            raise DataError(
-                f"{source}: NaN values found ({report}); nothing was written to {out}. Expected none, or "
-                "pass --fill-policy nearest (SST-style land gaps), mean or zero"
-            )
-        if report:
-            zarr.open_group(str(tmp), mode="r+", zarr_format=2).attrs["nan_filled"] = f"{fill_policy}: {report}"
+        _record_counts(dict(zip(names, values)), ds, source, out, tmp, fill_policy, allow_missing)
         written = xr.open_zarr(tmp, consolidated=False, chunks={"time": steps} if "time" in ds.dims else {})
         stats = compute(
             compute_statistics(written, train_years),
@@ -344,13 +433,19 @@ def _open_weatherbench(root: str | Path, years: Sequence[int] | None) -> xr.Data
 
 
 def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | None = None,
-          storage_options: dict[str, Any] | None = None) -> xr.Dataset:
-    """Open ``source`` as a lazy canonical Dataset (ens10 without truth; see ``prepare``)."""
+          storage_options: dict[str, Any] | None = None, variables: Sequence[str] | None = None,
+          allow_missing: bool = False) -> xr.Dataset:
+    """Open ``source`` as a lazy canonical Dataset (ens10 without truth; see ``prepare``); zarr stores are
+    checked for missing chunks (of ``variables``, default all; ``check_chunks``)."""
+    from pipelines.readers.wb2_zarr import check_chunks
+
     if kind == "world":
         path = str(source)
         if path.endswith(".zarr") or Path(path).is_dir():
-            return xr.open_zarr(path)
-        return xr.open_dataset(path, chunks={})
+            return check_chunks(xr.open_zarr(path), path, variables, allow_missing=allow_missing)
+        from pipelines.readers._files import open_data
+
+        return open_data(path, "--source", chunks={})  # an empty or text file: one line naming it
     from pipelines.readers import open_source
 
     if kind == "era5":
@@ -361,8 +456,9 @@ def _open(kind: str, source: Source, fmt: str | None, years: Sequence[int] | Non
             return _open_weatherbench(str(source), years)
         if fmt == "wb2":
             if stored_args(str(source)) is not None:  # a store written by `smoe data prepare`
-                return xr.open_zarr(str(source))
-            return open_source("wb2", str(source), storage_options=storage_options)
+                return check_chunks(xr.open_zarr(str(source)), str(source), variables, allow_missing=allow_missing)
+            return open_source("wb2", str(source), variables=variables, storage_options=storage_options,
+                               allow_missing=allow_missing)
         return open_source("cds", resolve_sources(source), check_nans=False)
     if kind == "cmip6":
         return open_source("cmip6", resolve_sources(source, "*.nc"), check_nans=False)
@@ -389,7 +485,9 @@ def _regrid(ds: xr.Dataset, grid: float | None, what: str = "source") -> xr.Data
 def _open_truth(truth: Source) -> xr.Dataset:
     """ERA5 truth: a prepared store, or any source the era5 path reads."""
     if stored_args(str(truth)) is not None:
-        return xr.open_zarr(str(truth))
+        from pipelines.readers.wb2_zarr import check_chunks
+
+        return check_chunks(xr.open_zarr(str(truth)), str(truth))
     return _open("era5", truth, None)
 
 
@@ -486,6 +584,8 @@ def prepare(
     members: int | None = None,
     fill_policy: str = "error",
     storage_options: dict[str, Any] | None = None,
+    allow_missing: bool = False,
+    plausibility_check: bool = True,
 ) -> Path:
     """Prepare an analysis-ready zarr store from a raw ``source`` (file(s), glob, folder, store or fsspec URL).
 
@@ -501,6 +601,10 @@ def prepare(
     "error" refuses and writes nothing). The store records a fingerprint of the source files, so a
     changed source is never reported "up to date". ``storage_options``: fsspec options for a URL source (e.g.
     ``{"token": "anon"}`` for ``gs://weatherbench2``); not recorded in the store (they may hold credentials).
+    Every time step is judged: a variable or level named in ``variables``/``levels`` is never dropped, NaN and
+    ±inf are counted over the whole selection and a partial field is refused, or kept with the counts in
+    ``attrs["missing_values"]`` when ``allow_missing``; a zarr source with a missing chunk is refused naming the
+    store and variable. ``plausibility_check``: refuse implausible values (``pipelines.plausibility``).
     """
     if kind not in KINDS:
         raise DataError(f"unknown kind {kind!r}; choose from {KINDS}")
@@ -523,12 +627,14 @@ def prepare(
     }
     if kind == "ens10":
         args.update(truth=None if truth is None else _normalise_source(truth), members=members)
+    if allow_missing:  # recorded only when set: stores written before the option stay "up to date"
+        args["allow_missing"] = True
 
     def make() -> xr.Dataset:
         if kind == "ens10":
             ds = _open_ens10(source, truth, int(members), grid, variables, levels)
             return select(ds, years, source=str(source))
-        ds = _open(kind, source, fmt, years, storage_options)
+        ds = _open(kind, source, fmt, years, storage_options, variables, allow_missing)
         ds = select(ds, years, variables, levels, source=str(source))
         return _regrid(ds, grid, str(source))
 
@@ -543,6 +649,9 @@ def prepare(
         scheduler=scheduler,
         progress=progress,
         fill_policy=fill_policy,
+        allow_missing=allow_missing,
+        plausibility_check=plausibility_check,
+        named=(list(variables) if variables else None, list(levels) if levels else None),
         fingerprint={
             "source": source_fingerprint(source),
             **({"truth": source_fingerprint(truth)} if truth is not None else {}),

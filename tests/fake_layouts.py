@@ -29,6 +29,18 @@ def sum_rtol(n: int, eps: float = EPS64) -> float:
     ``eps`` (the n·eps worst-case bound of recursive summation)."""
     return n * eps
 
+# mean geopotential (m² s⁻²) per pressure level (hPa), loosely ERA5: every writer puts a level's field near its own
+# height, so the files pass the plausibility check of `smoe data prepare` (54,000 at 850 hPa would be refused)
+Z_MEAN = {250: 101_500.0, 500: 54_000.0, 700: 29_600.0, 850: 14_300.0, 925: 7_500.0, 1000: 1_100.0}
+
+
+def z_mean(levels: Sequence[float]) -> np.ndarray:
+    """Mean geopotential (m² s⁻²) at each of ``levels`` (hPa): ``Z_MEAN``, else the standard atmosphere's."""
+    from pipelines.plausibility import G, standard_height
+
+    return np.array([Z_MEAN.get(float(lv), round(G * standard_height(float(lv)), -2)) for lv in levels])
+
+
 WB_LAT = -90 + 5.625 / 2 + 5.625 * np.arange(32)  # ascending, as WeatherBench v1/v2
 WB_LON = 5.625 * np.arange(64)
 
@@ -169,7 +181,7 @@ def wb2_dataset(
         {
             "geopotential": (
                 ("time", "level", "latitude", "longitude"),
-                (54000 + 3000 * rng.standard_normal(shape3)).astype("float32"),
+                (z_mean(levels)[None, :, None, None] + 3000 * rng.standard_normal(shape3)).astype("float32"),
                 {
                     "long_name": "Geopotential",
                     "short_name": "z",
@@ -292,7 +304,7 @@ def write_ens10(
                             "shortName": "z",
                             "typeOfLevel": "isobaricInhPa",
                             "level": level,
-                            "values": 50000 + 10 * level + 1000 * rng.standard_normal((19, 36)),
+                            "values": z_mean([level])[0] + 1000 * rng.standard_normal((19, 36)),
                         }
                     )
                     pl.append(
@@ -322,7 +334,7 @@ def era5_truth_10deg(
         {
             "geopotential": (
                 ("time", "level", "latitude", "longitude"),
-                54000 + 1000 * rng.standard_normal((n, len(levels), 19, 36)),
+                z_mean(levels)[None, :, None, None] + 1000 * rng.standard_normal((n, len(levels), 19, 36)),
                 {"units": "m**2 s**-2"},
             ),
             "temperature": (
@@ -353,7 +365,8 @@ def write_cds_netcdf(path: Path, seed: int = 0) -> xr.Dataset:
         {
             "z": (
                 ("valid_time", "pressure_level", "latitude", "longitude"),
-                (54000 + 1000 * rng.standard_normal((3, 2, 19, 36))).astype("float32"),
+                (z_mean([850, 500])[None, :, None, None] + 1000 * rng.standard_normal((3, 2, 19, 36))).astype(
+                    "float32"),
                 {
                     "GRIB_paramId": 129,
                     "GRIB_shortName": "z",

@@ -34,6 +34,7 @@ from fake_layouts import (
     write_grib,
     write_wb2_zarr,
     write_weatherbench,
+    z_mean,
 )
 
 from pipelines.grids import weatherbench_grid
@@ -125,7 +126,7 @@ def test_one_time_step_analysis_grib_default_cluster(tmp_path: Path, capfd) -> N
             messages.append({
                 "class": "ea", "stream": "oper", "type": "an", "shortName": short, "typeOfLevel": "isobaricInhPa",
                 "level": level, "dataDate": 20240115, "dataTime": 1200,
-                "values": mean + std * rng.standard_normal((181, 360)),
+                "values": (z_mean([level])[0] if short == "z" else mean) + std * rng.standard_normal((181, 360)),
             })
     grib = tmp_path / "analysis.grib"
     write_grib(grib, messages, GRIB_1DEG)
@@ -155,7 +156,7 @@ def test_ens_control_and_perturbed_members_default_cluster(tmp_path: Path, capfd
                     "stream": "enfo", "type": "cf" if number == 0 else "pf", "number": number,
                     "numberOfForecastsInEnsemble": 51, "shortName": short, "typeOfLevel": "isobaricInhPa",
                     "level": level, "dataDate": 20240115, "dataTime": 0, "stepRange": "24",
-                    "values": mean + std * rng.standard_normal((19, 36)),
+                    "values": (z_mean([level])[0] if short == "z" else mean) + std * rng.standard_normal((19, 36)),
                 })
     grib = tmp_path / "ens.grib"
     write_grib(grib, messages, GRIB_10DEG)
@@ -262,8 +263,8 @@ out = Path(sys.argv[1])
 rng = np.random.default_rng(0)
 write_grib(out / "an.grib", [
     {{"stream": "oper", "type": "an", "shortName": s, "typeOfLevel": "isobaricInhPa", "level": lev,
-      "dataDate": 20240115, "dataTime": 1200, "values": m + rng.standard_normal((19, 36))}}
-    for s, m in (("z", 54000.0), ("t", 260.0)) for lev in (500, 850)])
+      "dataDate": 20240115, "dataTime": 1200, "values": m.get(lev, m.get(0)) + rng.standard_normal((19, 36))}}
+    for s, m in (("z", {{500: 54000.0, 850: 14300.0}}), ("t", {{0: 260.0}})) for lev in (500, 850)])
 assert main(["data", "prepare", "era5", "--source", str(out / "an.grib"), "--out", str(out / "an.zarr")]) == 0
 world = simulate_world((2000, 2000), seed=0, n_steps=240)
 write_store(lambda: world, out / "world.zarr", args={{"test": 1}}, train_years=None, source="test", time_chunk=8)

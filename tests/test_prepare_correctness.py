@@ -186,13 +186,14 @@ def test_era5_grib_ambiguous_inits_times_steps_refused(tmp_path: Path) -> None:
 def test_era5_grib_inits_times_steps_mapping_uniquely_are_valid_times(tmp_path: Path) -> None:
     from fake_layouts import write_grib
 
-    msgs = [_msg(dataTime=h * 100, stepRange=str(s), values=_field(h + s)) for h in (0, 6) for s in (0, 3)]
+    # temperatures 270 K + the valid hour: each valid time's field is told apart (and plausible, in K)
+    msgs = [_msg(dataTime=h * 100, stepRange=str(s), values=_field(270 + h + s)) for h in (0, 6) for s in (0, 3)]
     write_grib(tmp_path / "fc.grib", msgs)
     ds = xr.open_zarr(_prepare(tmp_path / "fc.grib", tmp_path / "s.zarr", fmt="cds"))
     hours = (ds["time"].values - np.datetime64("2020-01-01")) / np.timedelta64(1, "h")
     np.testing.assert_array_equal(hours, [0, 3, 6, 9])
     for h in (0, 3, 6, 9):  # the field written for init + step is found at that valid time
-        want = _field(h)[::-1]
+        want = _field(270 + h)[::-1]
         np.testing.assert_allclose(
             ds["temperature"].sel(time=f"2020-01-01T{h:02d}", level=850).values, want, rtol=0, atol=_grib_tol(want)
         )

@@ -286,7 +286,7 @@ def test_netcdf_files_split_in_time_keep_constants_2d(tmp_path: Path) -> None:
         time = pd.date_range(f"{year}-01-01", periods=4, freq="6h")
         ds = xr.Dataset(
             {"temperature": (("time", "level", "latitude", "longitude"),
-                             np.full((4, 1, 4, 8), float(year), np.float32), {"units": "K"}),
+                             np.full((4, 1, 4, 8), float(year - 1730), np.float32), {"units": "K"}),  # 271/272 K
              "land_sea_mask": (("latitude", "longitude"), lsm, {"units": "1"})},
             coords={"time": time, "level": [850], "latitude": lat, "longitude": lon},
         )
@@ -299,4 +299,4 @@ def test_netcdf_files_split_in_time_keep_constants_2d(tmp_path: Path) -> None:
     np.testing.assert_array_equal(store["land_sea_mask"].values, lsm)
     assert store.sizes["time"] == 8
     np.testing.assert_array_equal(store["temperature"].isel(level=0, latitude=0, longitude=0).values,
-                                  [2001.0] * 4 + [2002.0] * 4)
+                                  [271.0] * 4 + [272.0] * 4)
