@@ -3,7 +3,7 @@ that looks complete, and never replaces an existing output unless asked to.
 
 API (every command that writes an output uses it; ``smoeweather.io`` re-exports it)::
 
-    check_output(path, overwrite)            # before computing: one-line OutputError / OutputExistsError
+    check_output(path, overwrite, inputs)    # before computing: one-line OutputError / OutputExistsError
     with atomic_output(path, overwrite, kind="dir") as tmp:   # kind="file": tmp is a path to create
         ...write into tmp...                 # tmp = hidden ".NAME.PID-XXXX.staging" beside path
     # committed here: renamed into place; the staging is removed on any error
@@ -15,7 +15,8 @@ API (every command that writes an output uses it; ``smoeweather.io`` re-exports 
   kernel lock (flock) on ``.NAME.commit-lock`` beside it and with a rename that cannot replace (Linux
   ``renameat2`` ``RENAME_NOREPLACE``, else a hard link for files): of two concurrent writers exactly one wins;
 - refuses an output under a file, or in a folder it cannot write to, with a one-line :class:`OutputError`
-  (a ValueError) naming the path, before anything is computed;
+  (a ValueError) naming the path, before anything is computed; and one that is, contains or lies inside one of
+  the command's ``inputs`` (:func:`check_apart`, symlinks followed), with or without ``overwrite``;
 - ``--overwrite`` never loses data either: the old output is renamed aside, the new one renamed in, and only
   then is the old one deleted (:func:`replace_atomically`);
 - leftovers of killed runs beside ``path`` (``.NAME.PID-XXXX.staging``, ``.NAME.PID-XXXX.old``,
@@ -29,13 +30,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import glob
 import json
 import os
 import re
 import secrets
 import shutil
 import sys
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -116,11 +119,73 @@ def _glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
 
-def check_output(target: str | Path, overwrite: bool = False) -> Path:
+_UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def printable(text: str) -> str:
+    """``text`` without control and format characters (ESC sequences, carriage returns, bidi overrides; a tab
+    or newline becomes a space): safe to print to a terminal when it comes from a file."""
+    return "".join(" " if c in "\t\n" else c for c in str(text)
+                   if c in "\t\n" or not unicodedata.category(c).startswith("C"))
+
+
+def safe_component(name: str, what: str) -> str:
+    """``name`` as one file-name component: every character but ``A-Za-z0-9_.-`` becomes ``_``; ValueError
+    naming ``what`` (e.g. "method name") for an empty name, ``.`` or ``..``, which would not stay one folder."""
+    safe = _UNSAFE_CHAR.sub("_", str(name))
+    if safe.strip(".") == "":
+        raise ValueError(f"{what} {printable(repr(name))} cannot name a file or folder (empty, '.' or '..'); "
+                         "choose a name of letters, digits, '_', '.' or '-'")
+    return safe
+
+
+def _local_inputs(inputs: Iterable[Any]) -> list[Path]:
+    """The existing local paths among ``inputs`` (paths, strings, mappings' values, nested lists; None, URLs,
+    in-memory objects and paths that do not exist skipped; a glob pattern stands for the files it matches)."""
+    out: list[Path] = []
+    for item in inputs:
+        if isinstance(item, Mapping):
+            out += _local_inputs(item.values())
+        elif isinstance(item, list | tuple | set):
+            out += _local_inputs(item)
+        elif not isinstance(item, str | os.PathLike) or not str(item) or "://" in str(item):
+            continue  # nothing, an in-memory object or a URL: not on this file system
+        elif glob.has_magic(str(item)) and not os.path.lexists(item):
+            out += [Path(p) for p in sorted(glob.glob(str(item)))]
+        elif os.path.exists(item):
+            out.append(Path(item))
+    return out
+
+
+def check_apart(target: str | Path, inputs: Iterable[Any], adds_files: bool = False) -> None:
+    """Refuse (:class:`OutputError`, one line naming both) an output ``target`` that is, contains or lies inside
+    one of ``inputs`` (paths resolved, symlinks followed; hard links to one file count as the same): it would
+    replace or write into what the command reads, with or without ``--overwrite``. ``adds_files``: ``target`` is
+    a shared folder a command adds its own named files to (plots, a run or study folder), which may hold inputs
+    beside them; then only "is" and "lies inside" are refused."""
+    out = Path(os.path.abspath(target)).resolve()
+    for given in _local_inputs(inputs):
+        src = Path(os.path.abspath(given)).resolve()
+        same = out == src or (out.exists() and src.exists() and os.path.samefile(out, src))
+        if same:
+            how = "is the input"
+        elif out in src.parents and not adds_files:
+            how = "contains the input"
+        elif src in out.parents:
+            how = "lies inside the input"
+        else:
+            continue
+        raise OutputError(f"output {target} {how} {given}: writing it would replace or alter what this command "
+                          "reads (--overwrite does not allow it); choose an output path outside every input")
+
+
+def check_output(target: str | Path, overwrite: bool = False, inputs: Iterable[Any] = ()) -> Path:
     """Refuse, in one line naming the path, an output that exists (without ``overwrite``), lies under a file,
-    or lies in a folder this process cannot write to; clean the leftovers of killed runs beside it
+    or lies in a folder this process cannot write to, or that is, contains or lies inside one of ``inputs``
+    (:func:`check_apart`, with or without ``overwrite``); clean the leftovers of killed runs beside it
     (:func:`clean_leftovers`). Call it before computing; :func:`atomic_output` calls
     it again, and checks existence once more at the commit."""
+    check_apart(target, inputs)
     target = Path(target)
     clean_leftovers(target)
     if os.path.lexists(target) and not overwrite:

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from types import ModuleType
 
+from pipelines.atomic import printable
 from smoeweather import __version__
 from smoeweather.commands import VERBS
 
@@ -181,7 +182,7 @@ def user_message(err: BaseException) -> str | None:
     else:
         return None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return "; ".join(lines) if lines else type(err).__name__
+    return printable("; ".join(lines)) if lines else type(err).__name__  # no escape sequence of a file reaches it
 
 
 def warning_line(command: str) -> Callable[..., str]:
@@ -191,7 +192,7 @@ def warning_line(command: str) -> Callable[..., str]:
     def formatwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                       line: str | None = None) -> str:
         text = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-        return f"smoe {command}: warning: {text} ({category.__name__})\n"
+        return f"smoe {command}: warning: {printable(text)} ({category.__name__})\n"
 
     return formatwarning
 

@@ -311,7 +311,10 @@ def evaluate(
     if out_dir is not None:
         from pipelines.atomic import check_output
 
-        check_output(out_dir, overwrite)  # before anything is computed
+        # before anything is computed; never into or over what it scores
+        masks = [r.split("=", 1)[1] for r in ([regions] if isinstance(regions, str) else regions or [])
+                 if isinstance(r, str) and "=" in r and r.endswith(".nc")]  # region mask files NAME=PATH.nc
+        check_output(out_dir, overwrite, inputs=[forecasts, truth, climatology, land_sea_mask, masks])
     inp = open_inputs(forecasts, truth, storage_options, ensemble_dim)
     if inp.truth_in_file and references:
         warnings.warn(f"{inp.where_truth}: truth held inside a forecast file; no persistence/climatology "

@@ -269,7 +269,10 @@ def wb2_results(scores: xr.Dataset) -> dict[str, dict[str, xr.Dataset]]:
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    """The folder name of method ``name`` under wb2/ (:func:`smoeweather.io.safe_component`: never '.' or '..')."""
+    from smoeweather.io import safe_component
+
+    return safe_component(name, "method name")
 
 
 def write_scores(scores: xr.Dataset, out_dir: str | Path, overwrite: bool = True) -> Path:

@@ -83,6 +83,22 @@ def open_truth_source(truth: Source | Sequence[Source], storage_options: dict[st
     return open_canonical(truth, storage_options), False
 
 
+def method_name(ds: xr.Dataset, path: str) -> str:
+    """The method name of the forecast ``ds`` read from ``path``: its ``method`` attribute without control
+    characters (:func:`smoeweather.io.printable`), else the file name's stem. ValueError naming the file for an
+    attribute that is empty, ``.`` or ``..`` once printable (it names the output folder wb2/METHOD)."""
+    from smoeweather.io import printable
+
+    given = ds.attrs.get("method")
+    if given is None or given == "":
+        return Path(str(path).rstrip("/")).stem
+    name = printable(str(given)).strip()
+    if name.strip(".") == "":
+        raise ValueError(f"{path}: its method attribute {name!r} cannot name a method (empty, '.' or '..'); "
+                         f"name it on the command line instead: NAME={path}")
+    return name
+
+
 def _named(forecasts: Mapping[str, Source] | Source | Sequence[Source], storage_options: dict[str, Any] | None,
            ensemble_dim: str | None) -> dict[str, tuple[str, xr.Dataset]]:
     """{method name: (path, opened forecast)}; names from the mapping, ``attrs["method"]`` or the file name."""
@@ -95,7 +111,7 @@ def _named(forecasts: Mapping[str, Source] | Source | Sequence[Source], storage_
     for name, p in items:
         ds = open_forecast(p, storage_options, ensemble_dim)
         stem = Path(p.rstrip("/")).stem
-        name = name or str(ds.attrs.get("method") or stem)
+        name = name or method_name(ds, p)
         if name in out:
             name = f"{name} ({stem})" if f"{name} ({stem})" not in out else p
         out[name] = (p, ds)

@@ -28,7 +28,7 @@ import xarray as xr
 
 from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
-from smoeweather.evaluate_inputs import add_thresholds, at_thresholds, relative_to_threshold
+from smoeweather.evaluate_inputs import add_thresholds, at_thresholds, method_name, relative_to_threshold
 from smoeweather.units import Quantity, align_forecast, units_of, values_in
 
 Source = str | Path
@@ -191,7 +191,7 @@ def open_site_inputs(forecasts: Mapping[str, Source] | Source | Sequence[Source]
     fcs, paths, carried = {}, {}, {}
     for name, p in _named(forecasts):
         ds, obs = open_site_forecast(p, table, ensemble_dim)
-        name = name or str(ds.attrs.get("method") or Path(p.rstrip("/")).stem)
+        name = name or method_name(ds, p)
         name = name if name not in fcs else f"{name} ({p})"
         fcs[name], paths[name] = ds, p
         if obs is not None:
@@ -471,7 +471,7 @@ def evaluate_sites(forecasts: Mapping[str, Source] | Source | Sequence[Source], 
     if out_dir is not None:
         from pipelines.atomic import check_output
 
-        check_output(out_dir, overwrite)  # before anything is computed
+        check_output(out_dir, overwrite, inputs=[forecasts, truth])  # before anything is computed, never over an input
     from smoeweather.evaluate_assemble import assemble, brier_skill_scores
 
     inp = open_site_inputs(forecasts, truth, table, ensemble_dim)

@@ -93,6 +93,21 @@ def parse_thresholds(items: list[str] | None) -> dict[str, list[Any]] | None:
     return out
 
 
+def check_method_names(named: list[list[str]]) -> None:
+    """ValueError naming a method given twice or without a name in the forecasts' ``NAME=PATH`` (the second
+    replaced the first, which was never scored)."""
+    from smoeweather.io import printable
+
+    names = [name for name, _ in named]
+    if "" in names:
+        raise ValueError(f"forecast {printable(named[names.index('')][1])}: '=PATH' names no method; give NAME=PATH")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        paths = [path for name, path in named if name == twice[0]]
+        raise ValueError(f"method name {printable(twice[0])!r} is given twice ({', '.join(map(printable, paths))}): "
+                         "give every forecast its own NAME=PATH")
+
+
 def run(args: argparse.Namespace) -> int:
     from pipelines.cli import storage_options as json_storage_options
     from smoeweather.evaluate import evaluate
@@ -103,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if named:
         if forecasts:
             raise ValueError("name every forecast (NAME=PATH) or none")
+        check_method_names(named)
         forecasts = {k: v for k, v in named}
     for q in args.binary_quantiles:
         if not 0.0 < q < 1.0:

@@ -24,6 +24,9 @@ from pathlib import Path
 NAME = "plot"
 FILE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".gif", ".tif", ".tiff", ".eps", ".ps", ".webp", ".bmp",
                  ".html")  # an --out ending so names a figure, not the folder every plot verb writes into
+PLOT_INPUTS = ("checkpoint", "land_sea", "forecast", "truth", "model", "scores", "studies")
+"""The arguments of the plot verbs that name inputs: --out may hold them (files are added beside), never be or
+lie inside one (:func:`smoeweather.io.check_apart`)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -129,9 +132,10 @@ def _run_frontier(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Draw into a staging folder, then add the files to ``--out`` (:func:`smoeweather.io.atomic_files`): a
     file of the same name is refused without --overwrite, before any is moved; a failed plot leaves none."""
-    from smoeweather.io import atomic_files
+    from smoeweather.io import atomic_files, check_apart
 
     check_out_folder(Path(args.out))
+    check_apart(args.out, [getattr(args, name, None) for name in PLOT_INPUTS], adds_files=True)
     args.final_out, args.lines = Path(args.out), []
     try:
         with atomic_files(args.final_out, args.overwrite) as tmp:

@@ -113,6 +113,9 @@ def _sibling(out: Path, suffix: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    iterations = getattr(args, "iterations", None)
+    if iterations is not None and iterations < 1:  # 0 wrote an unfitted model, reported as "0 not converged"
+        raise ValueError(f"--iterations {iterations}: expected at least 1 Newton iteration per fit (default 50)")
     return {"fit": _fit, "apply": _apply, "crossval": _crossval, "synthetic": _synthetic}[args.pp_verb](args)
 
 
@@ -230,11 +233,19 @@ def _apply(args: argparse.Namespace) -> int:
 
     # every check before anything is computed or written
     method, model = apply_model(args)
+    inputs = [model, args.forecast]
     outputs = Outputs(args.out, members_out=(args.members_out or _sibling(args.out, "members"))
                       if args.members is not None else None, members=args.members,
                       quantiles_out=(args.quantiles_out or _sibling(args.out, "quantiles")) if args.quantiles else None,
                       levels=check_quantile_levels(args.quantiles) if args.quantiles else None,
-                      forms=_output_forms(args)).check(args.overwrite)
+                      forms=_output_forms(args)).check(args.overwrite, inputs=inputs)
+    if args.netcdf:  # the CF netCDF twins beside each output are outputs too
+        from smoeweather.io import check_apart
+
+        for p in (args.out, outputs.members_out, outputs.quantiles_out, outputs.forms.thresholds_out,
+                  outputs.forms.percentiles_out):
+            if p is not None and Path(p).suffix != ".nc":
+                check_apart(Path(p).with_suffix(".nc"), inputs)
     for p in apply_files(method, model, args.forecast, outputs, apply_period=args.apply_period,
                          table=_table_options(args), scheduler=args.scheduler, progress=not args.quiet,
                          overwrite=args.overwrite, batch_size=args.batch_size):

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from smoeweather.experiments.study_config import StudyConfig
 
 NAME = "study"
 
@@ -38,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ValueError(f"--shard must be K/N (e.g. 0/2), got {args.shard!r}") from err
     study = load_study(args.config, args.overrides)
+    check_study_out(study, args.out)
     if args.cost_only:
         from smoeweather.experiments.study import finished_records, measure_study_cost, write_study
 
@@ -56,3 +61,16 @@ def run(args: argparse.Namespace) -> int:
     print(markdown(result))
     print(f"smoe study: wrote {args.out / 'study.json'} and {args.out / 'study.md'}")
     return 0
+
+
+def check_study_out(study: StudyConfig, out: Path) -> None:
+    """Refuse a study ``--out`` that is or lies inside an input: the study file, a variant's config or its
+    ``data`` store (:func:`smoeweather.io.check_apart`; the study folder may hold them beside its runs)."""
+    from smoeweather.commands.train import DATA_INPUTS
+    from smoeweather.io import check_apart
+
+    inputs: list[object] = [study.path]
+    for variant in study.variants:
+        data = study.run_config(variant, study.seeds[0] if study.seeds else 0, out / "runs").get("data") or {}
+        inputs += [variant.config, *(data.get(k) for k in DATA_INPUTS)]
+    check_apart(out, inputs, adds_files=True)

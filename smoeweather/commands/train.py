@@ -6,6 +6,9 @@ import argparse
 from pathlib import Path
 
 NAME = "train"
+DATA_INPUTS = ("store", "source", "sources", "truth", "constants", "path")
+"""The ``data`` keys of a training config that name inputs: ``output_dir`` may hold them, never be or lie inside
+one (:func:`smoeweather.io.check_apart`)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,10 +39,12 @@ def check_run_dir(run_dir: Path, resume: Path | None, overwrite: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the config with its overrides, validated in full (a typed config) before anything runs, and train."""
+    from smoeweather.io import check_apart
     from smoeweather.training.run import train
     from smoeweather.training.settings import load_config
 
     cfg = load_config(args.config, list(args.overrides or []))
+    check_apart(cfg.run_dir, [args.config, args.init_from, *(cfg.data.get(k) for k in DATA_INPUTS)], adds_files=True)
     check_run_dir(Path(cfg.run_dir), args.resume, args.overwrite)
     result = train(cfg, init_from=args.init_from, resume=args.resume)
     if result.trainer.is_global_zero:

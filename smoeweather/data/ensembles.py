@@ -221,7 +221,26 @@ def _ens10_lead(ds: xr.Dataset, where: str) -> np.timedelta64:
                      "no valid_time, no lead_time attribute); expected a `smoe data prepare ens10` store")
 
 
+def check_unique_times(ds: xr.Dataset, where: str, dim: str = "time") -> None:
+    """ValueError naming the file ``where`` and the repeated initialisation times when ``ds[dim]`` holds one
+    twice (a case counted twice in a fit; an index error in a score), as times repeated across files are."""
+    if dim not in ds.dims:
+        return
+    t = pd.Index(ds[dim].values)
+    if t.has_duplicates:
+        twice = [str(pd.Timestamp(v)) if isinstance(v, np.datetime64) else str(v) for v in t[t.duplicated()].unique()]
+        raise ValueError(f"{where}: initialisation time(s) {twice[:5]}{' ...' if len(twice) > 5 else ''} appear "
+                         f"more than once in this file ({len(twice)} repeated); remove the repeats (e.g. "
+                         "xarray's ds.drop_duplicates('time')) and write it again")
+
+
 def _open_one_ensemble(path: Path) -> xr.Dataset:
+    ds = _open_one_ensemble_layout(path)
+    check_unique_times(ds, str(path))
+    return ds
+
+
+def _open_one_ensemble_layout(path: Path) -> xr.Dataset:
     ds = _open_any(path)
     if _is_ens10_store(ds):
         names = [n for n in ds.data_vars if "member" in ds[n].dims and not str(n).endswith(TRUTH_SUFFIX)]
@@ -327,6 +346,7 @@ def open_forecast(path: str | Path, storage_options: dict[str, Any] | None = Non
         if d not in ds.dims:
             raise ValueError(f"forecast {where}: missing dim {d!r} (WeatherBench 2 layout: time = init, "
                              f"prediction_timedelta, latitude, longitude); got {dict(ds.sizes)}")
+    check_unique_times(ds, f"forecast {where}")
     ds = ds.assign_coords(longitude=np.mod(ds["longitude"], 360.0))
     ds = ds.sortby(["latitude", "longitude"])
     forecast_kind(ds, where)  # refuses an attribute the data contradicts, before anything is computed

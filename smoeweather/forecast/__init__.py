@@ -122,9 +122,10 @@ def run_forecast(
     arguments, exactly one; see :func:`make_forecast`) from ``data`` for the inits ``init`` = (start, end) every
     ``every`` and leads ``leads_h`` (hours), written atomically to ``out`` (zarr, or netCDF for ``*.nc``).
     Returns ``out``. An existing ``out`` is refused without ``overwrite`` before anything is computed, and again
-    at the write (a concurrent run that wrote it first keeps its store)."""
+    at the write (a concurrent run that wrote it first keeps its store); an ``out`` that is, contains or lies
+    inside ``data``, the checkpoint or the climatology store is refused with or without ``overwrite``."""
     from smoeweather.io import check_output
 
-    check_output(out, overwrite)
+    check_output(out, overwrite, inputs=[data, kwargs.get("checkpoint"), kwargs.get("climatology_from")])
     ds = make_forecast(data, init, every, leads_h, **kwargs)
     return write_store(ds, out, ds.attrs["forecast_kind"], overwrite=overwrite, time_chunk=None)

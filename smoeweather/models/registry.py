@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -123,14 +124,88 @@ def check_model_config(cfg: Any, where: str = "model", extra_keys: Mapping[str, 
                 check_bounds(f"{path}.{key}", value, MODEL_BOUNDS[key], MODEL_EXAMPLES.get(key))
 
 
+MAX_PARAMETERS = 2**31
+"""The most parameters a network of ``smoe train`` may have (more is refused before anything is built)."""
+REPEATED = ("blocks", "members")
+"""``model`` keys that repeat modules: a network's parameters grow linearly in each. Above :data:`_SMALL` they are
+extrapolated from two small builds, so ``blocks=100000000`` is estimated at once instead of built for minutes."""
+_SMALL = 16
+TRAIN_BYTES_PER_PARAMETER = 16
+"""float32 weights, gradients and Adam's two moments: the memory a parameter needs in training (activations aside)."""
+
+
+def _meta_parameters(cfg: dict[str, Any]) -> int:
+    """Parameter count of the network of ``cfg`` built on the ``meta`` device (no memory is allocated); a
+    land-sea gate prior (which reads its map's values, impossible on ``meta``) is left out of the count."""
+    cfg = copy.deepcopy(cfg)
+    if isinstance(cfg.get("smoe"), dict) and cfg["smoe"].get("gate_prior") == "land_sea":
+        cfg["smoe"]["gate_prior"] = "none"
+    if cfg.get("gate_prior") == "land_sea":
+        cfg["gate_prior"] = None
+    with torch.device("meta"):
+        net = build_weather_model(cfg)
+    return sum(p.numel() for p in net.parameters())
+
+
+def estimate_parameters(cfg: dict[str, Any]) -> float:
+    """About how many parameters the network of ``cfg`` has: a meta build, with every key of :data:`REPEATED`
+    above 16 built at 8 and 16 and extrapolated linearly (exact for networks whose repeated modules are alike).
+    Raises what the build raises."""
+    big = {k: int(cfg[k]) for k in REPEATED if isinstance(cfg.get(k), int) and cfg[k] > _SMALL}
+    base_cfg = {**cfg, **{k: _SMALL for k in big}}
+    base = float(_meta_parameters(base_cfg))
+    total = base
+    for key, value in big.items():
+        try:
+            half = float(_meta_parameters({**base_cfg, key: _SMALL // 2}))
+            per = (base - half) / (_SMALL - _SMALL // 2)
+        except Exception:  # noqa: BLE001 - a half-size build the network refuses (e.g. E³ groups): proportional
+            per = base / _SMALL
+        total *= (base + (value - _SMALL) * per) / base if base else 1.0
+    return total
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM of this machine (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_model_size(cfg: dict[str, Any], where: str = "model") -> None:
+    """ConfigError, before anything is built, for a network of more than :data:`MAX_PARAMETERS` parameters or
+    whose training memory (:data:`TRAIN_BYTES_PER_PARAMETER` a parameter) exceeds this machine's RAM; the
+    message gives the estimate (:func:`estimate_parameters`) and the size keys set. Build errors are left to
+    :func:`check_model_builds`."""
+    from smoeweather.config import ConfigError
+
+    try:
+        n = estimate_parameters(cfg)
+    except Exception:  # noqa: BLE001 - the full build reports it (or the real build does)
+        return
+    need, ram = n * TRAIN_BYTES_PER_PARAMETER, physical_memory()
+    if n <= MAX_PARAMETERS and (ram is None or need <= ram):
+        return
+    limit = (f"more than the limit of 2^31 = {MAX_PARAMETERS} parameters" if n > MAX_PARAMETERS else
+             f"more than this machine's {ram / 2**30:.3g} GiB of RAM")
+    sizes = ", ".join(f"{where}.{k}={cfg[k]}" for k in ("width", "widths", "blocks", "members", "experts_factor",
+                                                       "levels") if k in cfg)
+    raise ConfigError(f"{where}: the network would have about {n:.3g} parameters ({need / 2**30:.3g} GiB to train: "
+                      f"weights, gradients and Adam's moments in float32), {limit}; choose a smaller model"
+                      + (f" ({sizes})" if sizes else ""))
+
+
 def check_model_builds(cfg: dict[str, Any], where: str = "model") -> None:
     """ConfigError with the constructor's own message when the network of ``cfg`` refuses its arguments (e.g.
     an E³ whose experts do not split into its members), found by building it on the ``meta`` device (no memory,
-    no data: placeholder channel counts and grid where the data would fill them in). Failures of the meta
+    no data: placeholder channel counts and grid where the data would fill them in); before that, a network
+    too large to train is refused with its size estimate (:func:`check_model_size`). Failures of the meta
     build itself (data-dependent steps such as the gate prior) are left to the real build."""
     from smoeweather.config import ConfigError
 
     mcfg = {"in_channels": 4, "out_channels": 2, "grid": [64, 128], **cfg}
+    check_model_size(mcfg, where)
     prior = torch.zeros(tuple(mcfg["grid"]), dtype=torch.long) if uses_land_sea_prior(mcfg) else None
     try:
         with torch.device("meta"):

@@ -113,7 +113,7 @@ def crossvalidate_files(forecast_paths: list[Path], out: Path, *, truth: Path | 
     from smoeweather.io import atomic_output, check_output
     from smoeweather.postprocess.pipeline import open_gridded, open_gridded_truth
 
-    check_output(out, overwrite)
+    check_output(out, overwrite, inputs=[forecast_paths, truth])
     forecast = open_gridded(forecast_paths, variables)
     truth_at = ensembles.truth_at_valid_times(forecast, open_gridded_truth(truth, forecast_paths))
     result = crossvalidate(forecast, truth_at, fold=fold, iterations=iterations,

@@ -103,7 +103,8 @@ def open_training(forecast_paths: Sequence[Path], out: Path, *, truth_path: Path
     the rolling-window options, the distribution; then the ensemble (``variables`` and ``extra_variables``) and
     its truth on valid times, the period, non-negative truth for the truncated normal, the windows.
     ``static_maps``: gridded sources' land-sea mask and orography as coordinates (:func:`.drn.with_static`)."""
-    check_output(out, overwrite)  # exists, under a file, read-only folder: before anything is computed
+    # exists, under a file, read-only folder, is/contains/lies inside an input: before anything is computed
+    check_output(out, overwrite, inputs=[forecast_paths, truth_path])
     check_window_options(window, lag, dates)
     distribution = check_distribution(distribution)
     wanted = list(dict.fromkeys([*variables, *extra_variables])) if variables else None
@@ -272,16 +273,17 @@ class Outputs:
     levels: np.ndarray | None = None
     forms: Any = None
 
-    def check(self, overwrite: bool) -> Outputs:
+    def check(self, overwrite: bool, inputs: Sequence[Any] = ()) -> Outputs:
         """``self``; ValueError when two outputs are one path, and :func:`smoeweather.io.check_output` of each
-        (exists without ``overwrite``, under a file, read-only folder), before anything is computed."""
+        (exists without ``overwrite``, under a file, read-only folder, is/contains/lies inside one of ``inputs``),
+        before anything is computed."""
         forms = self.forms
         outs = [p for p in (self.out, self.members_out, self.quantiles_out, getattr(forms, "thresholds_out", None),
                             getattr(forms, "percentiles_out", None)) if p is not None]
         if len({Path(p).resolve() for p in outs}) < len(outs):
             raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
         for p in outs:  # checked again when each is written
-            check_output(Path(p), overwrite)
+            check_output(Path(p), overwrite, inputs=inputs)
         return self
 
 

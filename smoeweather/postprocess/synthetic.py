@@ -117,10 +117,14 @@ def synthetic_ensemble(
 
 
 def write_synthetic_ensemble(store: str | Path, out: str | Path, overwrite: bool = False, **kwargs: object) -> Path:
-    """:func:`synthetic_ensemble` of the canonical ``store`` written as a zarr ensemble store (atomically)."""
+    """:func:`synthetic_ensemble` of the canonical ``store`` written as a zarr ensemble store (atomically); an
+    ``out`` that is, contains or lies inside ``store`` is refused first."""
+    from smoeweather.io import check_output
+
     store = Path(store)
     if not store.exists():
         raise FileNotFoundError(f"store {store} does not exist")
+    check_output(out, overwrite, inputs=[store])
     truth = xr.open_zarr(store) if store.is_dir() else xr.open_dataset(store)
     ds = synthetic_ensemble(truth, **kwargs)  # type: ignore[arg-type]
     return write_store(ds, out, "ensemble", {"truth_store": str(store)}, overwrite=overwrite, time_chunk=8)

@@ -1,5 +1,6 @@
 """Small Lightning callbacks: per-batch reseeding (exact resume), ``last.ckpt`` after every epoch, throughput,
-the resolved config file."""
+the resolved config file; and the checkpoint writer that makes every checkpoint file appear whole or not at all
+(:class:`AtomicCheckpointIO`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,27 @@ import numpy as np
 import torch
 import yaml
 from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from pipelines.progress import StageLines
-from smoeweather.io import write_text
+from smoeweather.io import atomic_path, write_text
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes every checkpoint of a fit (the best ``best-*.ckpt``, ``last.ckpt``, any ``trainer.save_checkpoint``)
+    to a hidden staging file beside it, flushed to disk, then renamed onto its name
+    (:func:`smoeweather.io.atomic_path`): a full disk or a kill mid-write leaves the previous checkpoint intact and
+    no truncated file. (Lightning's own writer stages in the system temp folder and *copies* it across file
+    systems, so a full disk left a truncated ``best-epoch=000.ckpt``.) URLs go to Lightning's writer."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        with atomic_path(Path(path), overwrite=True) as tmp, open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 class BatchSeed(L.Callback):
@@ -90,7 +109,8 @@ class LastCheckpoint(Checkpoint):
     checkpoint, so after non-improving epochs ``--resume last.ckpt`` silently restarted from an older state.
     It is a :class:`Checkpoint`, so Lightning runs it after the other callbacks (and after the best-model
     ``ModelCheckpoint`` listed before it): the file holds their up-to-date state. Written to a temporary
-    name and renamed by rank 0 (atomic); ``trainer.save_checkpoint`` is collective, so every rank calls it.
+    name and renamed by rank 0 (atomic; on a failed write the temporary file is removed and the previous
+    ``last.ckpt`` stays); ``trainer.save_checkpoint`` is collective, so every rank calls it.
     """
 
     FILENAME = "last.ckpt"
@@ -107,7 +127,12 @@ class LastCheckpoint(Checkpoint):
             return
         path = self.dirpath / self.FILENAME
         tmp = self.dirpath / f".{self.FILENAME}.tmp"
-        trainer.save_checkpoint(tmp)
+        try:
+            trainer.save_checkpoint(tmp)  # whole or not at all (AtomicCheckpointIO)
+        except BaseException:
+            if trainer.is_global_zero:
+                tmp.unlink(missing_ok=True)  # a writer that is not atomic: no truncated file left either
+            raise
         if trainer.is_global_zero:
             os.replace(tmp, path)
         trainer.strategy.barrier("LastCheckpoint")

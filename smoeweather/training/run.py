@@ -38,6 +38,7 @@ from smoeweather.config import flatten
 from smoeweather.models.checkpoint_io import read_checkpoint
 from smoeweather.models.loader import canonical_task, check_checkpoint
 from smoeweather.training.callbacks import (
+    AtomicCheckpointIO,
     BatchSeed,
     LastCheckpoint,
     PipedProgress,
@@ -104,8 +105,9 @@ def build_trainer(
     batch_size_fn: Callable[[Any], int] | None = None,
     extra_callbacks: list[L.Callback] | None = None,
 ) -> L.Trainer:
-    """A Lightning Trainer from ``cfg.trainer`` with best/last checkpoints, early stopping, per-batch
-    reseeding, throughput logging, the resolved config file and the loggers of ``trainer.logger``."""
+    """A Lightning Trainer from ``cfg.trainer`` with best/last checkpoints (each written atomically,
+    :class:`~smoeweather.training.callbacks.AtomicCheckpointIO`), early stopping, per-batch reseeding,
+    throughput logging, the resolved config file and the loggers of ``trainer.logger``."""
     cfg = TrainConfig.from_dict(cfg)
     checkpoint = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
@@ -130,6 +132,9 @@ def build_trainer(
         *(extra_callbacks or []),
     ]
     tcfg = {"enable_model_summary": False, **cfg.trainer}
+    given = tcfg.get("plugins")
+    given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
+    tcfg["plugins"] = [*given, AtomicCheckpointIO()]  # every checkpoint written whole or not at all
     if "enable_progress_bar" not in tcfg and not interactive():  # piped: lines, not a redrawn bar
         tcfg["enable_progress_bar"] = False
         callbacks.append(PipedProgress())

@@ -228,6 +228,19 @@ def check_argument_types(cfg: dict[str, Any]) -> None:
         MODEL_CHECKS[cfg["task"]](cfg["model"])
 
 
+def check_trainer_counts(trainer: dict[str, Any]) -> None:
+    """ConfigError naming the key for ``trainer.max_epochs`` / ``max_steps`` of 0 (a fit that trains nothing and
+    writes no checkpoint) or below -1 (-1: no limit)."""
+    for key in ("max_epochs", "max_steps"):
+        value = trainer.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if value == 0 or value < -1:
+            raise ConfigError(f"config key 'trainer.{key}' must be >= 1 (or -1: no limit), got {value}: a fit of "
+                              f"{value} {key.split('_')[1]} trains nothing and writes no checkpoint; set e.g. "
+                              f"trainer.{key}={10 if key.endswith('epochs') else 1000}")
+
+
 def validate_train_config(cfg: dict[str, Any]) -> None:
     """ConfigError unless ``cfg`` fits the schema of its task (unknown key, wrong type, missing task),
     including the types of the ``model`` and ``trainer`` values (:func:`check_argument_types`)."""
@@ -240,6 +253,7 @@ def validate_train_config(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"config key 'task' must name the task (one of {', '.join(TASK_SCHEMAS)}), got {task!r}")
     validate(cfg, schema_for(task))
     check_argument_types(cfg)
+    check_trainer_counts(cfg.get("trainer") or {})
     if task == "weatherbench" and isinstance(cfg.get("model"), dict):
         from smoeweather.training.ensemble_forecasting import check_loss
 
