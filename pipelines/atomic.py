@@ -329,6 +329,55 @@ def commit(tmp: Path, target: Path, overwrite: bool) -> None:
         rename_noreplace(tmp, target)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+LOW_SPACE = 1 << 20
+"""Free bytes below which a write error that gives no errno (netCDF's ``NetCDF: HDF error``) is taken for a
+full disk."""
+
+
+@contextlib.contextmanager
+def disk_full_named(target: Path, staging: Path) -> Iterator[None]:
+    """Run a block that writes ``target`` through ``staging``; a full disk or quota (ENOSPC, EDQUOT, EFBIG, or
+    an HDF/netCDF write error while less than :data:`LOW_SPACE` is free there) becomes a one-line
+    :class:`OutputError` naming ``target`` and "no space left on device", instead of a raw OSError without a
+    file name. Any other error passes unchanged."""
+    try:
+        yield
+    except DiskFullError as err:  # a file written inside the staging folder of ``target``: name ``target``
+        if staging not in err.target.parents:
+            raise
+        raise DiskFullError(target, err.reason, err.free) from err.__cause__
+    except (OSError, RuntimeError) as err:
+        free = _free_bytes(staging)
+        if isinstance(err, OSError) and err.errno in DISK_FULL:
+            reason = os.strerror(err.errno)
+        elif ("HDF error" in str(err) or "NetCDF" in str(err)) and free is not None and free < LOW_SPACE:
+            reason = " ".join(str(err).split())
+        else:
+            raise
+        raise DiskFullError(target, reason, free) from err
+
+
+class DiskFullError(OutputError):
+    """An output that could not be written for want of space (its staging removed; nothing was written)."""
+
+    def __init__(self, target: Path, reason: str, free: int | None) -> None:
+        self.target, self.reason, self.free = Path(target), reason, free
+        where = ("? bytes" if free is None else f"{free / 2**20:.1f} MiB" if free >= 2**20
+                 else f"{free // 1024} KiB")
+        super().__init__(f"{target}: no space left on device while writing it ({reason}; {where} free in "
+                         f"{self.target.parent}); nothing was written: free some space or give an --out on another "
+                         "disk")
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system of ``path`` (or of its folder when it is gone), None when unknown."""
+    try:
+        return shutil.disk_usage(path if path.exists() else path.parent).free
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
 def atomic_output(target: str | Path, overwrite: bool = False,
                   kind: Literal["file", "dir"] = "file") -> Iterator[Path]:
@@ -345,8 +394,9 @@ def atomic_output(target: str | Path, overwrite: bool = False,
         tmp.mkdir()
     done = False
     try:
-        yield tmp
-        commit(tmp, target, overwrite)
+        with disk_full_named(target, tmp):
+            yield tmp
+            commit(tmp, target, overwrite)
         done = True
     finally:
         if os.path.lexists(tmp):
@@ -407,7 +457,8 @@ def work_dir(out: str | Path) -> Iterator[Path]:
     created = _make_parents(path.parent)
     path.mkdir()
     try:
-        yield path
+        with disk_full_named(out, path):
+            yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
         _remove_empty(created)

@@ -36,6 +36,10 @@ def resolve_config(name: str | Path) -> Path:
     path = Path(name)
     if path.is_file():
         return path
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.y*ml"))
+        hint = f", e.g. {path / found[0]}" if found else " (it holds none)"
+        raise ConfigError(f"--config {path} is a folder; give a YAML config file in it{hint}")
     relative = path.with_suffix(".yaml") if path.suffix != ".yaml" else path
     if relative.parts and relative.parts[0] == "configs":
         relative = Path(*relative.parts[1:])
@@ -114,7 +118,12 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str] | tuple[str, ...])
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a mapping in the config")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            reason = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise ConfigError(f"override {item!r}: the value {raw!r} is not valid YAML ({reason}); close its "
+                              f"brackets or quotes, e.g. {key}=[8, 16], or quote it as text: {key}='{raw}'") from None
     return out
 
 

@@ -1,10 +1,18 @@
-"""File helpers shared by the readers: format sniffing, integrity checks, guarded opening."""
+"""File helpers shared by the readers: format sniffing, integrity checks, guarded opening.
+
+:func:`open_data` is the one opener of a local input file or zarr store that the commands read (forecasts,
+truths, prepared stores, canonical netCDF): a zero-byte file, a text file, a folder that is no zarr store or
+an unreadable file is a one-line ``DataError`` naming it and the formats read. :func:`decoding_errors` turns
+the codec error of a truncated zarr chunk, raised only when values are computed, into one naming the chunk.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import xarray as xr
@@ -55,14 +63,22 @@ def resolve_sources(paths: PathLike | Sequence[PathLike], pattern: str = "*") ->
     return out
 
 
-def sniff_format(path: Path) -> str:
-    """'grib' or 'netcdf' from the file's magic bytes; anything else raises ``DataError``."""
-    with open(path, "rb") as f:
-        head = f.read(8)
+def file_format(head: bytes) -> str | None:
+    """'grib' or 'netcdf' from a file's first 8 bytes, None for anything else."""
     if head[:4] == b"GRIB":
         return "grib"
     if head[:3] == b"CDF" or head[:8] == b"\x89HDF\r\n\x1a\n":
         return "netcdf"
+    return None
+
+
+def sniff_format(path: Path) -> str:
+    """'grib' or 'netcdf' from the file's magic bytes; anything else raises ``DataError``."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    kind = file_format(head)
+    if kind is not None:
+        return kind
     raise DataError(
         f"{path}: neither GRIB nor netCDF (first bytes {head!r}); expected a GRIB "
         "message ('GRIB') or a netCDF-3/4 header"
@@ -118,3 +134,104 @@ def load_checked(ds: xr.Dataset, path: Path) -> xr.Dataset:
         return ds.load()
     except (OSError, ValueError, RuntimeError, IndexError) as err:
         raise DataError(f"{path}: data unreadable (truncated or corrupt? {err})") from err
+
+
+READ_FORMATS = "netCDF-3/4 (.nc), a zarr store (a folder such as STORE.zarr) or GRIB"
+"""What :func:`open_data` reads, for its error messages."""
+
+
+def open_data(path: PathLike, what: str = "", **kwargs: object) -> xr.Dataset:
+    """``xr.open_zarr`` (a folder) or ``xr.open_dataset`` (a file) of a local input, lazily; ``kwargs`` go to
+    the xarray opener. ``what`` names the input in messages (``"forecast"``, ``"--data"``). FileNotFoundError
+    when it is missing; ``DataError`` naming it and :data:`READ_FORMATS` when it is empty, text, a folder that
+    is no zarr store, or unreadable (xarray's "did not find a match in any of xarray's … IO backends")."""
+    p = Path(path)
+    label = f"{what} {p}" if what else str(p)
+    if p.is_dir():
+        try:
+            return xr.open_zarr(p, **kwargs)  # type: ignore[arg-type]
+        except (OSError, KeyError, ValueError, TypeError) as err:  # no zarr metadata in it, or unreadable metadata
+            raise DataError(f"{label}: a folder that is not a readable zarr store ({_short(err)}); expected "
+                            f"{READ_FORMATS}") from err
+    if not p.exists():
+        raise FileNotFoundError(f"{label} does not exist")
+    with open(p, "rb") as f:
+        head = f.read(8)
+    if not head:
+        raise DataError(f"{label} is empty (0 bytes; an interrupted download or copy?); expected {READ_FORMATS}")
+    if file_format(head) is None:
+        raise DataError(f"{label} is not a netCDF, zarr or GRIB file (it starts with {head!r}; a text file?); "
+                        f"expected {READ_FORMATS}")
+    try:
+        return xr.open_dataset(p, **kwargs)  # type: ignore[arg-type]
+    except (OSError, ValueError, RuntimeError, IndexError) as err:
+        raise DataError(f"{label}: cannot read it (truncated or corrupt? {_short(err)}); expected a complete "
+                        f"{READ_FORMATS}: write or download it again") from err
+
+
+def _short(err: BaseException) -> str:
+    return " ".join(str(err).split())[:200] or type(err).__name__
+
+
+_DECODE_ERROR = re.compile(r"decompress|blosc|zstd|lz4|zlib|codec|buffer (?:is )?too small|incorrect header",
+                           re.IGNORECASE)
+_METADATA_FILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
+
+
+def is_decode_error(err: BaseException) -> bool:
+    """Whether ``err`` is a codec failing on stored bytes (a truncated or corrupt zarr chunk): numcodecs'
+    ``RuntimeError: error during blosc decompression``, zlib's ``error``, zstd's and others alike."""
+    if not (isinstance(err, RuntimeError | ValueError | OSError) or type(err).__name__ == "error"):
+        return False
+    return bool(_DECODE_ERROR.search(f"{type(err).__module__} {err}"))
+
+
+def truncated_chunk(store: Path, limit: int = 200_000) -> Path | None:
+    """The first chunk file of the local zarr ``store`` whose blosc header states more (compressed) bytes
+    than the file holds, or None (no blosc chunk is short, or more than ``limit`` files were looked at)."""
+    for n, path in enumerate(sorted(p for p in store.rglob("*") if p.is_file() and p.name not in _METADATA_FILES)):
+        if n >= limit:
+            return None
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if len(head) < 16:
+            if 0 < size and head[:1] in (b"\x01", b"\x02"):  # shorter than a blosc header
+                return path
+            continue
+        if head[0] in (1, 2) and int.from_bytes(head[12:16], "little") > size:  # blosc: version, ..., cbytes
+            return path
+    return None
+
+
+@contextlib.contextmanager
+def decoding_errors(sources: Iterable[object]) -> Iterator[None]:
+    """Run a block that computes values read from ``sources`` (paths, URLs, lists of them); a codec error
+    (:func:`is_decode_error`) becomes a one-line ``DataError`` naming the truncated chunk file when a local zarr
+    store holds one (:func:`truncated_chunk`), else the stores and files it may come from."""
+    try:
+        yield
+    except Exception as err:
+        if not is_decode_error(err):
+            raise
+        names = [str(s) for s in _flat(sources)]
+        stores = [Path(s) for s in names if "://" not in s and Path(s).is_dir()]
+        for store in stores:
+            bad = truncated_chunk(store)
+            if bad is not None:
+                raise DataError(f"{bad}: truncated zarr chunk ({_short(err)}); the store {store} is incomplete or "
+                                "corrupt: copy or write it again") from err
+        raise DataError(f"a stored chunk of {' or '.join(names) or 'an input'} cannot be decoded ({_short(err)}): "
+                        "truncated or corrupt; copy or write it again") from err
+
+
+def _flat(sources: Iterable[object]) -> Iterator[object]:
+    for s in sources:
+        if s is None:
+            continue
+        if isinstance(s, str | os.PathLike):
+            yield s
+        elif isinstance(s, dict):
+            yield from _flat(s.values())
+        else:
+            yield from _flat(s)  # type: ignore[arg-type]

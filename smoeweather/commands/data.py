@@ -102,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
     if args.data_verb in GCM_VERBS:
         return _run_gcm(args)
     from pipelines.cli import run_data_command
+    from pipelines.readers._files import decoding_errors
 
-    return run_data_command(args)
+    with decoding_errors([getattr(args, "source", None), getattr(args, "truth", None)]):  # a truncated chunk
+        return run_data_command(args)
 
 
 def check_gcm_args(args: argparse.Namespace) -> None:

@@ -110,6 +110,7 @@ def check_method_names(named: list[list[str]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipelines.cli import storage_options as json_storage_options
+    from pipelines.readers._files import decoding_errors
     from smoeweather.evaluate import evaluate
     from smoeweather.evaluate_sites import is_site_run
 
@@ -125,18 +126,19 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--binary-quantiles must lie in (0, 1), got {q}")
     truth = args.truth[0] if len(args.truth) == 1 else args.truth
     sites = is_site_run(forecasts, truth)
-    scores = evaluate(forecasts, truth, climatology=args.climatology, out_dir=args.out,
-                      references=not args.no_references,
-                      climatology_years=tuple(args.climatology_years) if args.climatology_years else None,
-                      regions=args.regions or (None if sites else "default"), land_sea_mask=args.land_sea_mask,
-                      land_threshold=args.land_threshold, spectra=args.spectra,
-                      spectra_band=tuple(args.spectra_band), spectra_recipe=args.spectra_recipe,
-                      storage_options=json_storage_options(args.storage_options),
-                      ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
-                      allow_missing=args.allow_missing, thresholds=parse_thresholds(args.thresholds),
-                      bss_reference=args.bss_reference, overwrite=args.overwrite, progress=not args.quiet,
-                      table={"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
-                             "members": args.table_members, "units": args.units})
+    with decoding_errors([forecasts, truth, args.climatology, args.land_sea_mask]):  # a truncated zarr chunk
+        scores = evaluate(forecasts, truth, climatology=args.climatology, out_dir=args.out,
+                          references=not args.no_references,
+                          climatology_years=tuple(args.climatology_years) if args.climatology_years else None,
+                          regions=args.regions or (None if sites else "default"), land_sea_mask=args.land_sea_mask,
+                          land_threshold=args.land_threshold, spectra=args.spectra,
+                          spectra_band=tuple(args.spectra_band), spectra_recipe=args.spectra_recipe,
+                          storage_options=json_storage_options(args.storage_options),
+                          ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
+                          allow_missing=args.allow_missing, thresholds=parse_thresholds(args.thresholds),
+                          bss_reference=args.bss_reference, overwrite=args.overwrite, progress=not args.quiet,
+                          table={"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
+                                 "members": args.table_members, "units": args.units})
     if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
         from smoeweather.plotting.ensembles import plot_rank_histograms
 

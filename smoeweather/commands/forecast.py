@@ -37,10 +37,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from smoeweather.commands.options import check_count, check_device
+    from smoeweather.data.ensembles import parse_lead
     from smoeweather.forecast import run_forecast
 
     if (args.checkpoint is None) == (args.method is None):
         raise ValueError("give either a checkpoint or --method persistence|climatology|train_mean (not both)")
+    check_count(args.batch_size, "--batch-size", example=16)
+    check_device(args.device)
+    for lead in args.lead:
+        parse_lead(lead, "--lead")
     data = args.data[0] if len(args.data) == 1 else args.data
     out = run_forecast(
         data,

@@ -50,15 +50,20 @@ X = TypeVar("X", xr.Dataset, xr.DataArray)
 
 
 # -- leads ---------------------------------------------------------------------------------------------------
-def parse_lead(value: str | int) -> int:
-    """Lead time in whole hours from ``72``, ``"72h"``, ``"3d"`` or ``"3 days"``."""
+def parse_lead(value: str | int, option: str = "--lead") -> int:
+    """Lead time in whole hours from ``72``, ``"72h"``, ``"3d"`` or ``"3 days"``; ValueError naming ``option``
+    for anything else (``abc``, ``-6h``, ``90min``)."""
     if isinstance(value, int | np.integer):
         hours = float(value)
     else:
         s = str(value).strip()
-        hours = float(s) if s.replace(".", "", 1).isdigit() else pd.Timedelta(s) / pd.Timedelta(hours=1)
-    if hours <= 0 or hours != int(hours):
-        raise ValueError(f"lead time must be a positive whole number of hours, got {value!r}")
+        try:
+            hours = float(s) if s.replace(".", "", 1).isdigit() else pd.Timedelta(s) / pd.Timedelta(hours=1)
+        except ValueError:
+            hours = float("nan")
+    if not hours > 0 or hours != int(hours):
+        raise ValueError(f"{option} {value!r}: a lead time must be a positive whole number of hours, e.g. 72h, 3D "
+                         "or 72")
     return int(hours)
 
 
@@ -124,10 +129,9 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None) -> xr.Data
 def _open_any(path: Path | str, storage_options: dict[str, Any] | None = None) -> xr.Dataset:
     if is_url(path):
         return open_url(str(path), storage_options)
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    return xr.open_zarr(path) if path.is_dir() else xr.open_dataset(path)
+    from pipelines.readers._files import open_data
+
+    return open_data(path)
 
 
 def describe(source: Sources) -> str:
@@ -154,6 +158,8 @@ def open_canonical(source: Sources, storage_options: dict[str, Any] | None = Non
     """Lazy canonical Dataset (fields on valid times) of a prepared store (zarr directory) or canonical
     netCDF file(s) / a glob, local or at an fsspec URL (``storage_options`` for fsspec): long names,
     ``latitude`` ascending, ``longitude`` in [0, 360) and ascending."""
+    from pipelines.readers._files import open_data
+
     files = _files(source)
     for f in files:
         if not is_url(f) and not Path(f).exists():
@@ -164,15 +170,20 @@ def open_canonical(source: Sources, storage_options: dict[str, Any] | None = Non
         ds = open_url(files[0], storage_options)
         ds = ds if "latitude" in ds.dims and "longitude" in ds.dims else canonicalize(ds)
     elif len(files) == 1 and (Path(files[0]).is_dir() or files[0].endswith(".zarr")):
-        ds = xr.open_zarr(files[0])
+        ds = open_data(files[0])
     else:
         from pipelines.canonical import canonicalize
 
         if len(files) == 1:
-            ds = xr.open_dataset(files[0], chunks={})
+            ds = open_data(files[0], chunks={})
         else:
-            ds = xr.open_mfdataset(files, combine="nested", concat_dim="time", data_vars="minimal",
-                                   coords="minimal", compat="override", chunks={})
+            try:
+                ds = xr.open_mfdataset(files, combine="nested", concat_dim="time", data_vars="minimal",
+                                       coords="minimal", compat="override", chunks={})
+            except (OSError, ValueError, RuntimeError):
+                for f in files:  # name the file that cannot be read (xarray's error names none)
+                    open_data(f, chunks={}).close()
+                raise
         ds = canonicalize(ds)
     if "latitude" not in ds.dims or "longitude" not in ds.dims:
         raise ValueError(f"{describe(source)}: expected dims latitude and longitude, got {dict(ds.sizes)}")
@@ -316,6 +327,11 @@ def _ensemble_dim(ds: xr.Dataset, where: str, ensemble_dim: str | None) -> str |
         if ensemble_dim not in ds.dims:
             raise ValueError(f"forecast {where}: --ensemble-dim {ensemble_dim!r} is not one of its dims "
                              f"{list(ds.dims)}")
+        if ensemble_dim in ("time", "prediction_timedelta", "latitude", "longitude", "level") or (
+                ensemble_dim != "member" and "member" in ds.dims):
+            why = "the forecast has a member dim" if "member" in ds.dims else "that is a coordinate axis"
+            raise ValueError(f"forecast {where}: --ensemble-dim {ensemble_dim!r} cannot be its ensemble dim ({why}); "
+                             "name the dim of its members, or leave --ensemble-dim out")
         return ensemble_dim
     found = [d for d in ENSEMBLE_DIMS if d in ds.dims]
     if len(found) > 1:

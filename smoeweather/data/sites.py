@@ -44,7 +44,9 @@ def is_site_source(path: str | Path) -> bool:
     if p.suffix.lower() in TABLE_SUFFIXES:
         return True
     if p.is_file() and p.suffix.lower() in (".nc", ".nc4", ".cdf"):
-        with xr.open_dataset(p) as ds:
+        from pipelines.readers._files import open_data
+
+        with open_data(p) as ds:  # an empty, text or unreadable file: a one-line error naming it
             return str(ds.attrs.get("featureType", "")).lower() == "timeseries"
     return False
 

@@ -21,10 +21,17 @@ from smoeweather.data.weather import Field
 
 def init_times(start: Any, end: Any, every: str | pd.Timedelta = "12h") -> np.ndarray:
     """Initialisation times start, start + every, … ≤ end (datetime64[ns]); ValueError when empty."""
-    step = pd.Timedelta(every)
-    if step <= pd.Timedelta(0):
+    try:
+        step = pd.Timedelta(every)
+    except ValueError:
+        raise ValueError(f"--every {every!r}: not a duration; give e.g. 12h or 1D") from None
+    if not step > pd.Timedelta(0):
         raise ValueError(f"--every must be positive, got {every!r}")
-    times = pd.date_range(pd.Timestamp(str(start)), pd.Timestamp(str(end)), freq=step)
+    try:
+        first, last = pd.Timestamp(str(start)), pd.Timestamp(str(end))
+    except ValueError:
+        raise ValueError(f"--init {start} {end}: not two dates; give e.g. --init 2003-01-01 2003-12-31T12") from None
+    times = pd.date_range(first, last, freq=step)
     if len(times) == 0:
         raise ValueError(f"no initialisation times from {start} to {end} (start after end?)")
     return times.values.astype("datetime64[ns]")

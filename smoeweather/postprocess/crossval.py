@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from smoeweather.data.ensembles import lead_label
@@ -55,8 +56,11 @@ def crossvalidate(forecast: xr.Dataset, truth: xr.Dataset, fold: str = "year", i
     labels = fold_labels(forecast["time"], fold)
     folds = np.unique(labels)
     if len(folds) < 2:
-        raise ValueError(f"only one {fold} of init times in {source or 'the forecast'}: leave-one-{fold}-out "
-                         f"needs at least two (try --fold month)")
+        t = pd.DatetimeIndex(forecast["time"].values)
+        hint = ("; try --fold month" if fold == "year" and len(np.unique(fold_labels(forecast["time"], "month"))) > 1
+                else "; give a forecast spanning more time")
+        raise ValueError(f"--fold {fold}: the init times of {source or 'the forecast'} ({t.min():%Y-%m-%d} .. "
+                         f"{t.max():%Y-%m-%d}) lie in one {fold}, and leave-one-{fold}-out needs at least two{hint}")
     held: dict[str, list[xr.Dataset]] = {m: [] for m in METHODS}
     for f in folds:
         test, train = labels == f, labels != f

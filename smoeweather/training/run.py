@@ -48,6 +48,7 @@ from smoeweather.training.callbacks import (
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.diagnostics import RoutingDiagnostics
 from smoeweather.training.init import init_weights
+from smoeweather.training.schema import check_accelerator
 from smoeweather.training.settings import TrainConfig
 from smoeweather.training.tasks import build
 from smoeweather.training.trackers import TrackerLogging, build_loggers
@@ -197,6 +198,7 @@ def train(
     """Validate ``cfg`` in full, seed, build, optionally initialise from ``init_from``, and fit (resuming from
     ``resume``)."""
     cfg = TrainConfig.from_dict(cfg)  # unknown keys / wrong types / bounds: an error before anything runs
+    check_accelerator(cfg.trainer.get("accelerator"), here=True)  # tpu without torch_xla, cuda on a CPU build
     resumed = None
     for given in (init_from, resume):  # read as data before anything is built or written: a crafted file is
         if given is not None:  # refused here (UnsafeCheckpointError naming it) and no output directory appears

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from smoeweather.config import Arguments, Block, ConfigError, settings_specs, validate
+from smoeweather.config import Arguments, Block, Bounded, ConfigError, settings_specs, validate
 from smoeweather.training.blocks import TrainingSettings, loader_specs
 
 NUM = (float,)  # an int is accepted where a float is (1e-3 and 1 alike)
@@ -98,7 +98,7 @@ def common() -> Block:
     """Top level shared by every task; ``data`` and ``model`` free (each task's schema narrows them)."""
     return Block({
         "task": STR,
-        "seed": INT,
+        "seed": Bounded(INT, ge=0, le=2**32 - 1, example=0),  # numpy's and torch's seeds: 0 … 2³² − 1
         "output_dir": (str, NULL),
         "data": Block(None),
         "model": Block(None),
@@ -241,6 +241,56 @@ def check_trainer_counts(trainer: dict[str, Any]) -> None:
                               f"trainer.{key}={10 if key.endswith('epochs') else 1000}")
 
 
+ACCELERATOR_ALIASES = {"gpu": ("cuda", "mps")}
+"""Lightning's accelerator names that stand for one of several (``gpu``: CUDA or Apple's MPS)."""
+
+
+def check_accelerator(value: Any, key: str = "trainer.accelerator", here: bool = False) -> None:
+    """ConfigError naming ``key`` when ``value`` is no accelerator Lightning knows, or (``here``: the config is
+    about to train on this machine) one this machine lacks (``tpu`` without torch_xla, ``gpu``/``cuda`` on a CPU
+    build of torch), for which Lightning would raise an import error or a traceback when the trainer is built.
+    A shipped GPU config still validates on a CPU machine (``here`` False). ``auto``, null and non-strings are
+    left to Lightning."""
+    if not isinstance(value, str) or value == "auto":
+        return
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    def available(name: str) -> bool:
+        try:
+            return bool(AcceleratorRegistry[name]["accelerator"].is_available())
+        except Exception:  # noqa: BLE001 - a backend that cannot even be asked (its package is missing) is absent
+            return False
+
+    names = sorted(AcceleratorRegistry.available_accelerators())
+    present = ", ".join(["auto", *(n for n in names if available(n))])
+    wanted = ACCELERATOR_ALIASES.get(value.lower(), (value.lower(),))
+    if not any(n in names for n in wanted):
+        raise ConfigError(f"config key {key!r} must be one of auto, gpu, {', '.join(names)}, got {value!r}; "
+                          f"this machine has {present}")
+    if here and not any(available(n) for n in wanted if n in names):
+        raise ConfigError(f"config key {key!r} is {value!r}, but this machine has no such device (or torch was "
+                          f"built without it); use one of {present}")
+
+
+def check_split_order(data: Any) -> None:
+    """ConfigError naming the key of a ``data.<split>_years`` or ``data.<split>_period`` whose end lies before
+    its start (it would select no time, and the message would blame the data)."""
+    import pandas as pd
+
+    for key in SPLIT_KEYS:
+        value = data.get(key) if isinstance(data, dict) else None
+        if not isinstance(value, list) or len(value) != 2:
+            continue
+        try:
+            start, end = (pd.Timestamp(str(v)) for v in value)
+        except ValueError:
+            raise ConfigError(f"config key 'data.{key}' must be [start, end] dates or years, e.g. "
+                              f"[2000-01-01, 2000-12-31], got {value!r}") from None
+        if end < start:
+            raise ConfigError(f"config key 'data.{key}' ends before it starts ({value[0]} > {value[1]}); give "
+                              f"[start, end], e.g. data.{key}=[{value[1]}, {value[0]}]")
+
+
 def validate_train_config(cfg: dict[str, Any]) -> None:
     """ConfigError unless ``cfg`` fits the schema of its task (unknown key, wrong type, missing task),
     including the types of the ``model`` and ``trainer`` values (:func:`check_argument_types`)."""
@@ -253,6 +303,8 @@ def validate_train_config(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"config key 'task' must name the task (one of {', '.join(TASK_SCHEMAS)}), got {task!r}")
     validate(cfg, schema_for(task))
     check_argument_types(cfg)
+    check_accelerator((cfg.get("trainer") or {}).get("accelerator"))
+    check_split_order(cfg.get("data"))
     check_trainer_counts(cfg.get("trainer") or {})
     if task == "weatherbench" and isinstance(cfg.get("model"), dict):
         from smoeweather.training.ensemble_forecasting import check_loss
