@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from smoeweather import numerics
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 # what a skipped test says is missing and how to supply it (one wording for every test that reads SHARED_DATA)
@@ -38,20 +40,8 @@ def skip_without_shared(*parts: str) -> pytest.MarkDecorator:
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
 torch.set_num_threads(int(os.environ.get("SMOE_TEST_THREADS", max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))))
 
-UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-
-
-def float_tol(dtype: torch.dtype | np.dtype | type, n_ops: int, scale: float = 1.0) -> dict[str, float]:
-    """``rtol``/``atol`` for comparing two computations of the same quantity in ``dtype``.
-
-    Worst-case rounding of a chain of ``n_ops`` dependent operations (or of a sum of n_ops terms in any
-    order) is n_ops · u relative, u = unit roundoff (2^-24 for float32). ``scale`` is the magnitude of the
-    values, for an absolute tolerance near zero (cancellation). Factor 2: both sides round.
-    """
-    if not isinstance(dtype, torch.dtype):
-        dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
-    rtol = 2.0 * n_ops * UNIT_ROUNDOFF[dtype]
-    return {"rtol": rtol, "atol": rtol * scale}
+# the one tolerance rule (smoeweather.numerics), re-exported for the tests: `from conftest import float_tol`
+UNIT_ROUNDOFF, float_tol = numerics.UNIT_ROUNDOFF, numerics.float_tol
 
 
 @pytest.hookimpl(wrapper=True)

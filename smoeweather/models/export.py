@@ -41,6 +41,7 @@ from smoeweather.models.loader import (
     network_task,
     rebuild_network,
 )
+from smoeweather.numerics import float_tol
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "FORMATS", "ONNX_OPSET", "FrozenSMoE", "OnnxExportError",
            "check_onnx", "example_inputs", "export_model", "freeze_routing", "is_export", "onnx_graph", "read_export",
@@ -290,7 +291,8 @@ def rounding_ops(model: nn.Module) -> int:
 def check_onnx(path: Path, module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     """Run the graph at ``path`` with onnxruntime (CPU) and ``module`` with torch on ``inputs``; OnnxExportError when
     an output differs by more than ``2 n u (|torch| + max|torch| of its channel)`` (n: :func:`rounding_ops`, u =
-    2⁻²⁴). Returns ``{"rtol", "max_abs_diff", "worst_ratio", "batch"}`` (ratio: difference over tolerance)."""
+    2⁻²⁴: :func:`smoeweather.numerics.float_tol`). Returns ``{"rtol", "max_abs_diff", "worst_ratio", "batch"}``
+    (ratio: difference over tolerance)."""
     import numpy as np
 
     try:
@@ -303,7 +305,7 @@ def check_onnx(path: Path, module: nn.Module, inputs: tuple[torch.Tensor, ...]) 
     with torch.no_grad():
         want = module(*inputs)
     want = [w.numpy() for w in (want if isinstance(want, (tuple, list)) else (want,))]
-    rtol = 2.0 * rounding_ops(module) * 2.0 ** -24
+    rtol = float_tol(torch.float32, rounding_ops(module))["rtol"]
     worst = diff = 0.0
     for g, w in zip(got, want):
         axes = tuple(i for i in range(w.ndim) if i != w.ndim - 3)  # per channel (C of (..., C, H, W))
