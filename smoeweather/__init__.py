@@ -2,12 +2,6 @@
 
 import sys as _sys
 import warnings as _warnings
-from typing import TYPE_CHECKING as _TYPE_CHECKING
-
-if _TYPE_CHECKING:
-    import os
-
-    from smoeweather.models.loader import TrainedNetwork
 
 __version__ = "0.1.0"
 
@@ -49,11 +43,12 @@ else:
             pass
 
 
-def load_model(path: "str | os.PathLike[str]", map_location: str = "cpu") -> "TrainedNetwork":
-    """The trained network of a ``smoe train`` checkpoint (``.ckpt``) or of its export folder (``smoe export``), in
-    eval mode on ``map_location``, with its metadata: a :class:`smoeweather.models.loader.TrainedNetwork`
-    (``.model``, ``.metadata``, ``.config``, ``.task``). Nothing is unpickled: a checkpoint is read as data, an
-    export from JSON and safetensors. Networks of tasks ``weatherbench`` and ``postprocess``."""
-    from smoeweather.models.loader import load_network
+def __getattr__(name: str) -> object:
+    """``smoeweather.load_model(PATH, map_location="cpu")``: the trained network of a ``smoe train`` checkpoint or
+    of its export folder (:func:`smoeweather.models.loader.load_network`; nothing is unpickled), looked up when
+    first used: the package root sits below the models layer and never imports it at import time (PEP 562)."""
+    if name == "load_model":
+        import importlib
 
-    return load_network(path, map_location=map_location)
+        return importlib.import_module("smoeweather.models.loader").load_network
+    raise AttributeError(f"module 'smoeweather' has no attribute {name!r}")

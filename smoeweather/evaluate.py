@@ -282,6 +282,7 @@ def evaluate(
     overwrite: bool = True,
     progress: bool = False,
     table: Mapping[str, Any] | None = None,
+    plausibility_check: bool = True,
 ) -> xr.Dataset:
     """Scores Dataset (vars ``rmse``, ``bias``, [``acc``, ``crps``, ...], ``per_init_<q>``, ``wb2_<metric>``,
     ``n_time``, ``n_scored``) over dims ``method``, ``field``, ``prediction_timedelta`` [, ``region``]; written
@@ -298,7 +299,8 @@ def evaluate(
     ``bss_reference``, by default the first ensemble) are computed. ``progress``: a bar on a terminal, stage
     lines when piped. Site (station) forecasts and observations (site tables, read with the column options
     ``table``; CF timeSeries files; ``smoe postprocess apply`` stores on sites) are scored by
-    :func:`smoeweather.evaluate_sites.evaluate_sites` (grid-only options refused).
+    :func:`smoeweather.evaluate_sites.evaluate_sites` (grid-only options refused). ``plausibility_check``: refuse
+    gridded forecasts or truth with implausible values (:func:`pipelines.plausibility.check_plausible`).
     """
     from smoeweather.evaluate_sites import evaluate_sites, is_site_run
 
@@ -315,7 +317,7 @@ def evaluate(
         masks = [r.split("=", 1)[1] for r in ([regions] if isinstance(regions, str) else regions or [])
                  if isinstance(r, str) and "=" in r and r.endswith(".nc")]  # region mask files NAME=PATH.nc
         check_output(out_dir, overwrite, inputs=[forecasts, truth, climatology, land_sea_mask, masks])
-    inp = open_inputs(forecasts, truth, storage_options, ensemble_dim)
+    inp = open_inputs(forecasts, truth, storage_options, ensemble_dim, plausibility_check)
     if inp.truth_in_file and references:
         warnings.warn(f"{inp.where_truth}: truth held inside a forecast file; no persistence/climatology "
                       "references", stacklevel=2)

@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from pipelines.plausibility import check_plausible
 from smoeweather.data.ensembles import (
+    STD_SUFFIX,
     check_grid,
     describe,
     forecast_kind,
@@ -27,7 +29,7 @@ from smoeweather.data.ensembles import (
 )
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.regions import Region, parse_regions, region_weights
-from smoeweather.units import Quantity, align_forecast, convert, units_of, values_in
+from smoeweather.units import Quantity, convert, convert_threshold_coord, units_of, values_in
 
 Source = str | Path
 SAME_THRESHOLD = float(np.finfo(np.float32).eps)  # thresholds closer (relative) than float32 rounding: one event
@@ -226,14 +228,17 @@ def _common_times(fcs: dict[str, xr.Dataset], truth_ds: xr.Dataset, where_truth:
 
 
 def open_inputs(forecasts: Mapping[str, Source] | Source | Sequence[Source], truth: Source | Sequence[Source],
-                storage_options: dict[str, Any] | None = None, ensemble_dim: str | None = None) -> Inputs:
-    """Open forecasts and truth (local or fsspec URLs), check grids and dims, and find the common fields,
-    initialisations and leads."""
+                storage_options: dict[str, Any] | None = None, ensemble_dim: str | None = None,
+                plausibility_check: bool = True) -> Inputs:
+    """Open forecasts and truth (local or fsspec URLs), check grids and dims (and, with ``plausibility_check``,
+    the values: :func:`pipelines.plausibility.check_plausible`), and find the common fields, initialisations
+    and leads."""
     named = _named(forecasts, storage_options, ensemble_dim)
     if not named:
         raise ValueError("evaluate needs at least one forecast")
     truth_ds, in_file = open_truth_source(truth, storage_options)
     where_truth = f"truth {describe(truth)}"
+    check_plausible({where_truth: truth_ds, **{f"forecast {p}": ds for p, ds in named.values()}}, plausibility_check)
     fcs = {n: ds for n, (_, ds) in named.items()}
     for n, (p, ds) in named.items():
         _check_extra_dims(ds, n, p)
@@ -261,7 +266,7 @@ def add_persistence(inp: Inputs, truth: Source | Sequence[Source]) -> None:
         return
     inp.forecasts["persistence"] = make_forecast(truth, ref_inits, method="persistence", leads_h=lead_hours(inp.leads),
                                                  fields=[field_name(f) for f in inp.fields], beyond_data=True,
-                                                 progress=False)
+                                                 progress=False, plausibility_check=False)  # open_inputs checked
     inp.kinds["persistence"] = "deterministic"
     inp.inits = ref_inits
 
@@ -279,7 +284,8 @@ def add_climatology_reference(inp: Inputs, truth: Source | Sequence[Source], cli
     else:
         ref = make_forecast(truth, inp.inits, method="climatology", leads_h=lead_hours(inp.leads),
                             fields=[field_name(f) for f in inp.fields], climatology_from=str(climatology),
-                            climatology_years=climatology_years, beyond_data=True, progress=False)
+                            climatology_years=climatology_years, beyond_data=True, progress=False,
+                            plausibility_check=False)  # the truth: checked by open_inputs
         store = open_canonical(climatology)
         for f in dict.fromkeys(f[0] for f in inp.fields):  # values of the store, in the truth's units
             ref[f] = convert(ref[f], units_of(inp.truth[f]), f, f"--climatology {climatology}", inp.where_truth,
@@ -403,3 +409,26 @@ def climatological_probabilities(climatology: Source | None, events: dict[Field,
                                       have=climatology_units(store, f[0]), quiet=True) if truth else da,
                               events[f], vt)
             for f, da in training_fields(str(climatology), list(events), years).items()}
+
+
+def align_forecast(ds: xr.Dataset, kind: str, truth: xr.Dataset, variables: Sequence[str], where: str,
+                   truth_where: str) -> xr.Dataset:
+    """A forecast ``ds`` of ``kind`` (``smoeweather.data.ensembles.FORECAST_KINDS``) with each of ``variables``
+    it holds in the units of ``truth``'s: values (members, quantiles, μ) as values, a Gaussian's ``<name>_std``
+    as a spread, a probability forecast's ``threshold`` coordinate as values; noted, a mismatch refused."""
+    out = ds
+    for v in dict.fromkeys(variables):
+        if v not in ds.data_vars or v not in truth.data_vars:
+            continue
+        want = units_of(truth[v])
+        if kind == "probability":
+            if "threshold" in ds.coords:
+                out = convert_threshold_coord(out, want, v, where, truth_where)
+            continue
+        have = units_of(ds[v])
+        out = out.assign({v: convert(ds[v], want, v, where, truth_where)})
+        std = f"{v}{STD_SUFFIX}"
+        if kind == "gaussian" and std in ds.data_vars:
+            out = out.assign({std: convert(ds[std], want, v, where, truth_where, spread=True,
+                                           have=units_of(ds[std]) or have, quiet=True)})
+    return out

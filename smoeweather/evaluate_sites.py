@@ -28,8 +28,14 @@ import xarray as xr
 
 from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
-from smoeweather.evaluate_inputs import add_thresholds, at_thresholds, method_name, relative_to_threshold
-from smoeweather.units import Quantity, align_forecast, units_of, values_in
+from smoeweather.evaluate_inputs import (
+    add_thresholds,
+    align_forecast,
+    at_thresholds,
+    method_name,
+    relative_to_threshold,
+)
+from smoeweather.units import Quantity, units_of, values_in
 
 Source = str | Path
 CASE = "case"

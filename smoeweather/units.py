@@ -143,31 +143,6 @@ def convert(da: xr.DataArray, want: str, variable: str, have_where: str, want_wh
     return out.assign_attrs({**da.attrs, "units": want})
 
 
-def align_forecast(ds: xr.Dataset, kind: str, truth: xr.Dataset, variables: Sequence[str], where: str,
-                   truth_where: str) -> xr.Dataset:
-    """A forecast ``ds`` of ``kind`` (``smoeweather.data.ensembles.FORECAST_KINDS``) with each of ``variables``
-    it holds in the units of ``truth``'s: values (members, quantiles, μ) as values, a Gaussian's ``<name>_std``
-    as a spread, a probability forecast's ``threshold`` coordinate as values; noted, a mismatch refused."""
-    from smoeweather.data.ensembles import STD_SUFFIX
-
-    out = ds
-    for v in dict.fromkeys(variables):
-        if v not in ds.data_vars or v not in truth.data_vars:
-            continue
-        want = units_of(truth[v])
-        if kind == "probability":
-            if "threshold" in ds.coords:
-                out = convert_threshold_coord(out, want, v, where, truth_where)
-            continue
-        have = units_of(ds[v])
-        out = out.assign({v: convert(ds[v], want, v, where, truth_where)})
-        std = f"{v}{STD_SUFFIX}"
-        if kind == "gaussian" and std in ds.data_vars:
-            out = out.assign({std: convert(ds[std], want, v, where, truth_where, spread=True,
-                                           have=units_of(ds[std]) or have, quiet=True)})
-    return out
-
-
 def convert_threshold_coord(ds: xr.Dataset, want: str, variable: str, have_where: str, want_where: str
                             ) -> xr.Dataset:
     """A probability forecast ``ds`` with its ``threshold`` coordinate (in the field's units, its own ``units``

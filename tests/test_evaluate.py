@@ -94,7 +94,8 @@ def test_day_of_year_no_leap_and_windowed_climatology_closed_form() -> None:
 
 
 def _linear_store(path: Path, start: str = "2000-01-01", days: int = 40, slope: float = 2.5) -> Path:
-    """6-hourly store where Z500 = 50000 + slope·(hours since start) + a lat pattern; T850 = 280 − 0.01·h."""
+    """6-hourly store where Z500 = 50000 + slope·(hours since start) + a lat pattern (Z850 the same − 36000);
+    T = 280 − 0.01·h at both levels."""
     times = np.arange(np.datetime64(start, "ns"), np.datetime64(start, "ns") + np.timedelta64(days, "D"),
                       np.timedelta64(6, "h"))
     hours = ((times - times[0]) / np.timedelta64(1, "h")).astype(np.float64)
@@ -107,7 +108,8 @@ def _linear_store(path: Path, start: str = "2000-01-01", days: int = 40, slope: 
          "temperature": (("time", "level", "latitude", "longitude"), t.astype(np.float32), {"units": "K"})},
         coords={"time": times, "latitude": LAT, "longitude": LON},
     )
-    ds = xr.concat([ds.assign_coords(level=[500]), ds.assign_coords(level=[850])], "level")
+    lower = ds.assign(geopotential=ds["geopotential"] - 36000.0)  # Z850 near 14,000 m² s⁻², where it lies
+    ds = xr.concat([ds.assign_coords(level=[500]), lower.assign_coords(level=[850])], "level", combine_attrs="override")
     write_store(lambda: ds, path, args={"test": "linear"}, train_years=None, source="test", time_chunk=8,
                 scheduler="synchronous", progress=False)
     return path

@@ -1,4 +1,4 @@
-"""Fault injection, inputs (issue 65): an output never is, contains or enters an input, with or without
+"""Fault injection, inputs: an output never is, contains or enters an input, with or without
 --overwrite (one check, :func:`smoeweather.io.check_apart`, called by every command); a method name is given
 once; a name read from a file's attributes is made safe before it becomes a path or reaches the terminal; a
 checkpoint is written whole or not at all; counts and model sizes are bounded before any work; an init time

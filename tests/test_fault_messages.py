@@ -1,4 +1,4 @@
-"""Fault injection, the messages (issue 65): every error a user can cause is one line on stderr naming the file,
+"""Fault injection, the messages: every error a user can cause is one line on stderr naming the file,
 option or config key, with exit status 2 and no traceback (``--debug`` keeps it). Each case below was a traceback
 or a library's text naming nothing (xarray's "no matching backend", blosc's "error during decompression", pandas'
 "unit abbreviation w/o a number", range()'s "arg 3 must not be zero", numpy's seed bounds, a raw ENOSPC) or a

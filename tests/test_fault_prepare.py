@@ -1,4 +1,4 @@
-"""Fault cases of ``smoe data prepare`` (issue 65): every time step is judged, named fields are never dropped,
+"""Fault cases of ``smoe data prepare``: every time step is judged, named fields are never dropped,
 non-finite values and missing zarr chunks are refused by name, and implausible values (a unit mistake) are refused
 naming the variable, the range and the likely mistake — here and at ``smoe forecast --data``. Each case in the
 exact published layout (tests/fake_layouts.py); each gave a wrong store with exit 0 before."""

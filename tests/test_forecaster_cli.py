@@ -112,7 +112,7 @@ def _levels_stores(tmp: Path) -> dict[str, Path]:
     rng = np.random.default_rng(2)
     dims = ("time", "level", "latitude", "longitude")
     t = 270.0 + 8.0 * rng.normal(size=(len(TIMES), 2, 8, 16))
-    z = 50000.0 + 100.0 * rng.normal(size=(len(TIMES), 2, 8, 16))
+    z = np.array([55000.0, 14000.0])[:, None, None] + 100.0 * rng.normal(size=(len(TIMES), 2, 8, 16))  # 500, 850
     truth = xr.Dataset({"temperature": (dims, t.astype(np.float32), {"units": "K"}),
                         "geopotential": (dims, z.astype(np.float32), {"units": "m**2 s**-2"})},
                        coords={"time": TIMES, "level": [500, 850], "latitude": LAT, "longitude": LON})

@@ -178,13 +178,14 @@ def test_truncated_normal_drn_never_below_zero(tmp_path: Path) -> None:
                          45.0, -120.0 + s, 10.0])
     pd.DataFrame(rows, columns=["A", "B", "C", "D", "observation", "date", "station", "latitude", "longitude",
                                 "elevation"]).to_csv(tmp_path / "w.csv", index=False)
-    _cli("fit", "--method", "drn", "--distribution", "truncnormal", "--forecast", tmp_path / "w.csv", *FAST,
+    wind = ["--table-variable", "10m_wind_speed"]  # non-negative values: what the truncated normal is for
+    _cli("fit", "--method", "drn", "--distribution", "truncnormal", "--forecast", tmp_path / "w.csv", *FAST, *wind,
          "--out", tmp_path / "tn.nc")
-    _cli("apply", "--drn", tmp_path / "tn.nc", "--forecast", tmp_path / "w.csv", "--out", tmp_path / "pp.zarr",
-         "--members", "4", "--quantiles", "0.01", "0.5")
+    _cli("apply", "--drn", tmp_path / "tn.nc", "--forecast", tmp_path / "w.csv", *wind, "--out",
+         tmp_path / "pp.zarr", "--members", "4", "--quantiles", "0.01", "0.5")
     assert xr.open_zarr(tmp_path / "pp.zarr").attrs["distribution"] == "truncnormal"
-    assert float(xr.open_zarr(tmp_path / "pp_quantiles.zarr")[VAR].min()) >= 0
-    assert float(xr.open_zarr(tmp_path / "pp_members.zarr")[VAR].min()) >= 0
+    assert float(xr.open_zarr(tmp_path / "pp_quantiles.zarr")["10m_wind_speed"].min()) >= 0
+    assert float(xr.open_zarr(tmp_path / "pp_members.zarr")["10m_wind_speed"].min()) >= 0
 
 
 def test_gridded_drn_through_the_cli(tmp_path: Path) -> None:

@@ -96,12 +96,12 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> Path:
     at_valid = truth.sel(time=valid.values.ravel()).values.reshape(*valid.shape, 1, 32, 64)
     smooth = 0.5 * (at_valid + np.roll(at_valid, 1, axis=-1))  # a 2-point zonal mean: damps the small scales
     good = pers.copy(deep=True)
-    good["geopotential"] = (pers["geopotential"].dims, smooth.astype(np.float32))
+    good["geopotential"] = pers["geopotential"].copy(data=smooth.astype(np.float32))  # keeps its units
     good.attrs["method"] = "smooth"
     good.to_zarr(tmp / "smooth.zarr", zarr_format=2)
     same = pers.copy(deep=True)
-    same["geopotential"] = pers["geopotential"] + rng.normal(0, 1e-3, size=pers["geopotential"].shape).astype(
-        np.float32)
+    same["geopotential"] = pers["geopotential"].copy(data=pers["geopotential"].values + rng.normal(
+        0, 1e-3, size=pers["geopotential"].shape).astype(np.float32))
     same.to_zarr(tmp / "same.zarr", zarr_format=2)
     out = tmp / "scores"
     assert main(["evaluate", f"persistence={tmp / 'persistence.zarr'}", f"smooth={tmp / 'smooth.zarr'}",

@@ -11,7 +11,8 @@ NAME = "forecast"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("forecast", help="forecast from a checkpoint or a reference method (WeatherBench 2 layout)")
-    p.add_argument("checkpoint", nargs="?", type=Path, help="a weatherbench checkpoint of `smoe train`")
+    p.add_argument("checkpoint", nargs="?", type=Path,
+                   help="a weatherbench checkpoint of `smoe train`, or its export folder (`smoe export`)")
     p.add_argument("--method", choices=("persistence", "climatology", "train_mean"), default=None,
                    help="reference forecast instead of a checkpoint")
     p.add_argument("--data", required=True, nargs="+",
@@ -34,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beyond-data", action="store_true",
                    help="allow valid times past the data (no truth check; inputs must still exist)")
     p.add_argument("--no-progress", action="store_true", help="do not print the progress of the forecast")
+    p.add_argument("--no-plausibility-check", action="store_true",
+                   help="do not refuse --data values outside the plausible range of a known variable (exotic data)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         beyond_data=args.beyond_data,
         name=args.name,
         progress=not args.no_progress,
+        plausibility_check=not args.no_plausibility_check,
     )
     print(f"smoe forecast: wrote {out}")
     return 0

@@ -27,6 +27,7 @@ FILE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".gif", ".tif", ".tiff
 PLOT_INPUTS = ("checkpoint", "land_sea", "forecast", "truth", "model", "scores", "studies")
 """The arguments of the plot verbs that name inputs: --out may hold them (files are added beside), never be or
 lie inside one (:func:`smoeweather.io.check_apart`)."""
+SCORES_HELP = "scores.nc written by `smoe evaluate`, or the folder it wrote (its --out)"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("model", type=Path, help="model file of `smoe postprocess fit --per-gridpoint`")
     e.add_argument("--out", required=True, type=Path, help="output folder")
     s = verbs.add_parser("scores", help="score vs lead per field and metric, one line per method")
-    s.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
+    s.add_argument("scores", type=Path, help=SCORES_HELP)
     s.add_argument("--out", required=True, type=Path, help="output folder")
     _add_frontier(verbs)
     _add_scorecard_spectra(verbs)
@@ -73,7 +74,7 @@ def _add_scorecard_spectra(verbs: argparse._SubParsersAction) -> None:
     """``smoe plot scorecard`` and ``smoe plot spectra`` (smoeweather.plotting.scorecard)."""
     c = verbs.add_parser("scorecard", help="per metric: %% difference of every method to a baseline, variables x "
                                           "leads x regions, non-significant cells hatched")
-    c.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
+    c.add_argument("scores", type=Path, help=SCORES_HELP)
     c.add_argument("--baseline", required=True, help="the method every other is compared with, e.g. dense")
     c.add_argument("--methods", nargs="+", default=None, help="rows (default: every other method)")
     c.add_argument("--metrics", nargs="+", default=None,
@@ -82,14 +83,14 @@ def _add_scorecard_spectra(verbs: argparse._SubParsersAction) -> None:
     c.add_argument("--limit", type=float, default=None, help="colour range +-LIMIT %% (default: from the data)")
     c.add_argument("--out", required=True, type=Path, help="output folder")
     sp = verbs.add_parser("spectra", help="forecast/truth zonal energy spectrum ratio vs wavenumber per lead")
-    sp.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate --spectra`")
+    sp.add_argument("scores", type=Path, help=SCORES_HELP.replace("`smoe evaluate`", "`smoe evaluate --spectra`"))
     sp.add_argument("--methods", nargs="+", default=None, help="methods drawn (default: all)")
     sp.add_argument("--out", required=True, type=Path, help="output folder")
     for verb, text in (("reliability", "reliability diagram per field and threshold: observed frequency vs forecast "
                                        "probability, the diagonal, and the cases per bin"),
                        ("pit", "PIT histograms of Gaussian (mu/sigma) forecasts per field and lead")):
         c = verbs.add_parser(verb, help=text)
-        c.add_argument("scores", type=Path, help="scores.nc written by `smoe evaluate`")
+        c.add_argument("scores", type=Path, help=SCORES_HELP)
         c.add_argument("--methods", nargs="+", default=None, help="methods drawn (default: all that have it)")
         c.add_argument("--out", required=True, type=Path, help="output folder")
 

@@ -54,6 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--variables", nargs="+", help="ensemble variables to fit (default: all)")
     f.add_argument("--iterations", type=int, default=None, help="max Newton iterations per fit (default 50)")
     f.add_argument("--out", type=Path, required=True, help="model file (netCDF, e.g. emos.nc)")
+    f.add_argument("--no-plausibility-check", action="store_true",
+                   help="do not refuse ensemble/truth values outside the plausible range of a known variable")
     add_scale_arguments(f, "fit")  # --scheduler, site tables, --predictors, --per-site, --window/--lag
 
     a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with EMOS or a network")
@@ -62,7 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--drn", type=Path, metavar="MODEL.nc", help="DRN model file of `smoe postprocess fit "
                        "--method drn`")
     which.add_argument("--network", type=Path, metavar="CKPT",
-                       help="post-processing network checkpoint of `smoe train` (task postprocess)")
+                       help="post-processing network checkpoint of `smoe train` (task postprocess), or its export "
+                            "folder")
     a.add_argument("legacy_model", nargs="?", type=Path, help=argparse.SUPPRESS)  # the old spelling: refused
     a.add_argument("--forecast", type=Path, nargs="+", required=True,
                    help="ensemble store(s) or forecast file(s) to calibrate (several: concatenated along init time)")
@@ -178,7 +181,8 @@ def _fit(args: argparse.Namespace) -> int:
                              "(the DRN reads the ensemble mean and spread, and its location embedding is per site)")
         print(fit_drn_files(args.forecast, args.out, _drn_settings(args), truth=args.truth, variables=args.variables,
                             train_period=args.train_period, window=args.window, lag=args.lag, dates=args.dates,
-                            table=_table_options(args), overwrite=args.overwrite, progress=not args.quiet))
+                            table=_table_options(args), overwrite=args.overwrite, progress=not args.quiet,
+                            plausibility_check=not args.no_plausibility_check))
         return 0
     from smoeweather.postprocess.pipeline import fit  # out of core on dask; grids and sites; rolling windows
 
@@ -186,7 +190,7 @@ def _fit(args: argparse.Namespace) -> int:
               train_period=args.train_period, predictors=args.predictors, per_gridpoint=args.per_gridpoint,
               window=args.window, lag=args.lag, dates=args.dates, distribution=args.distribution,
               iterations=args.iterations, table=_table_options(args), scheduler=args.scheduler,
-              progress=not args.quiet, overwrite=args.overwrite))
+              progress=not args.quiet, overwrite=args.overwrite, plausibility_check=not args.no_plausibility_check))
     return 0
 
 

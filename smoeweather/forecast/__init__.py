@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.plausibility import check_plausible
 from smoeweather.data.ensembles import Sources, describe, open_canonical, parse_lead, write_store
 from smoeweather.forecast.output import init_times
 from smoeweather.forecast.reference import METHODS
@@ -42,9 +43,11 @@ def make_forecast(
     beyond_data: bool = False,
     name: str | None = None,
     progress: bool = True,
+    plausibility_check: bool = True,
 ) -> Any:
     """The forecast as an in-memory xarray Dataset (see :func:`run_forecast`) of the network ``checkpoint`` or
-    the reference ``method`` (exactly one)."""
+    the reference ``method`` (exactly one). ``plausibility_check``: refuse ``data`` whose values are implausible
+    for their variables (:func:`pipelines.plausibility.check_plausible`)."""
     from smoeweather.data.weather import parse_fields
     from smoeweather.forecast.output import forecast_dataset
 
@@ -68,6 +71,7 @@ def make_forecast(
             raise ValueError("--fields applies to --method forecasts; a model forecasts its own targets")
         trained = load_network(what, map_location=device)
     ds = open_canonical(data)
+    check_plausible({where: ds}, plausibility_check)
     attrs: dict[str, Any] = {"data_source": describe(data), "init_every": str(every)}
     members = None
     if method is not None:

@@ -14,12 +14,25 @@ into the plain form (see :func:`convert_trusted`).
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+
+METADATA_KEY = "smoeweather"
+"""The key of a checkpoint's smoeweather metadata block (``checkpoint["smoeweather"]``)."""
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes (provenance of forecasts and scores)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 __all__ = ["UnsafeCheckpointError", "read_checkpoint", "convert_trusted", "plain"]
 

@@ -33,6 +33,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from smoeweather.models.export_folder import (
+    CARD_FILE,
+    EXPORT_FORMAT,
+    EXPORT_VERSION,
+    ONNX_FILE,
+    WEIGHTS_FILE,
+    is_export,
+    safetensors_module,
+)
 from smoeweather.models.loader import (
     METADATA_KEY,
     NETWORK_TASKS,
@@ -43,14 +52,9 @@ from smoeweather.models.loader import (
 )
 from smoeweather.numerics import float_tol
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "FORMATS", "ONNX_OPSET", "FrozenSMoE", "OnnxExportError",
-           "check_onnx", "example_inputs", "export_model", "freeze_routing", "is_export", "onnx_graph", "read_export",
-           "rounding_ops", "write_onnx"]
+__all__ = ["FORMATS", "ONNX_OPSET", "FrozenSMoE", "OnnxExportError", "check_onnx", "example_inputs", "export_model",
+           "freeze_routing", "onnx_graph", "rounding_ops", "write_onnx"]
 
-EXPORT_FORMAT = "smoeweather-export"
-EXPORT_VERSION = 1
-"""Version of the folder layout and of ``model.json``'s top level; the ``smoeweather`` block has its own."""
-CARD_FILE, WEIGHTS_FILE, ONNX_FILE = "model.json", "model.safetensors", "model.onnx"
 FORMATS = ("safetensors", "onnx")
 """``smoe export --format``: ``safetensors`` (weights and card) or ``onnx`` (those plus ``model.onnx``)."""
 ONNX_OPSET = 17
@@ -60,19 +64,6 @@ ONNX_EXTRA = "pip install 'smoeweather[onnx]'"
 
 class OnnxExportError(ValueError):
     """A network that has no ONNX graph (its members are random draws, or onnx is not installed)."""
-
-
-def is_export(path: str | Path) -> bool:
-    """Whether ``path`` is an export folder of ``smoe export`` (a folder holding ``model.json``)."""
-    return Path(path).is_dir() and (Path(path) / CARD_FILE).is_file()
-
-
-def _safetensors() -> Any:
-    try:
-        import safetensors.torch
-    except ImportError:  # a dependency of smoeweather: only a broken install lacks it
-        raise ImportError("smoe export needs the safetensors package: pip install safetensors") from None
-    return safetensors.torch
 
 
 def _weights(net: nn.Module) -> dict[str, torch.Tensor]:
@@ -107,7 +98,7 @@ def export_model(checkpoint: str | Path, out: str | Path, fmt: str = "safetensor
     graph = onnx_graph(task, meta, net, str(checkpoint)) if fmt == "onnx" else None  # refused before writing
     card: dict[str, Any] = {"format": EXPORT_FORMAT, "export_version": EXPORT_VERSION, "weights": WEIGHTS_FILE}
     with atomic_output(out, overwrite, kind="dir") as tmp:
-        _safetensors().save_file(_weights(net), str(tmp / WEIGHTS_FILE), metadata={"format": EXPORT_FORMAT})
+        safetensors_module().save_file(_weights(net), str(tmp / WEIGHTS_FILE), metadata={"format": EXPORT_FORMAT})
         card["weights_sha256"] = file_sha256(tmp / WEIGHTS_FILE)
         card["checkpoint"] = {"name": checkpoint.name, "sha256": file_sha256(checkpoint)}
         card["exported"] = {"utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -117,32 +108,6 @@ def export_model(checkpoint: str | Path, out: str | Path, fmt: str = "safetensor
         card[METADATA_KEY] = meta
         (tmp / CARD_FILE).write_text(json.dumps(card, indent=1, allow_nan=False) + "\n")
     return card
-
-
-def read_export(path: str | Path) -> tuple[dict[str, Any], str]:
-    """(checkpoint-like dict ``{"state_dict": {"model.<key>": tensor}, "smoeweather": metadata}``, SHA-256 of the
-    weights file) of an export folder, read from JSON and safetensors only. ValueError naming the file for another
-    format or version, or weights that are not the ones ``model.json`` records."""
-    path = Path(path)
-    card_path = path / CARD_FILE
-    try:
-        card = json.loads(card_path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{card_path} is not JSON ({err}); export the checkpoint again with `smoe export`") from None
-    if not isinstance(card, dict) or card.get("format") != EXPORT_FORMAT:
-        raise ValueError(f"{card_path} is not a model card of `smoe export` (no \"format\": \"{EXPORT_FORMAT}\")")
-    if card.get("export_version") != EXPORT_VERSION:
-        raise ValueError(f"{card_path}: export version {card.get('export_version')!r}, this smoeweather reads "
-                         f"{EXPORT_VERSION}; export the checkpoint again with this version")
-    weights = path / str(card.get("weights", WEIGHTS_FILE))
-    if not weights.is_file():
-        raise FileNotFoundError(f"{weights} does not exist; {card_path} names it as the weights file")
-    sha = file_sha256(weights)
-    if card.get("weights_sha256") != sha:
-        raise ValueError(f"{weights}: SHA-256 {sha} differs from the weights_sha256 in {card_path}; the folder was "
-                         "changed after `smoe export`: export the checkpoint again")
-    state = _safetensors().load_file(str(weights))
-    return {"state_dict": {f"model.{k}": v for k, v in state.items()}, METADATA_KEY: card.get(METADATA_KEY)}, sha
 
 
 # ---- ONNX ----------------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ Checkpoints of the other tasks (heat, vision) are loaded by :func:`smoeweather.t
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,15 +23,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from smoeweather.models.checkpoint_io import read_checkpoint
+from smoeweather.models.checkpoint_io import METADATA_KEY, file_sha256, read_checkpoint
 from smoeweather.models.ensemble import uses_land_sea_prior  # the one answer, for training and loading alike
+from smoeweather.models.export_folder import is_export, read_export
 
 __all__ = ["CheckpointFormatError", "TrainedNetwork", "check_checkpoint", "load_network", "file_sha256",
            "canonical_task", "FORMAT_VERSION", "METADATA_KEY", "NETWORK_TASKS", "TASK_ALIASES"]
 
 FORMAT_VERSION = 1
 """Version of the ``checkpoint["smoeweather"]`` payload; bump it when the layout changes."""
-METADATA_KEY = "smoeweather"
 NETWORK_TASKS = ("weatherbench", "postprocess")
 """Tasks whose networks :func:`load_network` rebuilds from the checkpoint alone."""
 TASK_ALIASES = {"ens10": "postprocess"}
@@ -66,15 +65,6 @@ def check_checkpoint(checkpoint: Mapping[str, Any], source: str = "checkpoint") 
             f"version {FORMAT_VERSION}; retrain or convert it with the smoeweather version that wrote it"
         )
     return meta
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes (provenance of forecasts and scores)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -197,8 +187,6 @@ def load_network(path: str | Path, map_location: str | torch.device = "cpu") -> 
     CheckpointFormatError for a file not written by ``smoe train`` (this format version), and ValueError (naming
     the file) for another task or weights that do not fit.
     """
-    from smoeweather.models.export import is_export, read_export
-
     path = Path(path)
     if is_export(path):
         checkpoint, sha256 = read_export(path)

@@ -172,7 +172,7 @@ def fit(forecast: xr.Dataset, truth: xr.Dataset, options: Mapping[str, Any] | No
 def load(path: str | Path) -> Calibrator:
     """The calibrator of a model file of ``smoe postprocess fit`` (EMOS or DRN, by its ``kind`` attribute) or of
     a network checkpoint (``*.ckpt``) of ``smoe train`` or its export folder (``smoe export``)."""
-    from smoeweather.models.export import is_export
+    from smoeweather.models.export_folder import is_export
     from smoeweather.postprocess.model_file import open_model_file, read_drn_model, read_model
 
     if Path(path).suffix == ".ckpt" or is_export(path):

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from smoeweather.data.ensembles import STD_SUFFIX
 from smoeweather.postprocess.distributions import family
 from smoeweather.units import Quantity, parse_quantity, units_of, values_in
 
 ABOVE, BELOW = "greater_than", "less_than"
-STD_SUFFIX = "_std"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from pipelines.plausibility import check_plausible
 from pipelines.readers.forecast_nc import normalise_grid
 from smoeweather.data import ensembles
 from smoeweather.data.sites import is_site_source, open_sites, station_ids
@@ -98,17 +99,21 @@ def open_training(forecast_paths: Sequence[Path], out: Path, *, truth_path: Path
                   variables: Sequence[str] | None = None, extra_variables: Sequence[str] = (),
                   train_period: Sequence[str] | None = None, window: str | None = None, lag: str | None = None,
                   dates: Sequence[str] | None = None, distribution: str = "normal", table: dict[str, Any] | None = None,
-                  overwrite: bool = False, static_maps: bool = False) -> Training:
+                  overwrite: bool = False, static_maps: bool = False, plausibility_check: bool = True) -> Training:
     """Every check of a fit's options and inputs, in order, before anything is computed: the output ``out``,
     the rolling-window options, the distribution; then the ensemble (``variables`` and ``extra_variables``) and
     its truth on valid times, the period, non-negative truth for the truncated normal, the windows.
-    ``static_maps``: gridded sources' land-sea mask and orography as coordinates (:func:`.drn.with_static`)."""
+    ``static_maps``: gridded sources' land-sea mask and orography as coordinates (:func:`.drn.with_static`);
+    ``plausibility_check``: refuse implausible ensemble or truth values
+    (:func:`pipelines.plausibility.check_plausible`)."""
     # exists, under a file, read-only folder, is/contains/lies inside an input: before anything is computed
     check_output(out, overwrite, inputs=[forecast_paths, truth_path])
     check_window_options(window, lag, dates)
     distribution = check_distribution(distribution)
     wanted = list(dict.fromkeys([*variables, *extra_variables])) if variables else None
     forecast, truth = open_forecast_and_truth(forecast_paths, truth_path, wanted, table or {})
+    check_plausible({f"--forecast {' '.join(map(str, forecast_paths))}": forecast, f"truth {truth_path or ''}": truth},
+                    plausibility_check)
     targets = list(variables) if variables else list(forecast.data_vars)
     forecast = ensembles.select_period(forecast, train_period)
     if static_maps:
@@ -152,6 +157,7 @@ def fit(
     scheduler: str | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    plausibility_check: bool = True,
 ) -> str:
     """Fit EMOS (``smoe postprocess fit --method emos``) and write the model file ``out``; returns a summary line.
 
@@ -160,12 +166,12 @@ def fit(
     own); ``train_period``: inclusive init range; ``predictors``: ``mean`` or ``members``; ``per_gridpoint``:
     one fit per grid point or site; ``window``/``lag``/``dates``: rolling training windows (``25D``, ``2D``);
     ``distribution``: ``normal`` or ``truncnormal``; ``scheduler``: where dask runs
-    (:func:`pipelines.compute.dask_client`)."""
+    (:func:`pipelines.compute.dask_client`); ``plausibility_check``: see :func:`open_training`."""
     from smoeweather.postprocess.model_file import write_model
 
     data = open_training(forecast_paths, out, truth_path=truth_path, variables=variables, train_period=train_period,
                          window=window, lag=lag, dates=dates, distribution=distribution, table=table,
-                         overwrite=overwrite)
+                         overwrite=overwrite, plausibility_check=plausibility_check)
     distribution = check_distribution(distribution)  # checked in open_training: the canonical name
     forecast, rolling_window = data.forecast, data.window
     members = [str(m) for m in forecast["member"].values] if predictors == "members" else None
@@ -199,7 +205,8 @@ def fit(
 def fit_drn_files(forecast_paths: Sequence[Path], out: Path, settings: Any, *, truth: Path | None = None,
                   variables: Sequence[str] | None = None, train_period: Sequence[str] | None = None,
                   window: str | None = None, lag: str | None = None, dates: Sequence[str] | None = None,
-                  table: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = True) -> str:
+                  table: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = True,
+                  plausibility_check: bool = True) -> str:
     """``smoe postprocess fit --method drn``: fit the DRN of ``settings`` (:class:`.drn.DRNSettings`) on the
     ensemble files (a gridded store/file, a CF site file or a site table), in memory, and write the model file
     ``out``; returns a one-line summary. ``window``/``lag``/``dates`` as for rolling EMOS (:mod:`.rolling`)."""
@@ -210,7 +217,7 @@ def fit_drn_files(forecast_paths: Sequence[Path], out: Path, settings: Any, *, t
     data = open_training([Path(p) for p in forecast_paths], Path(out), truth_path=Path(truth) if truth else None,
                          variables=variables, extra_variables=settings.extra_variables, train_period=train_period,
                          window=window, lag=lag, dates=dates, distribution=settings.distribution, table=table,
-                         overwrite=overwrite, static_maps=True)
+                         overwrite=overwrite, static_maps=True, plausibility_check=plausibility_check)
     targets, win = data.targets, data.window
     fc, truth_at = data.forecast.load(), data.truth_at.load()
     report = validate.check_fit_data(validate.data_counts(fc[targets], truth_at, data.sources), fc[targets],
