@@ -245,3 +245,30 @@ def test_export_refusals_are_one_line(gcm_ens_streams: dict[str, Path], world_st
     weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
     with pytest.raises(ValueError, match="model.safetensors.*differs from the weights_sha256"):
         load_network(out)
+
+
+def test_postprocess_network_applies_in_its_trained_units(gcm_ens_streams: dict[str, Path], world_store: str,
+                                                           tmp_path: Path) -> None:
+    """A network trained on K (its card records the units) calibrates a forecast in °C: the forecast is converted
+    to K before the network reads it and μ comes back in °C, μ_°C = μ_K − 273.15 (float32 rounding of values near
+    260), σ unchanged."""
+    import warnings
+
+    ckpt = _untrained("pp-smoe-unet-prior", tmp_path, world_store, gcm_ens_streams["a"])
+    with xr.open_dataset(gcm_ens_streams["b"]) as ds:
+        ds = ds.load()
+    celsius = ds.assign(temperature=(ds["temperature"] - 273.15).assign_attrs({**ds["temperature"].attrs,
+                                                                                "units": "degC"}))
+    celsius.to_netcdf(tmp_path / "celsius.nc")
+    argv = ["postprocess", "apply", "--network", str(ckpt)]
+    assert main([*argv, "--forecast", str(gcm_ens_streams["b"]), "--out", str(tmp_path / "k.zarr")]) == 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main([*argv, "--forecast", str(tmp_path / "celsius.nc"), "--out", str(tmp_path / "c.zarr")]) == 0
+    assert any("degC" in str(w.message) for w in seen)
+    k, c = xr.open_zarr(tmp_path / "k.zarr").load(), xr.open_zarr(tmp_path / "c.zarr").load()
+    assert c["temperature"].attrs["units"] == "degC" and k["temperature"].attrs["units"] == "K"
+    np.testing.assert_allclose(c["temperature"].values, k["temperature"].values - 273.15,
+                               **float_tol(np.float32, 8, 300.0))
+    np.testing.assert_allclose(c["temperature_std"].values, k["temperature_std"].values,
+                               **float_tol(np.float32, 8, 10.0))

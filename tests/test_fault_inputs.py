@@ -146,13 +146,13 @@ def test_method_attribute_dotdot_is_refused_and_escapes_never_reach_the_terminal
         world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     ds = _loaded(world["fc"])
     dots = tmp_path / "dots.zarr"
-    ds.assign_attrs(method="..").to_zarr(dots)
+    ds.assign_attrs(method="..").to_zarr(dots, zarr_format=2)
     out = tmp_path / "root" / "scores"
     _fails(_evaluate(world, out, str(dots)), capsys, f"{dots}: its method attribute '..' cannot name a method",
            f"NAME={dots}")
     assert not (tmp_path / "root").exists()  # no wb2/../deterministic.nc beside the scores
     red = tmp_path / "red.zarr"
-    ds.assign_attrs(method="\x1b[31mred\x1b]0;pwned\x07").to_zarr(red)
+    ds.assign_attrs(method="\x1b[31mred\x1b]0;pwned\x07").to_zarr(red, zarr_format=2)
     capsys.readouterr()
     assert main(_evaluate(world, out, str(red))) == 0
     printed = capsys.readouterr()
@@ -293,6 +293,6 @@ def test_an_init_repeated_inside_a_forecast_is_refused_by_evaluate(world: dict[s
                                                                    capsys: pytest.CaptureFixture) -> None:
     ds = _loaded(world["fc"])
     twice = tmp_path / "twice.zarr"
-    _repeat_init(ds, 1).to_zarr(twice)
+    _repeat_init(ds, 1).to_zarr(twice, zarr_format=2)
     _fails(_evaluate(world, tmp_path / "scores", str(twice)), capsys, f"forecast {twice}",
            str(pd.Timestamp(ds["time"].values[1])), "more than once")

@@ -48,6 +48,7 @@ def apply_checkpoint(
         raise ValueError(f"{where}: {forecast.sizes['member']} members; the network was trained on {members} "
                          "(the ensemble std it reads depends on the member count)")
     stats = {k: (float(v[0]), float(v[1])) for k, v in meta["stats"].items()}
+    original, forecast = forecast, in_trained_units(forecast, meta.get("variables", {}), where)
     forecast = forecast.sortby("latitude")
     size = 4 * forecast.sizes["time"] * len(spec.leads_h) * forecast.sizes["latitude"] * forecast.sizes["longitude"]
     data = EnsembleDataset(forecast, None, spec, stats=stats, source=where,
@@ -73,6 +74,7 @@ def apply_checkpoint(
                     sigma[j, t, li] = out_sigma[b, c].numpy() * std
                     c += 1
     mu_ds, sigma_ds = _to_datasets(mu, forecast, spec), _to_datasets(sigma, forecast, spec)
+    mu_ds, sigma_ds = in_forecast_units(mu_ds, sigma_ds, original, where)
     attrs = {"method": "network", "checkpoint": str(checkpoint), "checkpoint_sha256": trained.sha256,
              "model": str(trained.config["model"].get("name", "")),
              "smoe": int(bool(trained.config["model"].get("smoe", False))), "members": members,
@@ -80,6 +82,38 @@ def apply_checkpoint(
              "static_inputs": " ".join(meta.get("static_names", [])),
              "train_inits": " ".join(meta.get("train_inits", []))}
     return mu_ds, sigma_ds, attrs
+
+
+def _trained_units(records: dict[str, Any]) -> dict[str, str]:
+    """{variable: units} a network was trained in, from its card's ``variables`` records (empty for a checkpoint
+    written before the card recorded them)."""
+    return {str(r["variable"]): str(r["units"]) for r in records.values() if r.get("units")}
+
+
+def in_trained_units(forecast: xr.Dataset, records: dict[str, Any], where: str) -> xr.Dataset:
+    """``forecast`` with every variable the network reads in the units it was trained in (``smoeweather.units``:
+    converted exactly with a note, or refused naming both); unchanged for a checkpoint without recorded units."""
+    from smoeweather.units import convert, units_of
+
+    out = forecast
+    for name, want in _trained_units(records).items():
+        if name in forecast.data_vars and units_of(forecast[name]) != want:
+            out = out.assign({name: convert(forecast[name], want, name, f"forecast ({where})", "the network")})
+    return out
+
+
+def in_forecast_units(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Dataset, where: str
+                      ) -> tuple[xr.Dataset, xr.Dataset]:
+    """μ (values) and σ (a spread: scale only) back in the units of the raw ``forecast``'s variables."""
+    from smoeweather.units import conversion, units_of
+
+    for name in list(mu.data_vars):
+        have, want = units_of(mu[name]), units_of(forecast[name]) if name in forecast.data_vars else ""
+        conv = conversion(str(name), have, "the network", want, f"forecast ({where})") if have and want else None
+        if conv is not None:
+            mu = mu.assign({name: conv.value(mu[name]).assign_attrs({**mu[name].attrs, "units": want})})
+            sigma = sigma.assign({name: conv.spread(sigma[name]).assign_attrs({**sigma[name].attrs, "units": want})})
+    return mu, sigma
 
 
 def _to_datasets(values: np.ndarray, forecast: xr.Dataset, spec: EnsembleSpec) -> xr.Dataset:
