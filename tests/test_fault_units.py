@@ -142,6 +142,23 @@ def test_fit_degc_forecast_against_k_truth(tmp_path: Path) -> None:
     assert abs(float(a_mixed.max())) < 5
 
 
+def test_crossval_degc_forecast_against_k_truth(tmp_path: Path) -> None:
+    """crossval scores in the forecast's units: a degC ensemble with its truth in K gives the CRPS of the all-degC
+    file (the truth converted, noted), not one off by 273 K."""
+    def crps(fc: Path, out: str) -> dict:
+        argv = ["postprocess", "crossval", "--fold", "month", "--forecast", str(fc), "--out", str(tmp_path / out)]
+        assert main(argv) == 0
+        return json.loads((tmp_path / out / "crossval.json").read_text())["scores"]
+
+    same = crps(tiny_ens(tmp_path / "c.nc", "degC", n_init=40), "same")
+    with pytest.warns(_converted(), match="from K to degC"):
+        mixed = crps(tiny_ens(tmp_path / "m.nc", "degC", truth_units="K", n_init=40), "mixed")
+    for field, leads in same.items():
+        for lead, methods in leads.items():
+            for method, value in methods.items():  # float64 fits of the same values (to 1e-9 after K → degC)
+                assert mixed[field][lead][method] == pytest.approx(value, rel=1e-6), (field, lead, method)
+
+
 def test_evaluate_degc_forecast_against_k_truth(tmp_path: Path) -> None:
     from smoeweather.evaluate import evaluate
 

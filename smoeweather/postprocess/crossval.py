@@ -116,12 +116,15 @@ def crossvalidate_files(forecast_paths: list[Path], out: Path, *, truth: Path | 
     from smoeweather.data import ensembles
     from smoeweather.io import atomic_output, check_output
     from smoeweather.postprocess.pipeline import open_gridded, open_gridded_truth
+    from smoeweather.units import align_truth
 
     check_output(out, overwrite, inputs=[forecast_paths, truth])
     forecast = open_gridded(forecast_paths, variables)
     truth_at = ensembles.truth_at_valid_times(forecast, open_gridded_truth(truth, forecast_paths))
-    result = crossvalidate(forecast, truth_at, fold=fold, iterations=iterations,
-                           source=" ".join(map(str, forecast_paths)))
+    sources = " ".join(map(str, forecast_paths))  # scored in the forecast's units: the truth converted (noted)
+    truth_at = align_truth(truth_at, forecast, f"--truth {truth}" if truth else f"the truth in {sources}",
+                           f"--forecast {sources}")
+    result = crossvalidate(forecast, truth_at, fold=fold, iterations=iterations, source=sources)
     with atomic_output(out, overwrite, kind="dir") as tmp:  # the whole folder, never a part of it
         (tmp / "crossval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
         (tmp / "crossval.md").write_text(markdown(result))
