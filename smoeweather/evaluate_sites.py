@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from pipelines.readers._files import open_data
 from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
 from smoeweather.evaluate_inputs import (
@@ -97,7 +98,7 @@ def open_site_forecast(path: str, table: Mapping[str, Any], ensemble_dim: str | 
     if p.suffix.lower() in TABLE_SUFFIXES:
         ds, obs = open_sites(p, **table)
     else:
-        with (xr.open_zarr(p) if p.is_dir() else xr.open_dataset(p)) as raw:
+        with open_data(p, "site forecast") as raw:
             ds = raw.load()
         if any(str(v).endswith(OBS_SUFFIX) for v in ds.data_vars) and str(ds.attrs.get("featureType", "")
                                                                            ).lower() == "timeseries":

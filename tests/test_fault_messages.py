@@ -81,7 +81,8 @@ def test_an_empty_or_text_input_is_named_with_the_formats_read(
                  ["evaluate", str(forecast), "--truth", bad, "--out", str(tmp_path / "ev"), "--quiet"],
                  ["postprocess", "fit", "--forecast", bad, "--out", str(tmp_path / "m.nc"), *FAST],
                  ["data", "prepare", "world", "--source", bad, "--out", str(tmp_path / "p.zarr"), "--quiet",
-                  "--scheduler", "threads"]):
+                  "--scheduler", "threads"],
+                 ["postprocess", "synthetic", bad, "--out", str(tmp_path / "s.zarr")]):
         line = _fails(argv, capsys, bad, needle, FORMATS)
         assert "IO backends" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -37,6 +37,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from pipelines.readers._files import open_data
 from smoeweather.models.loader import load_network
 from smoeweather.nn.gates import TensorRoutingGate
 from smoeweather.nn.smoe import SpatialMoE2d
@@ -129,8 +130,7 @@ def load_land_sea(path: str | Path, shape: tuple[int, int]) -> tuple[np.ndarray,
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"land-sea mask source {path} does not exist")
-    opener = xr.open_zarr if path.is_dir() else xr.open_dataset
-    with opener(path) as ds:
+    with open_data(path, "land-sea mask source") as ds:
         name = next((v for v in ("land_sea_mask", "lsm") if v in ds.variables), None)
         if name is None:
             raise ValueError(f"{path} has no land_sea_mask or lsm variable")

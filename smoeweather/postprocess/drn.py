@@ -41,6 +41,7 @@ import pandas as pd
 import torch
 import xarray as xr
 
+from pipelines.readers._files import open_data
 from pipelines.readers.forecast_nc import normalise_grid
 from smoeweather.config import parse_settings, setting
 from smoeweather.nn.drn import StackedDRN, stacked_forward
@@ -104,7 +105,7 @@ def with_static(forecast: xr.Dataset, paths: list[Any]) -> xr.Dataset:
         p = Path(p)
         if not (p.is_file() and p.suffix.lower() in (".nc", ".nc4")):
             continue
-        with xr.open_dataset(p) as raw:
+        with open_data(p, "--forecast") as raw:
             for c in STATIC:
                 if c in raw.variables and set(raw[c].dims) == {"latitude", "longitude"} and c not in forecast.coords:
                     da = normalise_grid(raw[c].load())  # the forecast's convention, whatever the file's

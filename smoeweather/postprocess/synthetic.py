@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from pipelines.readers._files import open_data
 from smoeweather.data.ensembles import write_store
 
 SPREAD_RATIO = 0.6
@@ -125,6 +126,6 @@ def write_synthetic_ensemble(store: str | Path, out: str | Path, overwrite: bool
     if not store.exists():
         raise FileNotFoundError(f"store {store} does not exist")
     check_output(out, overwrite, inputs=[store])
-    truth = xr.open_zarr(store) if store.is_dir() else xr.open_dataset(store)
+    truth = open_data(store, "store")
     ds = synthetic_ensemble(truth, **kwargs)  # type: ignore[arg-type]
     return write_store(ds, out, "ensemble", {"truth_store": str(store)}, overwrite=overwrite, time_chunk=8)
