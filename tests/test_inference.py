@@ -5,6 +5,7 @@ DeprecationWarning; the old ``apply MODEL`` spelling fails with a message naming
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,12 @@ sys.exit(rc)
 
 def _without_lightning(*argv: str) -> subprocess.CompletedProcess:
     """``smoe *argv`` in a fresh interpreter where ``import lightning`` fails, with this process's torch thread
-    count (the reduction order of a convolution, hence its last bit, depends on it)."""
-    env = {"OMP_NUM_THREADS": str(torch.get_num_threads()), "PATH": "/usr/bin:/bin"}
+    count and kernel switches (ATEN_CPU_CAPABILITY, ...: the reduction order and the kernels of a convolution,
+    hence its last bit, depend on them)."""
+    from reference_values import KERNEL_SWITCHES
+
+    env = {"OMP_NUM_THREADS": str(torch.get_num_threads()), "PATH": "/usr/bin:/bin",
+           **{k: os.environ[k] for k in KERNEL_SWITCHES if k in os.environ}}
     return subprocess.run([sys.executable, "-c", HIDE_LIGHTNING, *argv], capture_output=True, text=True, cwd=REPO,
                           env=env)
 
