@@ -178,6 +178,37 @@ _DECODE_ERROR = re.compile(r"decompress|blosc|zstd|lz4|zlib|codec|buffer (?:is )
 _METADATA_FILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
 
 
+def guard_blosc_decode() -> None:
+    """Make numcodecs' Blosc codec refuse a chunk shorter than its header says before c-blosc reads it.
+
+    numcodecs 0.16 hands c-blosc the buffer without comparing it with the compressed size in the blosc header, so
+    a truncated chunk file is read past its end: usually "error during blosc decompression: -1", but at a page
+    boundary the process dies (a pytest worker crashed so). Here the header is read first and a short buffer
+    raises that same RuntimeError, which :func:`decoding_errors` names. Installed once, at import."""
+    try:
+        from numcodecs.blosc import Blosc
+        from numcodecs.compat import ensure_contiguous_ndarray
+    except ImportError:  # no blosc: nothing to guard
+        return
+    decode = Blosc.decode
+    if getattr(decode, "_checks_length", False):
+        return
+
+    def checked_decode(self: object, buf: object, out: object = None) -> object:
+        head = ensure_contiguous_ndarray(buf).view("u1")[:16].tobytes()
+        size = ensure_contiguous_ndarray(buf).nbytes
+        if len(head) < 16 or (head[0] in (1, 2) and int.from_bytes(head[12:16], "little") > size):
+            raise RuntimeError(f"error during blosc decompression: truncated chunk ({size} bytes, the header "
+                               f"states {int.from_bytes(head[12:16], 'little') if len(head) >= 16 else 'more'})")
+        return decode(self, buf, out)
+
+    checked_decode._checks_length = True  # type: ignore[attr-defined]
+    Blosc.decode = checked_decode  # type: ignore[method-assign]
+
+
+guard_blosc_decode()
+
+
 def is_decode_error(err: BaseException) -> bool:
     """Whether ``err`` is a codec failing on stored bytes (a truncated or corrupt zarr chunk): numcodecs'
     ``RuntimeError: error during blosc decompression``, zlib's ``error``, zstd's and others alike."""
