@@ -260,6 +260,7 @@ def test_a_short_blosc_chunk_is_refused_before_c_blosc_reads_past_it() -> None:
     a page boundary a dead process (a test worker died so). The header is read first now; whole chunks still
     decode."""
     import numcodecs
+    import numpy as np
 
     import pipelines.readers._files  # noqa: F401  (installs the guard)
 
