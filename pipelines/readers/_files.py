@@ -195,8 +195,8 @@ def guard_blosc_decode() -> None:
         return
 
     def checked_decode(self: object, buf: object, out: object = None) -> object:
-        head = ensure_contiguous_ndarray(buf).view("u1")[:16].tobytes()
-        size = ensure_contiguous_ndarray(buf).nbytes
+        raw = ensure_contiguous_ndarray(buf)  # a view, once per chunk: no copy on the decode path
+        head, size = raw.view("u1")[:16].tobytes(), raw.nbytes
         if len(head) < 16 or (head[0] in (1, 2) and int.from_bytes(head[12:16], "little") > size):
             raise RuntimeError(f"error during blosc decompression: truncated chunk ({size} bytes, the header "
                                f"states {int.from_bytes(head[12:16], 'little') if len(head) >= 16 else 'more'})")
