@@ -61,10 +61,10 @@ def _groups() -> tuple[np.ndarray, ...] | tuple[Any, ...]:
 
 
 def _crps(coef: np.ndarray, m: np.ndarray, v: np.ndarray, y: np.ndarray) -> float:
-    from smoeweather.metrics.probabilistic import _crps_gaussian_np
+    from smoeweather.metrics.probabilistic import crps_gaussian
 
     mu = coef[:, :1] + coef[:, 1:2] * m
-    return float(_crps_gaussian_np(mu, np.sqrt(coef[:, 2:3] + coef[:, 3:] * v), y).mean())
+    return float(crps_gaussian(mu, np.sqrt(coef[:, 2:3] + coef[:, 3:] * v), y).mean())
 
 
 def bench_fit(reference_groups: int) -> dict[str, Any]:

@@ -35,8 +35,8 @@ def main() -> None:
 
     from smoeweather.cli import main as smoe
     from smoeweather.data import ensembles
+    from smoeweather.metrics.probabilistic import crps_gaussian as crps_normal
     from smoeweather.metrics.weights import latitude_weights
-    from smoeweather.postprocess.distributions import crps_normal
 
     if not all(f.is_file() for f in FILES):
         raise SystemExit(f"needs {FILES} (../shared/data)")

@@ -6,7 +6,9 @@ intra-op threads) the bytes must be equal; on every other machine the values mus
 
 History: the first digests were recorded on commit f1bf021, before the typed configuration; the recording was
 renewed with fingerprints and reference values on an AVX-512 machine whose digests the old key could not tell
-apart from the AVX2 recording machine's."""
+apart from the AVX2 recording machine's. ``postprocess_unet_prior`` was re-recorded when the package's torch Gaussian
+CRPS became one function (Φ as ½ erfc(−z/√2), as the DRN had it, for 1 + erf(z/√2)): its weights moved in the last
+bits, within :data:`REL` of the old reference."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from test_postprocess_cli import gcm_ens_like
 from smoeweather.cli import main
 from smoeweather.data import ensembles
 from smoeweather.data.sites import read_site_table
-from smoeweather.postprocess.distributions import crps_normal, crps_torch
+from smoeweather.metrics.probabilistic import crps_gaussian
+from smoeweather.postprocess.distributions import crps_torch
 from smoeweather.postprocess.drn import DRNSettings, apply_drn, fit_drn
 from smoeweather.postprocess.model_file import read_drn_model
 
@@ -104,8 +105,8 @@ def test_drn_cli_sites_matches_numpy_and_learns_station_biases(tmp_path: Path) -
     # the embedding learns each station's bias, which a pooled EMOS cannot: DRN CRPS well below global EMOS
     y = ensembles.truth_at_valid_times(fc, obs, gaps="nan")[VAR].isel(prediction_timedelta=0).values
     em = xr.open_zarr(tmp_path / "emos.zarr").isel(prediction_timedelta=0).load()
-    c_drn = crps_normal(pp[VAR].values, pp[f"{VAR}_std"].values, y)
-    c_emos = crps_normal(em[VAR].values, em[f"{VAR}_std"].values, y)
+    c_drn = crps_gaussian(pp[VAR].values, pp[f"{VAR}_std"].values, y)
+    c_emos = crps_gaussian(em[VAR].values, em[f"{VAR}_std"].values, y)
     ok = np.isfinite(c_drn) & np.isfinite(c_emos)
     assert c_drn[ok].mean() < 0.8 * c_emos[ok].mean()
 
@@ -208,6 +209,6 @@ def test_gridded_drn_through_the_cli(tmp_path: Path) -> None:
     np.testing.assert_allclose(pp["latitude"].values, raw["latitude"].values)
     truth = ensembles.truth_at_valid_times(raw, ensembles.open_truth(None, [new]))
     y = truth["temperature"].transpose(*pp["temperature"].dims).values
-    c = crps_normal(pp["temperature"].values, pp["temperature_std"].values, y)
+    c = crps_gaussian(pp["temperature"].values, pp["temperature_std"].values, y)
     mean = raw["temperature"].mean("member").transpose(*pp["temperature"].dims).values
     assert c.mean() < np.abs(mean - y).mean()  # better than the ensemble mean as a point forecast

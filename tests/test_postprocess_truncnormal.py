@@ -17,9 +17,9 @@ from conftest import float_tol
 from scipy import integrate, stats
 
 from smoeweather.cli import main
+from smoeweather.metrics.probabilistic import crps_gaussian
 from smoeweather.postprocess.distributions import (
     check_distribution,
-    crps_normal,
     crps_torch,
     crps_truncnormal,
     moments,
@@ -71,7 +71,7 @@ def test_crps_torch_and_normal_limit() -> None:
     t = crps_torch("truncnormal", *(torch.from_numpy(a) for a in (mu, sigma, y))).numpy()
     np.testing.assert_allclose(t, crps_truncnormal(mu, sigma, y), **float_tol(np.float64, 50))
     # far from the bound the truncation does nothing: the normal's CRPS
-    np.testing.assert_allclose(crps_truncnormal(40.0, 2.0, 41.3), crps_normal(40.0, 2.0, 41.3),
+    np.testing.assert_allclose(crps_truncnormal(40.0, 2.0, 41.3), crps_gaussian(40.0, 2.0, 41.3),
                                **float_tol(np.float64, 50))
     assert check_distribution("truncnormal") == "truncnormal"
     with pytest.raises(ValueError, match=r"--distribution 'gamma'.*normal.*truncnormal"):
@@ -109,7 +109,7 @@ def test_emos_truncated_normal_fit_recovers_coefficients() -> None:
     mu_n, sd_n = normal[0, 0] + normal[0, 1] * m, np.sqrt(normal[0, 2] + normal[0, 3] * v)
     mu_t, sd_t = coef[0, 0] + coef[0, 1] * m, np.sqrt(coef[0, 2] + coef[0, 3] * v)
     # on truncated data the truncated fit scores better than the best normal
-    assert crps_truncnormal(mu_t, sd_t, y).mean() < crps_normal(mu_n, sd_n, y).mean() - 0.01
+    assert crps_truncnormal(mu_t, sd_t, y).mean() < crps_gaussian(mu_n, sd_n, y).mean() - 0.01
 
 
 def _cli(*args: object) -> int:

@@ -87,6 +87,23 @@ def test_gaussian_crps_closed_forms() -> None:
     assert np.isnan(P.crps_gaussian(xr.DataArray(0.0), xr.DataArray(-1.0), xr.DataArray(0.0)).item())
 
 
+def test_the_two_gaussian_crps_homes_agree() -> None:
+    """The numpy/xarray CRPS and the torch one (losses, DRN, networks) agree in float64 to a few ulps of
+    the O(1) terms (they differ only in Φ: scipy's ndtr against ½ erfc(−z/√2)); numpy in, numpy out."""
+    import torch
+
+    from smoeweather.training.losses import gaussian_crps
+
+    rng = np.random.default_rng(3)
+    mu, y = rng.normal(size=(2, 500)) * 3
+    sigma = rng.uniform(0.05, 4.0, 500)
+    ours = P.crps_gaussian(mu, sigma, y)
+    assert isinstance(ours, np.ndarray)
+    np.testing.assert_array_equal(ours, P.crps_gaussian(xr.DataArray(mu), xr.DataArray(sigma), xr.DataArray(y)))
+    t = gaussian_crps(*(torch.from_numpy(a) for a in (mu, sigma, y))).numpy()
+    np.testing.assert_allclose(t, ours, rtol=32 * EPS64, atol=32 * EPS64 * sigma.max())
+
+
 def test_fair_crps_of_large_gaussian_ensemble() -> None:
     """E_y[CRPS(N(0,σ²), y)] = σ/√π for y ~ N(0,σ²); the fair estimator is unbiased for it, the standard one
     has expectation σ/√π (1 + 1/M) (E|X − X'| term shrunk by (M − 1)/M)."""

@@ -114,15 +114,24 @@ def _crps_gaussian_np(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.nd
     return np.where(sigma < 0, np.nan, crps)
 
 
-def crps_gaussian(mu: X, sigma: X, truth: xr.DataArray | xr.Dataset) -> X:
+G = TypeVar("G", xr.DataArray, xr.Dataset, np.ndarray)
+
+
+def crps_gaussian(mu: G, sigma: G | float, truth: xr.DataArray | xr.Dataset | np.ndarray) -> G:
     """Closed-form CRPS of N(μ, σ²) per point (Gneiting et al. 2005): σ[z(2Φ(z) − 1) + 2φ(z) − 1/√π],
-    z = (y − μ)/σ; σ = 0 gives |y − μ|, σ < 0 gives NaN. Units of the field; no reduction."""
+    z = (y − μ)/σ; σ = 0 gives |y − μ| (the point mass's limit), σ < 0 gives NaN. Units of the field; no
+    reduction; float64. xarray inputs (lazy with dask) give xarray, numpy arrays (broadcast) give numpy.
+
+    The one numpy/xarray Gaussian CRPS of the package (its torch twin, for losses, is
+    :func:`smoeweather.training.losses.gaussian_crps`; the tests hold them equal)."""
+    if not isinstance(mu, (xr.DataArray, xr.Dataset)):
+        return _crps_gaussian_np(mu, sigma, truth)  # type: ignore[arg-type, return-value]
     if isinstance(mu, xr.Dataset) and isinstance(sigma, xr.Dataset):
         missing = [v for v in mu.data_vars if v not in sigma.data_vars]
         if missing:
             raise ValueError(f"sigma has no variable(s) {missing} that mu has")
         sigma = sigma[list(mu.data_vars)]
-    truth = _matching_truth(mu, truth)
+    truth = _matching_truth(mu, truth)  # type: ignore[arg-type]
     return xr.apply_ufunc(_crps_gaussian_np, mu, sigma, truth, dask="parallelized",
                           output_dtypes=[np.float64], keep_attrs=True)
 

@@ -36,6 +36,7 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
+from smoeweather.metrics.probabilistic import crps_gaussian
 from smoeweather.metrics.scores import area_mean as scores_area_mean
 
 SPACE: tuple[str, str] = ("latitude", "longitude")
@@ -121,17 +122,10 @@ def ensemble_terms(forecast: xr.DataArray, truth: xr.DataArray, weights: xr.Data
             "ensemble_variance": area_mean(variance, weights)}
 
 
-def gaussian_crps(mu: xr.DataArray, sigma: xr.DataArray, truth: xr.DataArray) -> xr.DataArray:
-    """Closed-form CRPS of N(μ, σ²) at y: σ [z(2Φ(z) − 1) + 2φ(z) − 1/√π], z = (y − μ)/σ (Gneiting et al. 2005)."""
-    z = (truth - mu) / sigma
-    return sigma * (z * (2.0 * xr.apply_ufunc(stats.norm.cdf, z, dask="allowed") - 1.0)
-                    + 2.0 * xr.apply_ufunc(stats.norm.pdf, z, dask="allowed") - 1.0 / np.sqrt(np.pi))
-
-
 def gaussian_terms(mu: xr.DataArray, sigma: xr.DataArray, truth: xr.DataArray, weights: xr.DataArray
                    ) -> dict[str, xr.DataArray]:
     """Per-initialisation ``crps`` (closed form), ``ensemble_mean_mse`` (of μ) and ``ensemble_variance`` (σ²)."""
-    return {"crps": area_mean(gaussian_crps(mu, sigma, truth), weights),
+    return {"crps": area_mean(crps_gaussian(mu, sigma, truth), weights),
             "ensemble_mean_mse": area_mean((mu - truth) ** 2, weights),
             "ensemble_variance": area_mean(sigma**2, weights)}
 
@@ -194,5 +188,5 @@ def _stack(terms: dict[str, xr.DataArray], order: Sequence[str]) -> xr.Dataset:
 
 
 __all__ = ["DEFAULT_QUANTILES", "EVALUATIONS", "area_mean", "cell_area_weights", "deterministic_terms",
-           "ensemble_binary_terms", "ensemble_terms", "evaluation_files", "gaussian_binary_terms", "gaussian_crps",
+           "ensemble_binary_terms", "ensemble_terms", "evaluation_files", "gaussian_binary_terms",
            "gaussian_terms"]

@@ -24,6 +24,9 @@ import numpy as np
 import torch
 from scipy.special import log_ndtr, ndtr, ndtri, ndtri_exp
 
+from smoeweather.metrics.probabilistic import crps_gaussian
+from smoeweather.training.losses import gaussian_crps, normal_cdf
+
 DISTRIBUTIONS = ("normal", "truncnormal")
 """``normal``: N(μ, σ²); ``truncnormal``: N(μ, σ²) truncated to [0, ∞)."""
 LONG_NAMES = {"normal": "N(mu, sigma**2)", "truncnormal": "N(mu, sigma**2) truncated to [0, inf)"}
@@ -38,12 +41,6 @@ def check_distribution(name: str, option: str = "--distribution") -> str:
         raise ValueError(f"{option} {name!r}: must be one of {list(DISTRIBUTIONS)} (truncnormal: a normal "
                          "truncated at 0, for non-negative targets such as wind speed)")
     return name
-
-
-def crps_normal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Closed-form CRPS of N(μ, σ²) at y (numpy, broadcast)."""
-    z = (y - mu) / sigma
-    return sigma * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * np.exp(-0.5 * z * z) / _SQRT_2PI - _INV_SQRT_PI)
 
 
 def crps_truncnormal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -61,11 +58,7 @@ def crps_truncnormal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.nda
 
 def crps(distribution: str, mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Closed-form CRPS of ``distribution`` (:data:`DISTRIBUTIONS`) at y."""
-    return crps_truncnormal(mu, sigma, y) if distribution == "truncnormal" else crps_normal(mu, sigma, y)
-
-
-def _ndtr_t(x: torch.Tensor) -> torch.Tensor:
-    return 0.5 * torch.erfc(-x / math.sqrt(2.0))
+    return crps_truncnormal(mu, sigma, y) if distribution == "truncnormal" else crps_gaussian(mu, sigma, y)
 
 
 def crps_torch(distribution: str, mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -73,12 +66,12 @@ def crps_torch(distribution: str, mu: torch.Tensor, sigma: torch.Tensor, y: torc
     if distribution == "truncnormal":
         below = torch.clamp(y, max=0.0)
         z = (torch.clamp(y, min=0.0) - mu) / sigma
-        p = _ndtr_t(mu / sigma).clamp_min(_P_FLOOR)
-        out = sigma / p**2 * (z * p * (2.0 * _ndtr_t(z) + p - 2.0) + 2.0 * torch.exp(-0.5 * z * z) / _SQRT_2PI * p
-                              - _ndtr_t(math.sqrt(2.0) * mu / sigma) * _INV_SQRT_PI)
+        p = normal_cdf(mu / sigma).clamp_min(_P_FLOOR)
+        pdf = torch.exp(-0.5 * z * z) / _SQRT_2PI
+        out = sigma / p**2 * (z * p * (2.0 * normal_cdf(z) + p - 2.0) + 2.0 * pdf * p
+                              - normal_cdf(math.sqrt(2.0) * mu / sigma) * _INV_SQRT_PI)
         return out - below
-    z = (y - mu) / sigma
-    return sigma * (z * (2.0 * _ndtr_t(z) - 1.0) + 2.0 * torch.exp(-0.5 * z * z) / _SQRT_2PI - _INV_SQRT_PI)
+    return gaussian_crps(mu, sigma, y)
 
 
 def quantile_levels_z(distribution: str, mu: np.ndarray, sigma: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -194,4 +187,4 @@ def family(name: str, mu: np.ndarray, sigma: np.ndarray) -> Distribution:
 
 
 __all__ = ["DISTRIBUTIONS", "FAMILIES", "Distribution", "Normal", "TruncatedNormal", "check_distribution", "crps",
-           "crps_normal", "crps_torch", "crps_truncnormal", "family", "moments", "quantile_levels_z", "quantiles"]
+           "crps_torch", "crps_truncnormal", "family", "moments", "quantile_levels_z", "quantiles"]

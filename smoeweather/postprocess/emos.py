@@ -400,14 +400,12 @@ def _start_from_sums(s: dict[str, np.ndarray]) -> np.ndarray:
 
 def _block_crps(theta: np.ndarray, b: Block) -> np.ndarray:
     """Σ w·CRPS (G,) of a standardised block at θ (G, K + 2)."""
-    from scipy.special import ndtr
+    from smoeweather.metrics.probabilistic import crps_gaussian
 
     k = b["X"].shape[-1]
     mu = np.einsum("gsk,gk->gs", b["X"], theta[:, :k])
     sigma = np.sqrt(theta[:, k, None] ** 2 + C_FLOOR + theta[:, k + 1, None] ** 2 * b["v"])
-    z = (b["y"] - mu) / sigma
-    crps = sigma * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * np.exp(-0.5 * z * z) / _SQRT_2PI - _INV_SQRT_PI)
-    return (b["w"] * crps).sum(1)
+    return (b["w"] * crps_gaussian(mu, sigma, b["y"])).sum(1)
 
 
 def _block_derivatives(theta: np.ndarray, b: Block) -> dict[str, np.ndarray]:

@@ -40,16 +40,23 @@ def lat_weighted_mse(
     return sq.mean(dim=(0, 2, 3)) if per_channel else sq.mean()
 
 
-_SQRT_PI = math.sqrt(math.pi)
 _SQRT_2 = math.sqrt(2.0)
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+
+
+def normal_cdf(x: torch.Tensor) -> torch.Tensor:
+    """Φ(x) = ½ erfc(−x/√2) (accurate in the lower tail, where 1 + erf(x/√2) cancels)."""
+    return 0.5 * torch.erfc(-x / _SQRT_2)
 
 
 def gaussian_crps(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """CRPS of N(μ, σ²) for observation y, elementwise: σ [z (2Φ(z) − 1) + 2 φ(z) − 1/√π], z = (y − μ)/σ.
+    """CRPS of N(μ, σ²) for observation y, elementwise and differentiable: σ [z (2Φ(z) − 1) + 2 φ(z) − 1/√π],
+    z = (y − μ)/σ.
 
-    Inputs broadcast together (any shape, same units); σ > 0. Returns the CRPS in the units of y.
+    Inputs broadcast together (any shape, same units); σ > 0. Returns the CRPS in the units of y. The one
+    torch Gaussian CRPS (losses, DRN, post-processing networks); its numpy/xarray twin is
+    :func:`smoeweather.metrics.probabilistic.crps_gaussian`, held equal by the tests.
     """
     z = (y - mu) / sigma
-    pdf = torch.exp(-0.5 * z.square()) / math.sqrt(2.0 * math.pi)
-    cdf = 0.5 * (1.0 + torch.erf(z / _SQRT_2))
-    return sigma * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - 1.0 / _SQRT_PI)
+    return sigma * (z * (2.0 * normal_cdf(z) - 1.0) + 2.0 * torch.exp(-0.5 * z * z) / _SQRT_2PI - _INV_SQRT_PI)
