@@ -32,23 +32,6 @@ def weatherbench_grid(resolution_deg: float = 5.625) -> xr.Dataset:
     )
 
 
-def cell_area_weights(latitude: xr.DataArray | np.ndarray) -> xr.DataArray:
-    """Relative cell areas per latitude, normalised to mean 1 (dims: ``latitude``).
-
-    Cell edges lie half-way between centres and at ±90° for the outermost cells, so the weights are
-    exact for equiangular and reasonable for Gaussian grids: w ∝ sin(φ_north) − sin(φ_south).
-    """
-    lat = np.asarray(latitude, dtype=float)
-    order = np.argsort(lat)
-    s = lat[order]
-    edges = np.concatenate([[-90.0], (s[1:] + s[:-1]) / 2, [90.0]])
-    area = np.diff(np.sin(np.deg2rad(edges)))
-    weights = np.empty_like(area)
-    weights[order] = area
-    weights = weights / weights.mean()
-    return xr.DataArray(weights, dims=["latitude"], coords={"latitude": lat}, name="area_weights")
-
-
 def same_grid(ds: xr.Dataset, target: xr.Dataset) -> bool:
     """True when ``ds`` and ``target`` have the same latitude/longitude points."""
     return (

@@ -16,7 +16,7 @@ from pipelines.prepare import write_store
 from smoeweather.cli import main
 from smoeweather.evaluate import evaluate
 from smoeweather.metrics import calibration as cal
-from smoeweather.metrics.wb2 import cell_area_weights
+from smoeweather.metrics.weights import cell_area_weights
 
 LAT = np.linspace(-78.75, 78.75, 8)
 LON = np.arange(16) * 22.5

@@ -26,11 +26,12 @@ from fake_layouts import (
 from pipelines import prepare as prepare_mod
 from pipelines.canonical import G
 from pipelines.errors import DataError
-from pipelines.grids import cell_area_weights, weatherbench_grid
+from pipelines.grids import weatherbench_grid
 from pipelines.prepare import open_store, prepare
 from smoeweather.cli import main
 from smoeweather.data.ensemble_dataset import open_ensemble_dataset
 from smoeweather.data.weather import WeatherBenchDataset, field_name
+from smoeweather.metrics.weights import cell_area_weights
 
 GRIB = "era5-levels-members.grib"
 TA_CMIP6 = "ta_day_MPI-ESM1-2-HR_historical_r1i1p1f1_gn_20000101-20041231.nc"

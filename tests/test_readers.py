@@ -25,8 +25,9 @@ from fake_layouts import (
 
 from pipelines.canonical import G, canonicalize, fill_nans, select_years, validate
 from pipelines.errors import DataError
-from pipelines.grids import cell_area_weights, weatherbench_grid
+from pipelines.grids import weatherbench_grid
 from pipelines.readers import open_source
+from smoeweather.metrics.weights import cell_area_weights
 
 GRIB = "era5-levels-members.grib"
 TAS_CMIP5 = "tas_Amon_CanESM2_rcp85_r1i1p1_200701-200712.nc"

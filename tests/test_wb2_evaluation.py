@@ -17,7 +17,7 @@ import xarray as xr
 from pipelines.prepare import write_store
 from smoeweather.cli import main
 from smoeweather.evaluate import evaluate
-from smoeweather.metrics import wb2
+from smoeweather.metrics.weights import cell_area_weights
 
 EPS64 = float(np.finfo(np.float64).eps)
 EPS32 = float(np.finfo(np.float32).eps)
@@ -66,9 +66,9 @@ def _store(da: xr.DataArray, path: Path, kind: str | None = None, **extra: xr.Da
 def test_cell_area_weights_closed_forms() -> None:
     lat = xr.DataArray(LAT, dims="latitude")
     cosw = np.cos(np.deg2rad(LAT)) / np.cos(np.deg2rad(LAT)).mean()
-    np.testing.assert_allclose(wb2.cell_area_weights(lat).values, cosw, rtol=16 * EPS64)  # no pole rows: cos φ
+    np.testing.assert_allclose(cell_area_weights(lat).values, cosw, rtol=16 * EPS64)  # no pole rows: cos φ
     poles = np.arange(-90, 90.1, 1.5)  # WB2's 1.5° grid: pole cells have area 1 − sin(89.25°), not cos 90° = 0
-    w = wb2.cell_area_weights(xr.DataArray(poles, dims="latitude")).values
+    w = cell_area_weights(xr.DataArray(poles, dims="latitude")).values
     raw = np.r_[1 - np.sin(np.deg2rad(89.25)), 2 * np.cos(np.deg2rad(poles[1:-1])) * np.sin(np.deg2rad(0.75)),
                 1 - np.sin(np.deg2rad(89.25))]
     # sin φ₊ − sin φ₋ cancels near the poles: relative rounding up to ~2ε / (smallest cell area)
@@ -119,7 +119,7 @@ def test_probabilistic_and_binary_against_scores(world: tuple[Path, xr.Dataset],
              binary_quantiles=(0.25, 0.75))
     prob = xr.load_dataset(tmp_path / "out" / "wb2" / "ens" / "probabilistic.nc")["temperature"].sel(
         level=850, region="global")
-    w = wb2.cell_area_weights(xr.DataArray(LAT, dims="latitude", coords={"latitude": LAT}))
+    w = cell_area_weights(xr.DataArray(LAT, dims="latitude", coords={"latitude": LAT}))
 
     def amean_tmean(x: xr.DataArray) -> np.ndarray:
         m = x.weighted(w).mean(["latitude", "longitude"]).mean("time")
@@ -171,7 +171,7 @@ def test_gaussian_files_against_properscoring(world: tuple[Path, xr.Dataset], tm
     fc = _store(mu, tmp_path / "g.zarr", "gaussian", temperature_std=sigma)
     evaluate({"emos": fc}, path, climatology=path, out_dir=tmp_path / "out", references=False, regions=["global"],
              binary_quantiles=(0.5,))
-    w = wb2.cell_area_weights(xr.DataArray(LAT, dims="latitude", coords={"latitude": LAT}))
+    w = cell_area_weights(xr.DataArray(LAT, dims="latitude", coords={"latitude": LAT}))
     gp = xr.load_dataset(tmp_path / "out" / "wb2" / "emos" / "gaussian_probabilistic.nc")["temperature"].sel(
         level=850, region="global")
     crps = xr.DataArray(properscoring.crps_gaussian(t.values, mu.values, sigma.values), dims=t.dims)
@@ -265,7 +265,7 @@ def test_wb2_climatology_zarr_for_acc_and_thresholds(world: tuple[Path, xr.Datas
     doy = xr.DataArray(vt).dt.dayofyear.values
     hour = xr.DataArray(vt).dt.hour.values // 12
     c = mean[doy - 1, hour, 0]  # (init, lead, lat, lon)
-    w = wb2.cell_area_weights(xr.DataArray(LAT, dims="latitude")).values[:, None]
+    w = cell_area_weights(xr.DataArray(LAT, dims="latitude")).values[:, None]
     f = fc_values = xr.open_zarr(fc)["temperature"].sel(level=850).values
     fa, oa = f - c, t.values - c
     acc = (w * fa * oa).mean((-2, -1)) / np.sqrt((w * fa**2).mean((-2, -1)) * (w * oa**2).mean((-2, -1)))

@@ -3,9 +3,10 @@
 ``forecast`` and ``truth`` are aligned DataArrays/Datasets (same dims and coordinates, e.g. ``time`` =
 initialisation, ``prediction_timedelta``, ``level``, ``latitude``, ``longitude``; the truth already taken at
 the valid time). Every function reduces ``dims`` (those present) and keeps the others. Spatial dims
-(``latitude``, ``longitude``) are averaged with latitude weights cos φ / mean cos φ unless
-``latitude_weighted=False`` or explicit ``weights`` are given. Scores are in the units of the field (ACC
-is dimensionless). NaNs (missing truth) are skipped with their weight.
+(``latitude``, ``longitude``) are averaged with WB2's cell-area weights
+(:func:`~smoeweather.metrics.weights.cell_area_weights`) unless ``latitude_weighted=False`` or explicit
+``weights`` are given. Scores are in the units of the field (ACC is dimensionless).
+NaNs (missing truth) are skipped with their weight.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TypeVar
 import numpy as np
 import xarray as xr
 
-from smoeweather.metrics.weights import latitude_weights, weighted_mean
+from smoeweather.metrics.weights import cell_area_weights, weighted_mean
 
 X = TypeVar("X", xr.DataArray, xr.Dataset)
 SPATIAL_DIMS: tuple[str, ...] = ("latitude", "longitude")
@@ -27,12 +28,12 @@ __all__ = ["rmse", "rmse_per_time", "mse", "bias", "acc", "default_weights"]
 
 def default_weights(x: xr.DataArray | xr.Dataset, weights: xr.DataArray | None,
                     latitude_weighted: bool) -> xr.DataArray | None:
-    """``weights`` if given, else latitude weights of ``x`` (when it has a latitude dim and
+    """``weights`` if given, else the cell-area weights of ``x`` (when it has a latitude dim and
     ``latitude_weighted``), else None (plain means)."""
     if weights is not None:
         return weights
     if latitude_weighted and "latitude" in x.dims:
-        return latitude_weights(x["latitude"])
+        return cell_area_weights(x["latitude"])
     return None
 
 

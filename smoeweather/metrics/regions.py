@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from smoeweather.metrics.wb2 import cell_area_weights
+from smoeweather.metrics.weights import cell_area_weights
 
 Band = tuple[float, float]
 SURFACES = ("all", "land", "sea")

@@ -56,25 +56,6 @@ DEFAULT_QUANTILES: tuple[float, ...] = (0.1, 0.5, 0.9)
 """Climatological quantiles at which the binary evaluations score exceedance (``--binary-quantiles``)."""
 
 
-def cell_area_weights(latitude: xr.DataArray) -> xr.DataArray:
-    """WB2's area weights (latitude,), mean 1: sin φ₊ − sin φ₋ over cells bounded by the mid-latitudes and the
-    poles. Equal to cos φ / mean cos φ on grids without pole rows (e.g. 5.625°); on grids with pole rows
-    (WB2's 1.5° and 0.25°) the pole cells get their small, non-zero area. ``latitude`` in degrees, ascending
-    or descending."""
-    lat = np.asarray(latitude.values, np.float64)
-    if lat.size == 0 or not np.all(np.isfinite(lat)) or np.any(np.abs(lat) > 90.0):
-        raise ValueError(f"latitude must be finite degrees north in [-90, 90]; got {lat.min()}..{lat.max()}")
-    order = np.argsort(lat)
-    phi = np.deg2rad(lat[order])
-    bounds = np.concatenate([[-np.pi / 2], (phi[:-1] + phi[1:]) / 2, [np.pi / 2]])
-    if not np.all(np.diff(bounds) > 0):
-        raise ValueError("latitudes must be distinct to give cell areas")
-    area = np.empty_like(phi)
-    area[order] = np.sin(bounds[1:]) - np.sin(bounds[:-1])
-    return xr.DataArray(area / area.mean(), dims=latitude.dims, coords=latitude.coords, name="area_weight",
-                        attrs={"long_name": "cell-area weight between mid-latitudes (WeatherBench 2)", "units": "1"})
-
-
 def area_mean(x: xr.DataArray, weights: xr.DataArray) -> xr.DataArray:
     """Weighted mean over latitude and longitude (:func:`smoeweather.metrics.scores.area_mean`); ``weights`` may
     carry a ``region`` dim (kept). Missing points drop out with their weight; infinite values propagate."""
@@ -187,6 +168,6 @@ def _stack(terms: dict[str, xr.DataArray], order: Sequence[str]) -> xr.Dataset:
     return da.to_dataset(name="value")
 
 
-__all__ = ["DEFAULT_QUANTILES", "EVALUATIONS", "area_mean", "cell_area_weights", "deterministic_terms",
+__all__ = ["DEFAULT_QUANTILES", "EVALUATIONS", "area_mean", "deterministic_terms",
            "ensemble_binary_terms", "ensemble_terms", "evaluation_files", "gaussian_binary_terms",
            "gaussian_terms"]

@@ -1,7 +1,12 @@
 """Area weights and weighted means on the latitude–longitude grid (pure xarray, no torch).
 
-WeatherBench convention: w(φ) = cos φ / mean_φ(cos φ), so the weights have mean 1 over the latitude rows
-and a weighted mean over (latitude, longitude) is the area mean of a regular grid.
+Two weights, each with one home here:
+
+- :func:`cell_area_weights` (WeatherBench 2's ``get_lat_weights``): the area weight every score uses
+  (``smoe evaluate``, the studies, cross-validation, regions). Mean 1 over the latitude rows.
+- :func:`latitude_weights` / :func:`latitude_weight_values`: cos φ / mean_φ(cos φ), the WeatherBench (1)
+  weighting of the training losses and of the EMOS fits. Equal to the cell areas on grids without pole rows,
+  up to rounding.
 """
 
 from __future__ import annotations
@@ -33,6 +38,28 @@ def latitude_weights(latitude: xr.DataArray) -> xr.DataArray:
     w = latitude_weight_values(np.asarray(latitude))
     return xr.DataArray(w, dims=latitude.dims, coords=latitude.coords, name="latitude_weight",
                         attrs={"long_name": "latitude weight cos(lat)/mean(cos(lat))", "units": "1"})
+
+
+def cell_area_weights(latitude: xr.DataArray | np.ndarray | Sequence[float]) -> xr.DataArray:
+    """WB2's area weights (latitude,), mean 1: sin φ₊ − sin φ₋ over cells bounded by the mid-latitudes and the
+    poles. Equal to cos φ / mean cos φ on grids without pole rows (e.g. 5.625°); on grids with pole rows
+    (WB2's 1.5° and 0.25°) the pole cells get their small, non-zero area. ``latitude`` in degrees, ascending
+    or descending."""
+    if not isinstance(latitude, xr.DataArray):
+        values = np.asarray(latitude, np.float64)
+        latitude = xr.DataArray(values, dims="latitude", coords={"latitude": values})
+    lat = np.asarray(latitude.values, np.float64)
+    if lat.size == 0 or not np.all(np.isfinite(lat)) or np.any(np.abs(lat) > 90.0):
+        raise ValueError(f"latitude must be finite degrees north in [-90, 90]; got {lat.min()}..{lat.max()}")
+    order = np.argsort(lat)
+    phi = np.deg2rad(lat[order])
+    bounds = np.concatenate([[-np.pi / 2], (phi[:-1] + phi[1:]) / 2, [np.pi / 2]])
+    if not np.all(np.diff(bounds) > 0):
+        raise ValueError("latitudes must be distinct to give cell areas")
+    area = np.empty_like(phi)
+    area[order] = np.sin(bounds[1:]) - np.sin(bounds[:-1])
+    return xr.DataArray(area / area.mean(), dims=latitude.dims, coords=latitude.coords, name="area_weight",
+                        attrs={"long_name": "cell-area weight between mid-latitudes (WeatherBench 2)", "units": "1"})
 
 
 def weighted_mean(

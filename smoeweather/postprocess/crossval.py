@@ -18,7 +18,7 @@ import xarray as xr
 
 from smoeweather.data.ensembles import lead_label
 from smoeweather.metrics.probabilistic import crps_ensemble, crps_gaussian, spread_skill_ratio
-from smoeweather.metrics.weights import latitude_weights, weighted_mean
+from smoeweather.metrics.weights import cell_area_weights, weighted_mean
 from smoeweather.postprocess.emos import apply_emos, fit_emos
 
 FOLDS = ("year", "month")
@@ -71,7 +71,7 @@ def crossvalidate(forecast: xr.Dataset, truth: xr.Dataset, fold: str = "year", i
             params = fit_emos(forecast.isel(time=train), truth.isel(time=train), per_gridpoint, iterations)
             mu, sigma = apply_emos(params, fc_test)
             held[method].append(crps_gaussian(mu, sigma, tr_test))
-    w = latitude_weights(forecast["latitude"])
+    w = cell_area_weights(forecast["latitude"])
     dims = ("time", "latitude", "longitude")
     pooled = {m: weighted_mean(xr.concat(v, "time"), dims, w) for m, v in held.items()}
     ssr = spread_skill_ratio(forecast, truth, weights=w, dims=dims)

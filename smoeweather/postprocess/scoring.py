@@ -1,10 +1,11 @@
 """Scores of post-processed forecasts on one split of an ensemble source, per target field and lead:
-latitude-weighted CRPS (closed-form Gaussian for (μ, σ); the fair estimator for raw members), spread–skill
-ratio and bias of the mean, in the field's units. Used by the post-processing study (:mod:`smoeweather.
-experiments.study`) for networks, EMOS and the raw ensemble alike, on the same inits.
+area-weighted CRPS (WB2's cell areas, as ``smoe evaluate``; closed-form Gaussian for (μ, σ); the fair
+estimator for raw members), spread–skill ratio and bias of the mean, in the field's units. Used by the
+post-processing study (:mod:`smoeweather.experiments.study`) for networks, EMOS and the raw
+ensemble alike, on the same inits.
 
 When the source has a ``land_sea_mask``, every target is also scored over land and over sea (keys
-``TARGET/land`` and ``TARGET/sea``, weighted by cos(latitude) × the land fraction or its complement, as
+``TARGET/land`` and ``TARGET/sea``, weighted by the cell area × the land fraction or its complement, as
 ``smoe evaluate --regions``); the plain ``TARGET`` key stays the global score.
 """
 
@@ -21,7 +22,7 @@ from smoeweather.data.ensembles import lead_label, lead_timedeltas, open_ensembl
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.regions import parse_regions, region_weights
 from smoeweather.metrics.scores import forecast_scores
-from smoeweather.metrics.weights import latitude_weights
+from smoeweather.metrics.weights import cell_area_weights
 
 METRICS = ("crps", "spread_skill", "bias")
 SPACE_TIME = ("time", "latitude", "longitude")
@@ -44,7 +45,7 @@ def _scores(kind: str, forecast: xr.Dataset, truth: xr.Dataset, targets: Sequenc
     land fraction) also ``target/land`` and ``target/sea``."""
     out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in METRICS}
     if land_sea_mask is None:
-        w, rw, suffixes = latitude_weights(truth["latitude"]), None, {"": None}
+        w, rw, suffixes = cell_area_weights(truth["latitude"]), None, {"": None}
     else:
         w = None
         lsm = land_sea_mask.reindex(latitude=truth["latitude"], longitude=truth["longitude"], method="nearest",
