@@ -9,7 +9,7 @@ with one variable per metric. scores.json, scores.md and WeatherBench 2's evalua
 
 Every forecast is matched with the truth at its VALID time ``time + prediction_timedelta``; all methods are scored
 on the same initialisations (those common to every forecast). Weights are WeatherBench 2's cell areas
-(:func:`~smoeweather.metrics.wb2.cell_area_weights`). Scores per (method, field, lead): ``rmse`` — the square root
+(:func:`~smoeweather.metrics.weights.cell_area_weights`). Scores per (method, field, lead): ``rmse`` — the square root
 AFTER the mean over initialisations, √(mean_t MSE_t), i.e. √ of WB2's ``mse``; WB2's
 ``rmse_sqrt_before_time_avg`` (mean_t √MSE_t, never larger) is in WB2's ``deterministic_temporal`` file per
 initialisation — and bias, ACC, fair and ECDF CRPS, spread–skill, debiased ensemble-mean MSE, energy score,
@@ -73,6 +73,7 @@ from smoeweather.metrics import wb2
 from smoeweather.metrics.regions import Region, describe_regions
 from smoeweather.metrics.scores import BLOCK_BYTES, PER_INIT, forecast_scores, median_of_quantiles
 from smoeweather.metrics.spectra import DEFAULT_BAND, zonal_energy_spectrum
+from smoeweather.metrics.weights import cell_area_weights
 from smoeweather.units import units_of
 
 
@@ -328,7 +329,7 @@ def evaluate(
                                                           inp.leads, binary_quantiles, storage_options, truth=inp)
     if references and climatology is not None:
         add_climatology_reference(inp, truth, climatology, climatology_years, clim_means, clim_kind)
-    weights = wb2.cell_area_weights(inp.truth["latitude"])
+    weights = cell_area_weights(inp.truth["latitude"])
     rw, region_list, lsm_from = None, None, None
     if regions is not None:
         region_list, rw, lsm_from = _regions_for(regions, inp.truth, land_sea_mask, land_threshold,
