@@ -19,9 +19,10 @@ pinball loss by forecast kind (:mod:`smoeweather.metrics.scores`), plus the per-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,7 @@ def evaluate(
     progress: bool = False,
     table: Mapping[str, Any] | None = None,
     plausibility_check: bool = True,
+    scheduler: str | None = None,
 ) -> xr.Dataset:
     """Scores Dataset (vars ``rmse``, ``bias``, [``acc``, ``crps``, ...], ``per_init_<q>``, ``wb2_<metric>``,
     ``n_time``, ``n_scored``) over dims ``method``, ``field``, ``prediction_timedelta`` [, ``region``]; written
@@ -302,12 +304,15 @@ def evaluate(
     ``table``; CF timeSeries files; ``smoe postprocess apply`` stores on sites) are scored by
     :func:`smoeweather.evaluate_sites.evaluate_sites` (grid-only options refused). ``plausibility_check``: refuse
     gridded forecasts or truth with implausible values (:func:`pipelines.plausibility.check_plausible`).
+    ``scheduler``: where dask computes the gridded scores (:func:`on_scheduler`; None: threads in this process);
+    the scores are the same on every scheduler.
     """
     from smoeweather.evaluate_sites import evaluate_sites, is_site_run
 
     if is_site_run(forecasts, truth):
         grid = {"--climatology": climatology, "--climatology-years": climatology_years, "--regions": regions,
-                "--land-sea-mask": land_sea_mask, "--land-threshold": land_threshold, "--spectra": spectra}
+                "--land-sea-mask": land_sea_mask, "--land-threshold": land_threshold, "--spectra": spectra,
+                "--scheduler": scheduler}
         return evaluate_sites(forecasts, truth, out_dir, thresholds=thresholds, bss_reference=bss_reference,
                               allow_missing=allow_missing, ensemble_dim=ensemble_dim, table=table,
                               overwrite=overwrite, grid_options=grid)
@@ -318,10 +323,31 @@ def evaluate(
         masks = [r.split("=", 1)[1] for r in ([regions] if isinstance(regions, str) else regions or [])
                  if isinstance(r, str) and "=" in r and r.endswith(".nc")]  # region mask files NAME=PATH.nc
         check_output(out_dir, overwrite, inputs=[forecasts, truth, climatology, land_sea_mask, masks])
+    with on_scheduler(scheduler):
+        scores = _grid_scores(forecasts, truth, climatology, references=references,
+                              climatology_years=climatology_years, regions=regions, land_sea_mask=land_sea_mask,
+                              land_threshold=land_threshold, band=(spectra_band, spectra_recipe) if spectra else None,
+                              storage_options=storage_options, ensemble_dim=ensemble_dim,
+                              binary_quantiles=binary_quantiles, allow_missing=allow_missing, thresholds=thresholds,
+                              bss_reference=bss_reference, progress=progress, plausibility_check=plausibility_check)
+    if out_dir is not None:
+        write_scores(scores, out_dir, overwrite=overwrite)
+    return scores
+
+
+def _grid_scores(forecasts: Mapping[str, Source] | Source | Sequence[Source], truth: Source | Sequence[Source],
+                 climatology: Source | None, *, references: bool, climatology_years: tuple[int, int] | None,
+                 regions: Sequence[str | Region] | str | None, land_sea_mask: Source | None,
+                 land_threshold: float | None, band: tuple[tuple[float, float], str] | None,
+                 storage_options: dict[str, Any] | None, ensemble_dim: str | None, binary_quantiles: Sequence[float],
+                 allow_missing: bool, thresholds: Mapping[str, Sequence[float]] | None, bss_reference: str | None,
+                 progress: bool, plausibility_check: bool) -> xr.Dataset:
+    """The scores Dataset of gridded forecasts (:func:`evaluate`'s arguments; ``band``: the spectra's
+    ((lat0, lat1), recipe), None without spectra), on the dask scheduler that is active."""
     inp = open_inputs(forecasts, truth, storage_options, ensemble_dim, plausibility_check)
     if inp.truth_in_file and references:
         warnings.warn(f"{inp.where_truth}: truth held inside a forecast file; no persistence/climatology "
-                      "references", stacklevel=2)
+                      "references", stacklevel=3)
         references = False
     if references:
         add_persistence(inp, truth)
@@ -334,7 +360,6 @@ def evaluate(
     if regions is not None:
         region_list, rw, lsm_from = _regions_for(regions, inp.truth, land_sea_mask, land_threshold,
                                                  inp.where_truth)
-    band = (spectra_band, spectra_recipe) if spectra else None
     events = event_thresholds(inp, thresholds)
     clim_prob = climatological_probabilities(climatology, events, climatology_years, inp.inits, inp.leads,
                                              clim_kind, {f[0]: units_of(inp.truth[f[0]]) for f in inp.fields})
@@ -354,10 +379,31 @@ def evaluate(
     scores.attrs = {"provenance": json.dumps(prov)}
     from smoeweather.evaluate_files import describe_scores
 
-    describe_scores(scores, spectra_band)
-    if out_dir is not None:
-        write_scores(scores, out_dir, overwrite=overwrite)
+    describe_scores(scores, band[0] if band is not None else DEFAULT_BAND)
     return scores
+
+
+LOCAL_CLUSTER = "local"
+"""The ``--scheduler`` keyword of a local ``dask.distributed`` cluster (the default of ``smoe postprocess``)."""
+
+
+@contextlib.contextmanager
+def on_scheduler(scheduler: str | None) -> Iterator[Any]:
+    """Where the scores are computed: None → dask's default, threads in this process; ``"local"`` → a local
+    ``dask.distributed`` cluster; else what ``smoe data prepare --scheduler`` takes
+    (:func:`pipelines.compute.dask_client`: ``threads``, ``synchronous`` or a scheduler address tcp://host:port).
+
+    A cluster computes the same task graph as threads (the forecast's own chunks, one or a few initialisations
+    each; per-initialisation area means gathered and averaged over the initialisations here, in init order), so
+    the scores are bit for bit the same; only where the tasks run changes. Yields the client (None: no cluster).
+    Its workers must read the stores at the same paths."""
+    if scheduler is None:
+        yield None
+        return
+    from pipelines.compute import dask_client
+
+    with dask_client(None if scheduler == LOCAL_CLUSTER else scheduler) as client:
+        yield client
 
 
 def _default_reference(inp: Inputs, events: dict) -> str | None:
@@ -388,5 +434,6 @@ def _finish(scores: xr.Dataset, inp: Inputs, truths: dict[str, xr.DataArray], ba
 
 
 __all__ = ["add_climatology_reference", "add_persistence", "assemble", "climatology_inputs", "evaluate", "headline",
-           "land_sea_mask_of", "open_inputs", "open_truth_source", "score_field", "scores_json", "scores_markdown",
-           "wb2_results", "wb2_terms", "write_scores", "ESTIMATORS", "PER_INIT", "HEADLINE_REGION"]
+           "land_sea_mask_of", "on_scheduler", "open_inputs", "open_truth_source", "score_field", "scores_json",
+           "scores_markdown", "wb2_results", "wb2_terms", "write_scores", "ESTIMATORS", "LOCAL_CLUSTER", "PER_INIT",
+           "HEADLINE_REGION"]

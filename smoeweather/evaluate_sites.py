@@ -399,7 +399,9 @@ GRID_ONLY = {"--climatology": "ACC, the climatology reference and the climatolog
                               "climatology", "--climatology-years": "it selects the years of --climatology",
              "--regions": "regions are areas of a grid (select the stations of a region in the table instead)",
              "--land-sea-mask": "it weights grid points of regions", "--land-threshold": "it weights grid points "
-             "of regions", "--spectra": "zonal spectra need a regular latitude-longitude grid"}
+             "of regions", "--spectra": "zonal spectra need a regular latitude-longitude grid",
+             "--scheduler": "station tables are read whole and scored in memory, with nothing for a dask cluster to "
+                            "split"}
 
 
 def refuse_grid_options(given: Mapping[str, Any]) -> None:

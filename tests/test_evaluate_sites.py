@@ -173,7 +173,8 @@ def test_stations_matched_by_id_and_refusals(table: Path, tmp_path: Path, capsys
     with pytest.raises(ValueError, match="no station .* common"):
         evaluate({"far": tmp_path / "far.csv"}, table, out_dir=tmp_path / "none")
     assert not (tmp_path / "none").exists()
-    for option, values in (("--regions", ["europe"]), ("--climatology", [str(table)]), ("--spectra", [])):
+    for option, values in (("--regions", ["europe"]), ("--climatology", [str(table)]), ("--spectra", []),
+                           ("--scheduler", ["local"])):
         assert _run("evaluate", table, "--truth", table, option, *values, "--out", tmp_path / "o", "--quiet") == 2
         err = capsys.readouterr().err
         assert re.search(f"{option} is for gridded forecasts .* site", err), err

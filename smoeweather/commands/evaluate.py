@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "refuse it)")
     p.add_argument("--no-plausibility-check", action="store_true",
                    help="do not refuse forecast/truth values outside the plausible range of a known variable")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="compute the gridded scores on dask.distributed: a scheduler address tcp://host:port or "
+                        "'local' for a local cluster (default: threads in this process; 'threads' too); the scores "
+                        "are the same bit for bit")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder (as a whole)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--out", required=True, type=Path, help="output directory")
@@ -139,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                           ensemble_dim=args.ensemble_dim, binary_quantiles=tuple(args.binary_quantiles),
                           allow_missing=args.allow_missing, thresholds=parse_thresholds(args.thresholds),
                           bss_reference=args.bss_reference, overwrite=args.overwrite, progress=not args.quiet,
-                          plausibility_check=not args.no_plausibility_check,
+                          plausibility_check=not args.no_plausibility_check, scheduler=args.scheduler,
                           table={"variable": args.table_variable, "lead": args.table_lead, "time_kind": args.table_time,
                                  "members": args.table_members, "units": args.units})
     if "rank_histogram" in scores:  # ensembles: rank histograms also as a figure
