@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,10 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "studies" / "budget_selection.py"
-_spec = importlib.util.spec_from_file_location("budget_selection", _PATH)
-budget_selection = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(budget_selection)
+from benchmarks.studies import budget_selection
 
 
 def _study(name: str, steps: int, runs: list[tuple[str, int, float, float]], ratios: dict[str, float]) -> dict:

@@ -3,17 +3,11 @@ per-seed difference, and the schedule is chosen on the validation loss only."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 from scipy import stats
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "studies" / "study_rerun_checks.py"
-_spec = importlib.util.spec_from_file_location("study_rerun_checks", _PATH)
-rerun_checks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rerun_checks)
+from benchmarks.studies import study_rerun_checks as rerun_checks
 
 
 def _study(runs: list[tuple[str, int, float, float]], threads: int = 1) -> dict:
