@@ -18,7 +18,8 @@ processes started later); :func:`thread_env` is the environment of a child proce
 
 Machine and results. :class:`Machine` records the load average when created and again when recorded, with the CPU
 model, core count, torch version and threads, the GPU, the git commit and the command; :func:`write_results` writes
-a result's JSON (with that record under ``machine_state``) and its markdown beside it, atomically.
+a result's JSON (with that record under ``machine_state``) and its markdown beside it, atomically. Results go to
+``benchmarks/results/`` (:data:`RESULTS`); ``SMOE_BENCHMARK_RESULTS=DIR`` sends them to DIR instead (a dry run).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
-REPO = RESULTS.parents[1]
+REPO = Path(__file__).resolve().parents[1]
+# where results go: benchmarks/results, or SMOE_BENCHMARK_RESULTS (a dry run that leaves the committed files alone)
+RESULTS = Path(os.environ.get("SMOE_BENCHMARK_RESULTS") or REPO / "benchmarks" / "results")
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 clock = time.perf_counter  # the one clock of every benchmark

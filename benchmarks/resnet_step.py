@@ -8,7 +8,7 @@ a stem+head-only network is timed too, and the ratio at 19 blocks is extrapolate
 t_stem + 19·(t − t_stem)/blocks for both networks (``time_ratio_19_blocks_extrapolated``).
 
 Writes benchmarks/results/resnet_step.json and prints one JSON line {"time_ratio": ...}.
-Usage: python benchmarks/resnet_step.py [--steps 5] [--max-step-s 10] [--blocks N] [--device cpu]
+Usage: python -m benchmarks.resnet_step [--steps 5] [--max-step-s 10] [--blocks N] [--device cpu]
 """
 
 from __future__ import annotations
@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from benchmarks.harness import RESULTS, Machine, interleave, timed, write_results
 from smoeweather.models.resnet import WeatherBenchResNet
 
-RESULTS = Path(__file__).resolve().parent / "results" / "resnet_step.json"
 IN_CHANNELS, OUT_CHANNELS, WIDTH, PAPER_BLOCKS, GRID = 117, 2, 128, 19, (32, 64)
 
 
@@ -46,14 +44,14 @@ class Stepper:
         self.y = torch.randn(batch, OUT_CHANNELS, *GRID, device=device)
 
     def step(self) -> float:
-        self._sync()
-        t0 = time.perf_counter()
+        """One training step; returns its seconds (the device drained before and after)."""
+        return timed(self._train_step, sync=self._sync)[1]
+
+    def _train_step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         loss = F.mse_loss(self.model(self.x), self.y)
         loss.backward()
         self.opt.step()
-        self._sync()
-        return time.perf_counter() - t0
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -68,8 +66,9 @@ def main() -> None:
                         help="reduce blocks above this SMoE step time")
     parser.add_argument("--blocks", type=int, default=None, help="force the number of residual blocks")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS / "resnet_step.json")
     args = parser.parse_args()
+    machine = Machine()
     torch.manual_seed(0)
     device = torch.device(args.device)
 
@@ -93,12 +92,9 @@ def main() -> None:
     dense = Stepper(build(blocks, False, device), args.batch, device)
     smoe = Stepper(build(blocks, True, device), args.batch, device)
     dense.step(), smoe.step()  # warm-up
-    times: dict[str, list[float]] = {"dense": [], "smoe": [], "stem_only": []}
-    for _ in range(args.steps):  # interleaved, so load changes hit all alike
-        times["dense"].append(dense.step())
-        times["smoe"].append(smoe.step())
-        times["stem_only"].append(stem.step())
-    med = {k: statistics.median(v) for k, v in times.items()}
+    # interleaved, one step each a round, so load changes hit all alike
+    rounds = interleave({"dense": dense.step, "smoe": smoe.step, "stem_only": stem.step}, args.steps, alternate=False)
+    times, med = rounds.seconds, rounds.medians()
 
     def at_paper_depth(t: float) -> float:  # stem/head time + 19 × the measured per-block time
         return med["stem_only"] + PAPER_BLOCKS * (t - med["stem_only"]) / blocks
@@ -126,8 +122,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "target_ratio_max": 2.3,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result, machine=machine)
     print(json.dumps({"time_ratio": round(result["time_ratio"], 3),
                       "time_ratio_19_blocks_extrapolated": round(extrapolated, 3),
                       "dense_step_s": round(med["dense"], 3), "smoe_step_s": round(med["smoe"], 3),

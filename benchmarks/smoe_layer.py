@@ -22,7 +22,7 @@ route_impl, memory_format, ...}, "time_ratio", "memory_ratio", "time_ratio_dense
 "dense128"}, ...]}`` (ratios: SMoE / dense-256 of the same layout). Targets: time ≤ 1.25× and
 memory ≤ 1.5× at batch 64 on the GPU, ≤ 1.6× time at batch 16; CPU ≤ 1.25×.
 
-    python benchmarks/smoe_layer.py [--device cpu|cuda] [--batches 16 64] [--dtypes fp32 bf16]
+    python -m benchmarks.smoe_layer [--device cpu|cuda] [--batches 16 64] [--dtypes fp32 bf16]
         [--impls index_select channels_last] [--repeats 3] [--rounds 3]
 """
 
@@ -36,10 +36,20 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
+from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.harness import (
+    REPO,
+    RESULTS,
+    Machine,
+    command,
+    interleave,
+    median_seconds,
+    pin_threads,
+    warm_up,
+    write_results,
+)
+
 IMPLS = ("index_select", "channels_last")
 LAYOUT = {"index_select": "planar", "channels_last": "channels_last"}
 
@@ -59,13 +69,13 @@ def measure(variant: str, device: str, batch: int, dtype: str, repeats: int) -> 
     from torch import nn
 
     from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d
-    from smoeweather.nn.smoe import _pad_lon_circular
+    from smoeweather.nn.smoe import pad_lon_circular
 
     class ChannelsLastPeriodicLonConv2d(PeriodicLonConv2d):
         """PeriodicLonConv2d's F.pad(mode="circular") returns a planar tensor; this pad keeps channels-last."""
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return nn.Conv2d.forward(self, _pad_lon_circular(x, self.pad))
+            return nn.Conv2d.forward(self, pad_lon_circular(x, self.pad))
 
     torch.manual_seed(0)
     c, experts, selected, h, w = 128, 256, 128, 32, 64
@@ -94,33 +104,30 @@ def measure(variant: str, device: str, batch: int, dtype: str, repeats: int) -> 
         if device == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(2):  # warm-up (allocator, kernels, autotuning)
-        step()
+    warm_up(step, 2)  # allocator, kernels, autotuning
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_kib() * 1024
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    seconds = median_seconds(step, repeats)
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20, "repeats": repeats}
+    return {"seconds": seconds, "peak_mib": max(peak, 0) / 2**20, "repeats": repeats}
 
 
 def run_variant(variant: str, device: str, batch: int, dtype: str, repeats: int,
                 threads: int | None = None) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--variant", variant, "--device", device, "--batches", str(batch),
-           "--dtypes", dtype, "--repeats", str(repeats)] + (["--threads", str(threads)] if threads else [])
+    """:func:`measure` of one variant in a child process of its own (its peak memory is its own)."""
+    cmd = [sys.executable, "-m", "benchmarks.smoe_layer", "--variant", variant, "--device", device,
+           "--batches", str(batch), "--dtypes", dtype, "--repeats", str(repeats)]
+    cmd += ["--threads", str(threads)] if threads else []
     # glibc keeps freed large blocks in the heap by default, so RSS would count dead tensors; a fixed mmap
     # threshold returns every block ≥ 64 KiB to the OS on free, making peak RSS ≈ peak live memory
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=REPO)
     return json.loads(proc.stdout.splitlines()[-1])
 
 
@@ -128,6 +135,50 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     return {"seconds": statistics.median(r["seconds"] for r in runs),
             "peak_mib": statistics.median(r["peak_mib"] for r in runs),
             "repeats": runs[0]["repeats"], "rounds": len(runs)}
+
+
+def measure_setup(batch: int, dtype: str, variants: list[str], args: argparse.Namespace,
+                  threads: int) -> list[dict[str, Any]]:
+    """Every variant at one batch size and dtype over the interleaved rounds (one child process per variant and
+    round, the order reversed every other round): one entry per routing path."""
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    load = [os.getloadavg()[0]]
+
+    def run(variant: str) -> float:
+        out = run_variant(variant, args.device, batch, dtype, args.repeats, args.threads)
+        print(f"batch {batch:3d} {dtype} round {len(runs[variant])}: {variant:>22}: {out['seconds'] * 1e3:9.2f} ms  "
+              f"peak +{out['peak_mib']:8.1f} MiB", file=sys.stderr)
+        runs[variant].append(out)
+        return out["seconds"]
+
+    interleave({v: (lambda v=v: run(v)) for v in variants}, args.rounds,
+               on_round=lambda r, _: load.append(os.getloadavg()[0]))
+    entries = []
+    for impl in args.impls:
+        layout = LAYOUT[impl]
+        smoe_runs, d256_runs = runs[f"smoe@{impl}"], runs[f"dense256@{layout}"]
+        d128_runs, planar_runs = runs[f"dense128@{layout}"], runs.get("dense256@planar")
+        smoe, d256, d128 = _median_run(smoe_runs), _median_run(d256_runs), _median_run(d128_runs)
+        ratios = [s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, d256_runs, strict=True)]
+        entry = {
+            "setup": {"device": args.device, "batch": batch, "dtype": dtype, "route_impl": impl,
+                      "memory_format": layout, "threads": threads, "in_channels": 128,
+                      "experts": 256, "selected": 128, "grid": [32, 64], "rc": True, "damping": 0.1,
+                      "step": "forward + backward + SGD step (gate changes every step)"},
+            "time_ratio": round(statistics.median(ratios), 3),
+            "memory_ratio": round(smoe["peak_mib"] / max(d256["peak_mib"], 1e-9), 3),
+            "time_ratio_dense128": round(statistics.median(
+                s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, d128_runs, strict=True)), 3),
+            "time_ratio_rounds": [round(r, 3) for r in ratios],
+            "load_average_1min": {"min": min(load), "max": max(load)},
+            "smoe": smoe, "dense256": d256, "dense128": d128,
+        }
+        if layout != "planar" and planar_runs:
+            entry["time_ratio_vs_planar_dense256"] = round(statistics.median(
+                s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, planar_runs, strict=True)), 3)
+            entry["dense256_planar"] = _median_run(planar_runs)
+        entries.append(entry)
+    return entries
 
 
 def main() -> None:
@@ -143,54 +194,18 @@ def main() -> None:
                         help="keep the result file's entries of other setups (e.g. another --threads)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = pin_threads(args.threads)
     if args.variant:  # child process: measure one variant, print its JSON
         print(json.dumps(measure(args.variant, args.device, args.batches[0], args.dtypes[0], args.repeats)))
         return
+    import torch
 
+    machine = Machine()
     layouts = list(dict.fromkeys(LAYOUT[impl] for impl in args.impls))
     variants = [f"{kind}@{layout}" for layout in layouts for kind in ("dense256", "dense128")]
     variants += [f"smoe@{impl}" for impl in args.impls]
-    load_start = os.getloadavg()
-    entries = []
-    for batch in args.batches:
-        for dtype in args.dtypes:
-            runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-            load = [os.getloadavg()[0]]
-            for round_ in range(args.rounds):
-                for variant in variants if round_ % 2 == 0 else reversed(variants):
-                    out = run_variant(variant, args.device, batch, dtype, args.repeats, args.threads)
-                    runs[variant].append(out)
-                    print(f"batch {batch:3d} {dtype} round {round_}: {variant:>22}: {out['seconds'] * 1e3:9.2f} ms  "
-                          f"peak +{out['peak_mib']:8.1f} MiB", file=sys.stderr)
-                load.append(os.getloadavg()[0])
-            for impl in args.impls:
-                layout = LAYOUT[impl]
-                smoe_runs, d256_runs = runs[f"smoe@{impl}"], runs[f"dense256@{layout}"]
-                d128_runs, planar_runs = runs[f"dense128@{layout}"], runs.get("dense256@planar")
-                smoe, d256, d128 = _median_run(smoe_runs), _median_run(d256_runs), _median_run(d128_runs)
-                ratios = [s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, d256_runs, strict=True)]
-                entry = {
-                    "setup": {"device": args.device, "batch": batch, "dtype": dtype, "route_impl": impl,
-                              "memory_format": layout, "threads": torch.get_num_threads(), "in_channels": 128,
-                              "experts": 256, "selected": 128, "grid": [32, 64], "rc": True, "damping": 0.1,
-                              "step": "forward + backward + SGD step (gate changes every step)"},
-                    "time_ratio": round(statistics.median(ratios), 3),
-                    "memory_ratio": round(smoe["peak_mib"] / max(d256["peak_mib"], 1e-9), 3),
-                    "time_ratio_dense128": round(statistics.median(
-                        s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, d128_runs, strict=True)), 3),
-                    "time_ratio_rounds": [round(r, 3) for r in ratios],
-                    "load_average_1min": {"min": min(load), "max": max(load)},
-                    "smoe": smoe, "dense256": d256, "dense128": d128,
-                }
-                if layout != "planar" and planar_runs:
-                    entry["time_ratio_vs_planar_dense256"] = round(statistics.median(
-                        s["seconds"] / d["seconds"] for s, d in zip(smoe_runs, planar_runs, strict=True)), 3)
-                    entry["dense256_planar"] = _median_run(planar_runs)
-                entries.append(entry)
+    entries = [e for batch in args.batches for dtype in args.dtypes
+               for e in measure_setup(batch, dtype, variants, args, threads)]
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.machine()} CPU"
     path = RESULTS / f"smoe_layer_{args.device}.json"
     runs_before = []
@@ -199,25 +214,22 @@ def main() -> None:
         setups = [e["setup"] for e in entries]
         entries = [e for e in previous["entries"] if e["setup"] not in setups] + entries
         runs_before = previous.get("runs_before", []) + [{k: previous.get(k) for k in ("command", "load_average")}]
+    state = machine.record()
     doc = {
         "device": args.device,
         "device_name": device_name,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
-        "command": "python benchmarks/smoe_layer.py " + " ".join(sys.argv[1:]),
-        "load_average": {"start": [round(v, 2) for v in load_start],
-                         "end": [round(v, 2) for v in os.getloadavg()],
+        "command": command(),
+        "load_average": {"start": state["load_average"]["start"], "end": state["load_average"]["end"],
                          "note": "1/5/15-min load averages of the machine; other jobs may share its cores"},
         "targets": {"time_ratio": {"batch 64": 1.25, "batch 16": 1.6, "cpu": 1.25}, "memory_ratio": 1.5},
         "entries": entries,
     }
     if runs_before:
         doc["runs_before"] = runs_before
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_results(path, {**doc, "machine_state": state})
     print(json.dumps([{**e["setup"], "time_ratio": e["time_ratio"], "memory_ratio": e["memory_ratio"]}
                       for e in entries]))
 

@@ -2,7 +2,7 @@
 
 Quiet-machine command (the numbers in docs/guide/benchmarks.md; ~15 min on 2 cores):
 
-    .venv/bin/python benchmarks/smoe_selected.py --rounds 7 --compile
+    .venv/bin/python -m benchmarks.smoe_selected --rounds 7 --compile
 
 Dry run (seconds to minutes; noisy): ``--quick``. Writes ``benchmarks/results/smoe_selected_cpu.json`` and ``.md``.
 
@@ -31,13 +31,10 @@ interleaving keeps the ratios comparable.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
-import sys
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +42,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smoe_step import GRID, NETWORKS, Stepper  # noqa: E402
+from benchmarks.harness import RESULTS, Machine, interleave, load_average, median_seconds, pin_threads, write_results
+from benchmarks.smoe_step import GRID, NETWORKS, Stepper
+from smoeweather.nn import SpatialMoE2d, smoe_layers
 
-from smoeweather.nn import SpatialMoE2d, smoe_layers  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("dense", "used", "selected", "exact")
 TARGETS = {"train": 1.3, "infer": 1.15}
 
@@ -102,30 +97,19 @@ class Runner:
         self.layer(self.layer_x).backward(self.layer_grad)
 
 
-def timed(fn: Callable[[], None], calls: int) -> float:
-    """Median seconds of ``calls`` calls."""
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def interleaved(runners: dict[str, Runner], what: str, rounds: int, calls: int) -> dict[str, Any]:
-    """Interleaved rounds of ``what`` (train, infer, layer) over the variants: medians and per-round ratios."""
-    per_round: dict[str, list[float]] = {v: [] for v in runners}
-    for _ in range(rounds):
-        for variant, runner in runners.items():
-            per_round[variant].append(timed(getattr(runner, "layer_step" if what == "layer" else what), calls))
-    out: dict[str, Any] = {"ms": {v: 1e3 * statistics.median(t) for v, t in per_round.items()}}
+    """Interleaved rounds of ``what`` (train, infer, layer) over the variants, each round the median of ``calls``
+    calls of each: medians and the median per-round ratios."""
+    name = "layer_step" if what == "layer" else what
+    timed = interleave({v: partial(median_seconds, getattr(r, name), calls) for v, r in runners.items()}, rounds,
+                       alternate=False)
+    out: dict[str, Any] = {"ms": {v: 1e3 * t for v, t in timed.medians().items()}}
     for variant in runners:
         if variant == "dense":
             continue
         for base in ("dense", "used"):
             if base != variant:
-                ratios = [a / b for a, b in zip(per_round[variant], per_round[base], strict=True)]
-                out[f"{variant}/{base}"] = statistics.median(ratios)
+                out[f"{variant}/{base}"] = timed.ratio(variant, base)
     return out
 
 
@@ -178,7 +162,9 @@ def profile_top(runner: Runner, rows: int = 10) -> list[dict[str, Any]]:
 
 
 def measure_network(name: str, threads: int, rounds: int, calls: int, warmup: int) -> dict[str, Any]:
-    torch.set_num_threads(threads)
+    """Train, inference and layer times of the variants of ``name`` on ``threads`` threads; at 1 thread also the
+    counted FLOPs, the selected plans and (where a target is missed) the profiles."""
+    pin_threads(threads)
     runners = {variant: Runner(name, variant) for variant in VARIANTS}
     for runner in runners.values():
         for _ in range(warmup):
@@ -197,7 +183,7 @@ def measure_network(name: str, threads: int, rounds: int, calls: int, warmup: in
 
 def compile_part(calls: int) -> dict[str, Any]:
     """``torch._dynamo.explain`` of the SMoE-U-Net 8/16/32 step's forward + loss, and compiled vs eager steps."""
-    torch.set_num_threads(1)
+    pin_threads(1)
     torch._dynamo.reset()
     smoe = Stepper(build("unet_8_16_32", "auto"))
 
@@ -221,7 +207,7 @@ def compile_part(calls: int) -> dict[str, Any]:
                 out[f"{variant}_first_loss_compiled_minus_eager"] = first - eager_loss
             for _ in range(2):
                 stepper.step()
-            times[f"{variant}{' compiled' if compiled else ''}"] = 1e3 * timed(stepper.step, calls)
+            times[f"{variant}{' compiled' if compiled else ''}"] = 1e3 * median_seconds(stepper.step, calls)
     out["step_ms"] = times
     return out
 
@@ -240,7 +226,8 @@ would be missed: the routing's own work (`_RouteExpertsBackward` / `_RouteBlockB
 about 0.3–0.5 of the dense twin's step (benchmarks/results/smoe_step_cpu.md, "fixed routing")."""
 
 
-def write_markdown(results: dict[str, Any], path: Path) -> None:
+def markdown(results: dict[str, Any]) -> list[str]:
+    """The results page: the time table, the FLOPs table, the profiles of missed targets, torch.compile."""
     lines = ["# SMoE expert computations against the dense twins (CPU, batch 8, 32 × 64)", "",
              f"Load average at start {results['loadavg_start']}, at end {results['loadavg_end']} on "
              f"{results['cpu_count']} cores; {results['rounds']} interleaved rounds of {results['calls']} calls, "
@@ -288,7 +275,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                   "compiled step minus eager: "
                   + ", ".join(f"{k.split('_')[0]} {v:.1e}" for k, v in c.items() if k.endswith("minus_eager")) + "."]
         lines += ["", "| step | ms |", "|---|---:|"] + [f"| {k} | {v:.1f} |" for k, v in c["step_ms"].items()]
-    path.write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def main() -> None:
@@ -304,8 +291,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.calls, args.warmup = 2, 1, 1
+    machine = Machine()
     results: dict[str, Any] = {
-        "loadavg_start": [round(v, 2) for v in os.getloadavg()], "cpu_count": os.cpu_count(),
+        "loadavg_start": machine.load_start, "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "torch": torch.__version__, "grid": list(GRID),
         "rounds": args.rounds, "calls": args.calls, "quick": args.quick, "networks": {}}
     for name in args.networks:
@@ -317,11 +305,10 @@ def main() -> None:
     if args.compile:
         print("torch.compile", flush=True)
         results["compile"] = compile_part(args.calls)
-    results["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    write_markdown(results, args.out.with_suffix(".md"))
-    print(args.out.with_suffix(".md").read_text())
+    results["loadavg_end"] = load_average()
+    lines = markdown(results)
+    write_results(args.out, results, lines, machine=machine)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

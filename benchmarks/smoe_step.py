@@ -23,7 +23,7 @@ one SMoE-U-Net step (top operators) is stored too. The load average at start is 
 are the numbers to compare across machines.
 
 Writes ``benchmarks/results/smoe_step_cpu.json`` and ``.md``.
-    python benchmarks/smoe_step.py [--steps 20] [--block 5] [--rounds 5]
+    python -m benchmarks.smoe_step [--steps 20] [--block 5] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -32,19 +32,16 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.harness import RESULTS, Machine, Rounds, block_seconds, interleave, pin_threads, warm_up, write_results
 from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
 from smoeweather.models.unet import PostprocessingUNet
 from smoeweather.nn.smoe import smoe_layers
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GRID = (32, 64)
 
 
@@ -129,10 +126,8 @@ class Stepper:
         return float(loss.detach())
 
     def timed(self, steps: int) -> float:
-        t = time.perf_counter()
-        for _ in range(steps):
-            self.step()
-        return (time.perf_counter() - t) / steps
+        """Seconds per step of ``steps`` steps timed as one block."""
+        return block_seconds(self.step, steps)
 
 
 def trajectory(make: Callable[[], torch.nn.Module], steps: int) -> list[float]:
@@ -181,6 +176,37 @@ def cost_split(variants: dict[str, Callable[[], torch.nn.Module]], steps: int = 
     return totals
 
 
+def measure_network(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The four variants of network ``name`` in interleaved rounds, their loss trajectories and cost split."""
+    make_dense, make_smoe = NETWORKS[name]
+    variants = {"dense": make_dense, "smoe": make_smoe, "smoe_fixed_routing": fixed_routing(make_smoe),
+                "smoe_all_experts": all_experts(make_smoe)}
+    steppers = {key: Stepper(make) for key, make in variants.items()}
+    for stepper in steppers.values():
+        warm_up(stepper.step, args.warmup)
+
+    def progress(r: int, so_far: Rounds) -> None:
+        print(f"{name} round {r}: " + ", ".join(f"{k} {v[-1] * 1e3:.1f} ms" for k, v in so_far.seconds.items()),
+              flush=True)
+
+    # alternate short blocks: a load change hits every variant alike, and each block runs with its own network's
+    # caches warm; per round the median block of each variant
+    rounds = interleave({k: (lambda s=s: s.timed(args.block)) for k, s in steppers.items()}, args.rounds,
+                        blocks=max(args.steps // args.block, 1), on_round=progress)
+    used, every = trajectory(make_smoe, 10), trajectory(all_experts(make_smoe), 10)
+    return {"network": name, "seconds_per_step": rounds.medians(),
+            "time_ratio": rounds.ratio("smoe", "dense"),
+            "time_ratio_all_experts": rounds.ratio("smoe_all_experts", "dense"),
+            "round_ratios": rounds.ratios("smoe", "dense"),
+            "experts_computed_per_layer": experts_computed(make_smoe),
+            "time_ratio_fixed_routing": rounds.ratio("smoe_fixed_routing", "dense"),
+            "loss_trajectory": used, "loss_trajectory_all_experts": every,
+            "max_relative_loss_difference": max(abs(a - b) / abs(b) for a, b in zip(used, every)),
+            "bitwise_identical_steps": next((i for i, (a, b) in enumerate(zip(used, every)) if a != b), len(used)),
+            "cost_split_ms": cost_split({"dense": make_dense, "smoe_fixed_routing": fixed_routing(make_smoe),
+                                         "smoe": make_smoe})}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="timed steps per network per round")
@@ -189,51 +215,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=list(NETWORKS))
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    pin_threads(1)
+    machine = Machine()
     setup = {"device": "cpu", "threads": 1, "batch": 8, "grid": list(GRID), "steps": args.steps,
-             "rounds": args.rounds, "loadavg_at_start": os.getloadavg(), "cpu_count": os.cpu_count(),
+             "rounds": args.rounds, "loadavg_at_start": machine.load_start, "cpu_count": os.cpu_count(),
              "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
-    entries = []
-    for name in args.networks:
-        make_dense, make_smoe = NETWORKS[name]
-        variants = {"dense": make_dense, "smoe": make_smoe, "smoe_fixed_routing": fixed_routing(make_smoe),
-                    "smoe_all_experts": all_experts(make_smoe)}
-        steppers = {key: Stepper(make) for key, make in variants.items()}
-        for stepper in steppers.values():
-            stepper.timed(args.warmup)
-        times: dict[str, list[float]] = {k: [] for k in variants}
-        for r in range(args.rounds):
-            order = list(variants) if r % 2 == 0 else list(reversed(variants))
-            steps: dict[str, list[float]] = {k: [] for k in variants}
-            for _ in range(max(args.steps // args.block, 1)):  # alternate short blocks: a load change hits
-                for key in order:  # every variant alike, and each block runs with its own network's caches warm
-                    steps[key].append(steppers[key].timed(args.block))
-            for key in variants:
-                times[key].append(statistics.median(steps[key]))
-            print(f"{name} round {r}: " + ", ".join(f"{k} {times[k][-1] * 1e3:.1f} ms" for k in variants), flush=True)
-
-        def ratio(key: str, times: dict[str, list[float]] = times) -> float:
-            return statistics.median(s / d for s, d in zip(times[key], times["dense"], strict=True))
-
-        used, every = trajectory(make_smoe, 10), trajectory(all_experts(make_smoe), 10)
-        entry: dict[str, Any] = {"network": name,
-                                 "seconds_per_step": {k: statistics.median(v) for k, v in times.items()},
-                                 "time_ratio": ratio("smoe"), "time_ratio_all_experts": ratio("smoe_all_experts"),
-                                 "round_ratios": [s / d for s, d in zip(times["smoe"], times["dense"], strict=True)],
-                                 "experts_computed_per_layer": experts_computed(make_smoe),
-                                 "time_ratio_fixed_routing": ratio("smoe_fixed_routing"),
-                                 "loss_trajectory": used, "loss_trajectory_all_experts": every,
-                                 "max_relative_loss_difference": max(abs(a - b) / abs(b) for a, b in zip(used, every)),
-                                 "bitwise_identical_steps": next((i for i, (a, b) in enumerate(zip(used, every))
-                                                                  if a != b), len(used))}
-        entry["cost_split_ms"] = cost_split({"dense": make_dense, "smoe_fixed_routing": fixed_routing(make_smoe),
-                                             "smoe": make_smoe})
-        entries.append(entry)
+    entries = [measure_network(name, args) for name in args.networks]
     top = profile_top(NETWORKS["unet_16_32_64"][1]) if "unet_16_32_64" in args.networks else []
     out = {"setup": setup, "target": "SMoE warm step <= 2x its dense twin", "entries": entries,
            "profile_smoe_unet_16_32_64": top}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "smoe_step_cpu.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_results(RESULTS / "smoe_step_cpu", out, markdown(out, args), machine=machine)
+    print(json.dumps({e["network"]: round(e["time_ratio"], 2) for e in entries}))
+
+
+def markdown(out: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The results page's tables."""
+    setup, entries, top = out["setup"], out["entries"], out["profile_smoe_unet_16_32_64"]
     lines = ["# SMoE training step vs its dense twin (CPU, 1 thread, batch 8, 32×64)", "",
              f"Load average at start: {setup['loadavg_at_start'][0]:.2f} on {setup['cpu_count']} cores. "
              f"Blocks of {args.block} steps alternate between the variants; median block per round, median of the "
@@ -282,8 +279,7 @@ def main() -> None:
               "over fewer output channels) flips one RC flag at its threshold, after which the gate updates "
               "differ by one Adam step at that location. The layer itself is tested bitwise on exact data "
               "(tests/test_smoe_fastpath.py::test_used_experts_only_is_bitwise_identical)."]
-    (RESULTS / "smoe_step_cpu.md").write_text("\n".join(lines) + "\n")
-    print(json.dumps({e["network"]: round(e["time_ratio"], 2) for e in entries}))
+    return lines
 
 
 if __name__ == "__main__":

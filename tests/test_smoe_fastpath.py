@@ -201,12 +201,12 @@ def test_route_impls_agree_on_float_data(impl: str, dtype: torch.dtype) -> None:
 
 
 def test_periodic_padding_keeps_channels_last() -> None:
-    from smoeweather.nn.smoe import _pad_lon_circular
+    from smoeweather.nn.smoe import pad_lon_circular
 
     x = torch.randn(2, 3, 4, 6)
-    padded = _pad_lon_circular(x.contiguous(memory_format=torch.channels_last), 2)
+    padded = pad_lon_circular(x.contiguous(memory_format=torch.channels_last), 2)
     assert padded.is_contiguous(memory_format=torch.channels_last)  # F.pad would return planar: one more copy
-    assert torch.equal(padded, _pad_lon_circular(x, 2))
+    assert torch.equal(padded, pad_lon_circular(x, 2))
 
 
 def test_auto_route_impl_follows_input_layout() -> None:

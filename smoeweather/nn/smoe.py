@@ -77,7 +77,7 @@ ROUTE_IMPLS = ("auto", "index_select", "channels_last")
 EXPERT_COMPUTES = ("auto", "all", "used", "selected")
 
 
-def _pad_lon_circular(x: torch.Tensor, pad: int) -> torch.Tensor:
+def pad_lon_circular(x: torch.Tensor, pad: int) -> torch.Tensor:
     """Circular padding in W only; keeps a channels-last input channels-last (``F.pad`` returns planar)."""
     if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
         return F.pad(x, (pad, pad, 0, 0), mode="circular")
@@ -332,7 +332,7 @@ class SpatialMoE2d(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         pad = self.kernel_size // 2
         if self.padding == "periodic_lon":
-            xp = F.pad(_pad_lon_circular(x, pad), (0, 0, pad, pad)) if pad else x
+            xp = F.pad(pad_lon_circular(x, pad), (0, 0, pad, pad)) if pad else x
         else:
             xp = F.pad(x, (pad, pad, pad, pad)) if pad else x
         return LeafConvolutions.apply(xp, self.experts.weight, self.experts.bias, plan)
@@ -346,7 +346,7 @@ class SpatialMoE2d(nn.Module):
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         if self.padding == "periodic_lon":  # circular copy in longitude only; latitude zeros by the conv
-            x = _pad_lon_circular(x, self.kernel_size // 2)
+            x = pad_lon_circular(x, self.kernel_size // 2)
         if experts is None:
             out = self.experts(x)
             n = self.num_experts
