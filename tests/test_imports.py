@@ -3,7 +3,8 @@ count too) and its imports must point at its own layer or one below, with no imp
 
 Layers, lowest first (:data:`LAYERS`): the data pipelines; the package root with file I/O and YAML configs;
 data sets; layers and metrics; networks; training; forecasts and post-processing; evaluation; plotting;
-experiments (studies, demo); the command line. A new package must be placed in the table.
+adapters to other frameworks (interop); experiments (studies, demo); the command line. A new package must be
+placed in the table.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "smoeweather.evaluate_inputs",
      "smoeweather.evaluate_sites"),
     ("smoeweather.plotting",),
+    ("smoeweather.interop",),  # other frameworks' adapters (earth2studio): outward-facing, imported by nothing
     ("smoeweather.experiments",),
     ("smoeweather.commands", "smoeweather.cli", "smoeweather.__main__"),
 )

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("smoeweather.evaluate", "smoeweather.evaluate_assemble", "smoeweather.evaluate_files",
      "smoeweather.evaluate_inputs",
      "smoeweather.evaluate_sites", "smoeweather.plotting"),
+    ("smoeweather.interop",),
     ("smoeweather.experiments",),
     ("smoeweather.commands", "smoeweather.cli", "smoeweather.__main__"),
 )
