@@ -43,32 +43,40 @@ Writes ``benchmarks/results/gpu_correctness_<device>.{json,md}``, ``gpu_selected
 ``gpu_step_<device>.{json,md}`` and ``gpu_profile_<device>.txt``;
 ``render --json FILE`` rewrites a fetched result's .md.
 
-    python benchmarks/gpu_check.py correctness [--device cuda] [--steps 20]
-    python benchmarks/gpu_check.py selected [--device cuda] [--steps 20]
-    python benchmarks/gpu_check.py step [--device cuda] [--rounds 5] [--block 10]
-    python benchmarks/gpu_check.py profile [--device cuda]
-    python benchmarks/gpu_check.py render --json benchmarks/results/gpu_correctness_cuda.json
+    python -m benchmarks.gpu_check correctness [--device cuda] [--steps 20]
+    python -m benchmarks.gpu_check selected [--device cuda] [--steps 20]
+    python -m benchmarks.gpu_check step [--device cuda] [--rounds 5] [--block 10]
+    python -m benchmarks.gpu_check profile [--device cuda]
+    python -m benchmarks.gpu_check render --json benchmarks/results/gpu_correctness_cuda.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from smoe_step import GRID, land_sea, resnet, unet  # the CPU step benchmark's networks (same directory)
 
+from benchmarks.harness import (
+    RESULTS,
+    Machine,
+    Stopwatch,
+    block_seconds,
+    device_record,
+    interleave,
+    warm_up,
+    write_report,
+    write_results,
+)
+from benchmarks.smoe_step import GRID, land_sea, resnet, unet  # the CPU step benchmark's networks
 from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
 from smoeweather.nn.smoe import smoe_layers
 
-RESULTS = Path(__file__).resolve().parent / "results"
 FORWARD_RTOL = 2e-5  # first-step loss, derived in the module docstring
 TWIN_FACTOR = 4.0  # largest loss difference over the steps, against the dense twin's (module docstring)
 
@@ -122,7 +130,7 @@ def correctness(device: str, steps: int) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = False
     entries = []
     for name, make in CORRECTNESS.items():
-        t = time.perf_counter()
+        watch = Stopwatch()
         cpu_losses, cpu_net = _train(make, "cpu", steps)
         dev_losses, dev_net = _train(make, device, steps)
         loss_rel = [abs(a - b) / abs(a) for a, b in zip(cpu_losses, dev_losses, strict=True)]
@@ -136,14 +144,14 @@ def correctness(device: str, steps: int) -> dict[str, Any]:
             "max_parameter_relative_difference": max(param_rel),
             "median_parameter_relative_difference": statistics.median(param_rel),
             "expert_compute": {"cpu": "used", device: "all"} if "smoe" in name else None,
-            "seconds": time.perf_counter() - t}
+            "seconds": watch.elapsed()}
         if "smoe" in name:
             same = [float((a == b).all(0).float().mean()) for a, b in
                     zip(_selected_sets(cpu_net), _selected_sets(dev_net), strict=True)]
             entry["same_selected_set_share_per_layer"] = same
         entries.append(entry)
         print(f"{name}: loss rel. diff step 1 {loss_rel[0]:.1e}, max {max(loss_rel):.1e}", flush=True)
-    out = {"setup": _setup(device) | {"steps": steps, "batch": 8, "grid": list(GRID), "tf32": False,
+    out = {"setup": device_record(device) | {"steps": steps, "batch": 8, "grid": list(GRID), "tf32": False,
                                       "dropout": 0.0, "forward_rtol": FORWARD_RTOL, "twin_factor": TWIN_FACTOR},
            "entries": entries}
     out["verdicts"] = verdicts(entries)
@@ -231,7 +239,7 @@ def selected_check(device: str, steps: int) -> dict[str, Any]:
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    setup = _setup(device) | {"steps": steps, "tf32": False}
+    setup = device_record(device) | {"steps": steps, "tf32": False}
     try:
         SpatialMoE2d(8, 8, 2, grid=(4, 8), expert_compute="selected")
     except (ValueError, TypeError) as err:
@@ -285,7 +293,9 @@ def _selected_md(out: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _resnet(width: int, blocks: int, smoe: str | None) -> Callable[[], torch.nn.Module]:
+def resnet_maker(width: int, blocks: int, smoe: str | None) -> Callable[[], torch.nn.Module]:
+    """A builder of the GCM configs' ResNet (34 → 2 channels) at ``width`` × ``blocks``, SMoE placed ``smoe``
+    ("all", "last") with the land-sea gate prior, or dense (None)."""
     def build() -> torch.nn.Module:
         placement = SMoEPlacement.from_config({"placement": smoe, "experts_factor": 2, "gate_prior": "land_sea",
                                                "prior_strength": 1.0} if smoe else None)
@@ -296,10 +306,10 @@ def _resnet(width: int, blocks: int, smoe: str | None) -> Callable[[], torch.nn.
 
 GROUPS: dict[str, dict[str, Any]] = {
     "resnet": {"batch": 32, "in_channels": 34, "reference": "dense_16x3", "networks": {
-        **{f"dense_{w}x3": _resnet(w, 3, None) for w in (8, 12, 16, 24, 32)},
-        "dense_16x6": _resnet(16, 6, None),
-        **{f"smoe_all_{w}x3": _resnet(w, 3, "all") for w in (8, 16)},
-        **{f"smoe_last_{w}x3": _resnet(w, 3, "last") for w in (8, 16)}}},
+        **{f"dense_{w}x3": resnet_maker(w, 3, None) for w in (8, 12, 16, 24, 32)},
+        "dense_16x6": resnet_maker(16, 6, None),
+        **{f"smoe_all_{w}x3": resnet_maker(w, 3, "all") for w in (8, 16)},
+        **{f"smoe_last_{w}x3": resnet_maker(w, 3, "last") for w in (8, 16)}}},
     "unet": {"batch": 8, "in_channels": 8, "reference": "dense_8_16_32", "networks": {
         **{f"{'smoe' if smoe else 'dense'}_{'_'.join(map(str, w))}": partial(unet, w, smoe)
            for w, smoe in (((8, 16, 32), False), ((16, 32, 64), False), ((32, 64, 128), False),
@@ -327,12 +337,8 @@ class _Stepper:
         self.opt.step()
 
     def timed(self, steps: int) -> float:
-        self._sync()
-        t = time.perf_counter()
-        for _ in range(steps):
-            self.step()
-        self._sync()
-        return (time.perf_counter() - t) / steps
+        """Seconds per step of ``steps`` steps timed as one block (the device drained before and after)."""
+        return block_seconds(self.step, steps, sync=self._sync)
 
     def peak_mib(self) -> float | None:
         if self.device != "cuda":
@@ -350,20 +356,15 @@ def step_costs(device: str, rounds: int, block: int, warmup: int) -> dict[str, A
     for group, spec in GROUPS.items():
         steppers = {k: _Stepper(m, device, spec["batch"], spec["in_channels"]) for k, m in spec["networks"].items()}
         for s in steppers.values():
-            s.timed(warmup)
-        times: dict[str, list[float]] = {k: [] for k in steppers}
-        for r in range(rounds):
-            order = list(steppers) if r % 2 == 0 else list(reversed(steppers))
-            for k in order:
-                times[k].append(steppers[k].timed(block))
+            warm_up(s.step, warmup)
+        times = interleave({k: partial(s.timed, block) for k, s in steppers.items()}, rounds)
         ref = spec["reference"]
         nets = {}
         for k, s in steppers.items():
             twin = k.replace("smoe_all_", "dense_").replace("smoe_last_", "dense_").replace("smoe_", "dense_")
-            nets[k] = {"ms_per_step": statistics.median(times[k]) * 1e3, "parameters": s.parameters,
-                       "peak_mib": s.peak_mib(),
-                       "ratio_to_reference": statistics.median(a / b for a, b in zip(times[k], times[ref])),
-                       "ratio_to_dense_twin": statistics.median(a / b for a, b in zip(times[k], times[twin]))}
+            nets[k] = {"ms_per_step": times.median(k) * 1e3, "parameters": s.parameters,
+                       "peak_mib": s.peak_mib(), "ratio_to_reference": times.ratio(k, ref),
+                       "ratio_to_dense_twin": times.ratio(k, twin)}
             print(f"{group} {k}: {nets[k]['ms_per_step']:.2f} ms, ×{nets[k]['ratio_to_dense_twin']:.2f} twin",
                   flush=True)
         for k, v in nets.items():  # the dense network whose measured step time is closest
@@ -375,7 +376,7 @@ def step_costs(device: str, rounds: int, block: int, warmup: int) -> dict[str, A
         del steppers
         if device == "cuda":
             torch.cuda.empty_cache()
-    return {"setup": _setup(device) | {"rounds": rounds, "block": block, "warmup": warmup, "grid": list(GRID)},
+    return {"setup": device_record(device) | {"rounds": rounds, "block": block, "warmup": warmup, "grid": list(GRID)},
             "groups": groups}
 
 
@@ -420,15 +421,6 @@ def profile_layer(device: str, steps: int = 10) -> str:
             parts.append(f"=== {impl} {name} ({steps} steps, batch 64 fp32)\n"
                          + prof.key_averages().table(sort_by=sort, row_limit=14, max_name_column_width=60))
     return "\n".join(parts)
-
-
-def _setup(device: str) -> dict[str, Any]:
-    setup: dict[str, Any] = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
-                             "machine": platform.processor() or platform.machine()}
-    if device == "cuda":
-        setup["gpu"] = torch.cuda.get_device_name(0)
-        setup["cuda"] = torch.version.cuda
-    return setup
 
 
 def _correctness_md(out: dict[str, Any]) -> list[str]:
@@ -494,24 +486,22 @@ def main() -> None:
             parser.error("render needs --json FILE (a gpu_correctness_*.json or gpu_step_*.json)")
         out = json.loads(args.json.read_text())
         md = _correctness_md if "entries" in out else _selected_md if "available" in out else _step_md
-        args.json.with_suffix(".md").write_text("\n".join(md(out)) + "\n")
+        write_results(args.json, None, md(out))
         print(f"wrote {args.json.with_suffix('.md')}")
         return
     if args.part == "profile":
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"gpu_profile_{args.device}.txt").write_text(profile_layer(args.device) + "\n")
-        print(f"wrote {args.out / f'gpu_profile_{args.device}.txt'}")
+        path = write_report(args.out / f"gpu_profile_{args.device}.txt", profile_layer(args.device) + "\n")
+        print(f"wrote {path}")
         return
+    machine = Machine()
     if args.part == "correctness":
         out, md = correctness(args.device, args.steps), _correctness_md
     elif args.part == "selected":
         out, md = selected_check(args.device, args.steps), _selected_md
     else:
         out, md = step_costs(args.device, args.rounds, args.block, args.warmup), _step_md
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = f"gpu_{args.part}_{args.device}"
-    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text("\n".join(md(out)) + "\n")
+    write_results(args.out / stem, out, md(out), machine=machine)
     print(f"wrote {args.out / stem}.json and .md")
 
 

@@ -23,31 +23,38 @@ Every mode's loss after the timed steps is compared with eager steps from the sa
 Writes ``benchmarks/results/gpu_compile_<device>.{json,md}`` (rewritten after every item, so a time-out keeps
 what was measured) and ``gpu_compile_profile_<device>.txt``.
 
-    python benchmarks/gpu_compile.py [--device cuda] [--rounds 5] [--block 20] [--deadline 150]
+    python -m benchmarks.gpu_compile [--device cuda] [--rounds 5] [--block 20] [--deadline 150]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_check import _resnet, _setup  # same directory
-from smoe_step import GRID, unet
 
+from benchmarks.gpu_check import resnet_maker
+from benchmarks.harness import (
+    RESULTS,
+    Machine,
+    Stopwatch,
+    device_record,
+    interleave,
+    timed,
+    write_report,
+    write_results,
+)
+from benchmarks.smoe_step import GRID, unet
 from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LAYER_TARGET = {64: 1.25, 16: 1.6}
 NETWORK_TARGET = 1.3
 NETWORKS: dict[str, dict[str, Any]] = {
-    "resnet_16x3": {"smoe": _resnet(16, 3, "all"), "dense": _resnet(16, 3, None), "batch": 32, "in": 34, "out": 2},
+    "resnet_16x3": {"smoe": resnet_maker(16, 3, "all"), "dense": resnet_maker(16, 3, None), "batch": 32, "in": 34,
+                    "out": 2},
     "unet_16_32_64": {"smoe": partial(unet, (16, 32, 64), True), "dense": partial(unet, (16, 32, 64), False),
                       "batch": 8, "in": 8, "out": 2},
 }
@@ -78,16 +85,14 @@ class Stepper:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self.net
         self.opt_step: Callable[[], Any] = self.opt.step
-        self.setup_seconds = 0.0
-        start = time.perf_counter()
-        if mode.startswith("compile:"):
-            self.forward = torch.compile(self.net, mode=mode.split(":", 1)[1])
-            self.opt_step = torch.compile(self.opt.step, fullgraph=False)
-            self.run(3)  # compile forward, backward and the optimizer step
-        elif mode == "graph":
-            self._capture()
-        self.sync()
-        self.setup_seconds = time.perf_counter() - start
+        with Stopwatch(self.sync) as setup:
+            if mode.startswith("compile:"):
+                self.forward = torch.compile(self.net, mode=mode.split(":", 1)[1])
+                self.opt_step = torch.compile(self.opt.step, fullgraph=False)
+                self.run(3)  # compile forward, backward and the optimizer step
+            elif mode == "graph":
+                self._capture()
+        self.setup_seconds = setup.seconds
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -125,11 +130,8 @@ class Stepper:
             self.loss = self._eager_step()
 
     def timed(self, steps: int) -> float:
-        self.sync()
-        start = time.perf_counter()
-        self.run(steps)
-        self.sync()
-        return (time.perf_counter() - start) / steps
+        """Seconds per step of ``steps`` steps timed as one block (the device drained before and after)."""
+        return timed(self.run, steps, sync=self.sync)[1] / steps
 
     def peak_mib(self) -> float | None:
         if self.device != "cuda":
@@ -154,14 +156,11 @@ def compare(pair: dict[str, Callable[[], torch.nn.Module]], device: str, batch: 
     steppers = {k: Stepper(m, device, batch, cin, mode, dtype) for k, m in pair.items()}
     for s in steppers.values():
         s.run(2)
-    times: dict[str, list[float]] = {k: [] for k in steppers}
-    for r in range(rounds):
-        for k in (list(steppers) if r % 2 == 0 else list(reversed(steppers))):
-            times[k].append(steppers[k].timed(block))
+    times = interleave({k: partial(s.timed, block) for k, s in steppers.items()}, rounds)
     out: dict[str, Any] = {"mode": mode, "batch": batch, "dtype": str(dtype).removeprefix("torch."),
-                           "ratio": statistics.median(a / b for a, b in zip(times["smoe"], times["dense"]))}
+                           "ratio": times.ratio("smoe", "dense")}
     for k, s in steppers.items():
-        out[k] = {"ms_per_step": statistics.median(times[k]) * 1e3, "setup_seconds": s.setup_seconds,
+        out[k] = {"ms_per_step": times.median(k) * 1e3, "setup_seconds": s.setup_seconds,
                   "peak_mib": s.peak_mib()}
         if mode != "eager":  # the same number of eager steps from the same weights: same loss up to rounding
             eager = Stepper(pair[k], device, batch, cin, "eager", dtype)
@@ -194,37 +193,34 @@ def profile_pair(pair: dict[str, Callable[[], torch.nn.Module]], device: str, ba
     return "\n".join(parts)
 
 
-def _write(out: dict[str, Any], device: str, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    stem = dest / f"gpu_compile_{device}"
-    stem.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
-    stem.with_suffix(".md").write_text("\n".join(markdown(out)) + "\n")
+def _write(out: dict[str, Any], args: argparse.Namespace) -> None:
+    write_results(args.out / f"gpu_compile_{args.device}", out, markdown(out), machine=args.machine)
 
 
-def _item(out: dict[str, Any], key: str, fn: Callable[[], dict[str, Any]], device: str, dest: Path) -> None:
+def _item(out: dict[str, Any], key: str, fn: Callable[[], dict[str, Any]], args: argparse.Namespace) -> None:
     """Run one measurement into ``out["items"][key]`` (an error is recorded, not raised); write the files."""
-    start = time.perf_counter()
+    device, watch = args.device, Stopwatch()
     print(f"{key}: started", flush=True)  # a time-out mid-item shows here (what did not finish compiling)
     try:
-        out["items"][key] = fn() | {"seconds": time.perf_counter() - start}
+        out["items"][key] = fn() | {"seconds": watch.elapsed()}
         r = out["items"][key]
         print(f"{key}: ×{r['ratio']:.2f} (smoe {r['smoe']['ms_per_step']:.2f} ms, dense "
               f"{r['dense']['ms_per_step']:.2f} ms)", flush=True)
     except Exception as err:  # a mode that does not capture or compile is a result, not a crash
-        out["items"][key] = {"error": f"{type(err).__name__}: {str(err)[:400]}",
-                             "seconds": time.perf_counter() - start}
+        out["items"][key] = {"error": f"{type(err).__name__}: {str(err)[:400]}", "seconds": watch.elapsed()}
         print(f"{key}: FAILED {out['items'][key]['error']}", flush=True)
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-    _write(out, device, dest)
+    _write(out, args)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    start = time.perf_counter()
+    """The layer and network items in every mode, the profiles of missed targets, then the compile modes."""
+    watch, args.machine = Stopwatch(), Machine()
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     modes = ["eager"] + (["graph"] if args.device == "cuda" else [])
-    out: dict[str, Any] = {"setup": _setup(args.device) | {"rounds": args.rounds, "block": args.block,
+    out: dict[str, Any] = {"setup": device_record(args.device) | {"rounds": args.rounds, "block": args.block,
                                                             "layer": [args.layer_channels, args.layer_experts],
                                                             "grid": list(GRID)}, "items": {}}
     pair = layer_pair(args.layer_channels, args.layer_experts)
@@ -233,25 +229,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for mode in modes:
                 _item(out, f"layer_b{batch}_{dname}_{mode}", partial(
                     compare, pair, args.device, batch, args.layer_channels, mode, dtypes[dname], args.rounds,
-                    args.block), args.device, args.out)
+                    args.block), args)
     networks = {n: NETWORKS[n] for n in args.networks}
     for name, spec in networks.items():
         for mode in modes:
             _item(out, f"{name}_{mode}", partial(
                 compare, {"smoe": spec["smoe"], "dense": spec["dense"]}, args.device, spec["batch"], spec["in"],
-                mode, torch.float32, args.rounds, args.block), args.device, args.out)
+                mode, torch.float32, args.rounds, args.block), args)
     profiles = profile_misses(out, args, pair, networks)
-    (args.out / f"gpu_compile_profile_{args.device}.txt").write_text(profiles + "\n")
+    write_report(args.out / f"gpu_compile_profile_{args.device}.txt", profiles + "\n")
     for mode in args.compile_modes:
         for name, spec in networks.items():
             key = f"{name}_compile:{mode}"
-            if time.perf_counter() - start > args.deadline:
+            if watch.elapsed() > args.deadline:
                 out["items"][key] = {"error": f"skipped: the {args.deadline:.0f} s deadline had passed"}
-                _write(out, args.device, args.out)
+                _write(out, args)
                 continue
             _item(out, key, partial(
                 compare, {"smoe": spec["smoe"], "dense": spec["dense"]}, args.device, spec["batch"], spec["in"],
-                f"compile:{mode}", torch.float32, args.rounds, args.block), args.device, args.out)
+                f"compile:{mode}", torch.float32, args.rounds, args.block), args)
     return out
 
 

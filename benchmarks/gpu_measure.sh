@@ -38,10 +38,10 @@ case "${1:-}" in
     wheels=$(mktemp -d)
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "${GPU_PYTHON:-3.12}" \
       --platform manylinux2014_x86_64 --dest "$wheels" "${PACKAGES[@]}"
-    "$PY" benchmarks/gpu_pack.py site "$GPU/site.tar.xz" "$wheels"/*.whl
+    "$PY" -m benchmarks.gpu_pack site "$GPU/site.tar.xz" "$wheels"/*.whl
     rm -rf "$wheels" "$GPU/wheels"
     for y in 1 2; do
-      [ -f "$GPU/gcm_year$y.pack" ] || "$PY" benchmarks/gpu_pack.py gcm "$GPU/gcm_year$y.pack" \
+      [ -f "$GPU/gcm_year$y.pack" ] || "$PY" -m benchmarks.gpu_pack gcm "$GPU/gcm_year$y.pack" \
         "$WORLD/gcm_5.625deg_year$y.nc"
     done
     du -sh "$GPU"
@@ -54,7 +54,7 @@ case "${1:-}" in
     T0=$SECONDS
     TOTAL=${TOTAL:-540}  # seconds this script may take in all (the device call's timeout_s minus a margin)
     SITE=${SITE:-/tmp/site}
-    export PYTHONPATH="$PWD:$PWD/benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+    export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
     if ! python -c "import cftime, zarr, h5netcdf" 2>/dev/null; then
       [ -f "$GPU/site.tar.xz" ] || { echo "ERROR: this image lacks zarr/cftime and $GPU/site.tar.xz is missing: run" \
         "'$0 prepare' here and carry .gpu" >&2; exit 2; }
@@ -102,23 +102,23 @@ case "${1:-}" in
     OMP_NUM_THREADS=2 part heat_generate "${PREP_TIMEOUT:-300}" nice python -m smoeweather heat generate --out $S/gpu_heat.zarr \
       --generator reference --overwrite ${HEAT_GEN_ARGS:---runs 1000 --val-runs 20 --test-runs 20 --size 64} \
       > /dev/null & heat_gen=$!
-    OMP_NUM_THREADS=2 part gcm_prepare "${PREP_TIMEOUT:-300}" nice python benchmarks/gpu_study.py prepare --packs "$GPU" \
+    OMP_NUM_THREADS=2 part gcm_prepare "${PREP_TIMEOUT:-300}" nice python -m benchmarks.gpu_study prepare --packs "$GPU" \
       --world /tmp/gcm_world --store "$GCM_STORE" > /dev/null & gcm_prep=$!
     # 1. correctness: side by side, none of it is timed
     part cuda_tests "${CHECK_TIMEOUT:-120}" python -m pytest -q -p no:cacheprovider tests/test_smoe_fastpath.py \
       -k cuda & p1=$!
-    part correctness "${CHECK_TIMEOUT:-120}" python benchmarks/gpu_check.py correctness --device "$DEVICE" --out "$RES" \
+    part correctness "${CHECK_TIMEOUT:-120}" python -m benchmarks.gpu_check correctness --device "$DEVICE" --out "$RES" \
       --steps "${CHECK_STEPS:-20}" & p2=$!
-    part selected "${CHECK_TIMEOUT:-120}" python benchmarks/gpu_check.py selected --device "$DEVICE" --out "$RES" \
+    part selected "${CHECK_TIMEOUT:-120}" python -m benchmarks.gpu_check selected --device "$DEVICE" --out "$RES" \
       --steps "${CHECK_STEPS:-20}" & p3=$!
     for p in $p1 $p2 $p3; do wait "$p" || status=$?; done
     pack
     # 2. the launch-bound step (timed; the background data jobs are CPU-only and niced)
-    part compile "${COMPILE_TIMEOUT:-170}" python benchmarks/gpu_compile.py --device "$DEVICE" --out "$RES" \
+    part compile "${COMPILE_TIMEOUT:-170}" python -m benchmarks.gpu_compile --device "$DEVICE" --out "$RES" \
       --deadline "${COMPILE_DEADLINE:-110}" ${COMPILE_ARGS:-} || status=$?
     pack
     # 5. paper size (timed)
-    part paper "${PAPER_TIMEOUT:-60}" python benchmarks/gpu_paper.py --device "$DEVICE" --out "$RES" --deadline "${PAPER_DEADLINE:-35}" \
+    part paper "${PAPER_TIMEOUT:-60}" python -m benchmarks.gpu_paper --device "$DEVICE" --out "$RES" --deadline "${PAPER_DEADLINE:-35}" \
       ${PAPER_ARGS:-} || status=$?
     pack
     # 3. + 4. together in the time left
@@ -129,10 +129,10 @@ case "${1:-}" in
     heat_minutes=$(python -c "print(max(0.1, ($budget - ${HEAT_MARGIN:-40}) / 60))")
     pids=()
     for row in ${HEAT_ROWS:-smoe smoe_no_rc_no_damping conv}; do
-      OMP_NUM_THREADS=2 part "heat_$row" "$budget" python benchmarks/gpu_heat.py --row "$row" --store $S/gpu_heat.zarr \
+      OMP_NUM_THREADS=2 part "heat_$row" "$budget" python -m benchmarks.gpu_heat --row "$row" --store $S/gpu_heat.zarr \
         --out $S/gpu_heat --minutes "$heat_minutes" ${HEAT_MAX_EPOCHS:+--max-epochs "$HEAT_MAX_EPOCHS"} & pids+=($!)
     done
-    python benchmarks/gpu_study.py config --study configs/studies/gcm_16x3.yaml --device "$DEVICE" \
+    python -m benchmarks.gpu_study config --study configs/studies/gcm_16x3.yaml --device "$DEVICE" \
       --store "$GCM_STORE" --arms ${STUDY_ARMS:-dense smoe_all_prior} --out $S/gpu_study.yaml --workers "${STUDY_WORKERS:-1}" \
       ${STUDY_STEPS:+--steps "$STUDY_STEPS"} > "$LOGS/study_config.log" 2>&1 && cp $S/gpu_study.yaml "$LOGS/"
     n=${STUDY_PROCS:-6}
@@ -143,7 +143,7 @@ case "${1:-}" in
     alive() { for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
     while alive "${pids[@]}"; do sleep 30; pack; done  # while any runs: partial results every 30 s
     for p in "${pids[@]}"; do wait "$p" || status=$?; done
-    python benchmarks/gpu_heat.py --summary $S/gpu_heat > /dev/null 2>&1 && cp $S/gpu_heat/heat_gpu.md "$LOGS/heat/"
+    python -m benchmarks.gpu_heat --summary $S/gpu_heat > /dev/null 2>&1 && cp $S/gpu_heat/heat_gpu.md "$LOGS/heat/"
     pack
     echo "total $((SECONDS - T0)) s" | tee -a "$LOGS/parts.txt"
     exit "$status"

@@ -10,8 +10,8 @@ lzma from the standard library.
 ``site OUT.tar.xz WHEEL...``: the wheels unzipped into one tree (tests dropped), xz-compressed: ~7.5 MB against
 ~13 MB of wheels; on the device extracting it into /tmp/site installs them (pure copies, no pip).
 
-    python benchmarks/gpu_pack.py gcm .gpu/gcm_year1.pack ../shared/data/gcm_world/gcm_5.625deg_year1.nc
-    python benchmarks/gpu_pack.py unpack .gpu/gcm_year1.pack $SCRATCH/gcm_world/gcm_5.625deg_year1.nc
+    python -m benchmarks.gpu_pack gcm .gpu/gcm_year1.pack ../shared/data/gcm_world/gcm_5.625deg_year1.nc
+    python -m benchmarks.gpu_pack unpack .gpu/gcm_year1.pack $SCRATCH/gcm_world/gcm_5.625deg_year1.nc
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def main() -> None:
         print(f"{args.out}: {pack_gcm(args.out, args.src, args.until):.2f} MB")
     elif args.verb == "unpack":
         if not args.pack.is_file():
-            parser.error(f"unpack: {args.pack} does not exist; make it here with `gpu_pack.py gcm` and carry .gpu")
+            parser.error(f"unpack: {args.pack} does not exist; make it here with `python -m benchmarks.gpu_pack gcm` "
+                         "and carry .gpu")
         print(f"{args.out}: {unpack_gcm(args.pack, args.out)}")
     else:
         print(f"{args.out}: {pack_site(args.out, args.wheels):.2f} MB")

@@ -10,22 +10,20 @@ an out-of-memory recorded as such. Batches run smallest first; none starts after
 
 Writes ``benchmarks/results/gpu_paper_<device>.{json,md}`` after every measurement.
 
-    python benchmarks/gpu_paper.py [--device cuda] [--batches 8 16 32 64 128] [--steps 10]
+    python -m benchmarks.gpu_paper [--device cuda] [--batches 8 16 32 64 128] [--steps 10]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_check import _resnet, _setup  # same directory
-from gpu_compile import Stepper
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.gpu_check import resnet_maker
+from benchmarks.gpu_compile import Stepper
+from benchmarks.harness import RESULTS, Machine, Stopwatch, device_record, write_results
 
 
 def measure(width: int, blocks: int, smoe: bool, device: str, batch: int, steps: int) -> dict[str, Any]:
@@ -34,7 +32,7 @@ def measure(width: int, blocks: int, smoe: bool, device: str, batch: int, steps:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     try:
-        s = Stepper(_resnet(width, blocks, "all" if smoe else None), device, batch, 34, "eager", torch.bfloat16)
+        s = Stepper(resnet_maker(width, blocks, "all" if smoe else None), device, batch, 34, "eager", torch.bfloat16)
         s.run(2)
         seconds = s.timed(steps)
         peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
@@ -79,23 +77,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device on this machine")
-    start = time.perf_counter()
-    out: dict[str, Any] = {"setup": _setup(args.device) | {"width": args.width, "blocks": args.blocks,
-                                                            "steps": args.steps}, "batches": {}}
-    args.out.mkdir(parents=True, exist_ok=True)
+    watch, machine = Stopwatch(), Machine()
+    out: dict[str, Any] = {"setup": device_record(args.device) | {"width": args.width, "blocks": args.blocks,
+                                                                   "steps": args.steps}, "batches": {}}
     stem = args.out / f"gpu_paper_{args.device}"
     for batch in sorted(args.batches):
-        if time.perf_counter() - start > args.deadline:
+        if watch.elapsed() > args.deadline:
             out["batches"][str(batch)] = {"skipped": f"the {args.deadline:.0f} s deadline had passed"}
             continue
         row = out["batches"][str(batch)] = {}
         for name in ("dense", "smoe"):
             row[name] = measure(args.width, args.blocks, name == "smoe", args.device, batch, args.steps)
             print(f"batch {batch} {name}: {row[name]}", flush=True)
-            stem.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
-            stem.with_suffix(".md").write_text("\n".join(markdown(out)) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
-    stem.with_suffix(".md").write_text("\n".join(markdown(out)) + "\n")
+            write_results(stem, out, markdown(out), machine=machine)
+    write_results(stem, out, markdown(out), machine=machine)
     print(f"wrote {stem}.json and .md")
 
 

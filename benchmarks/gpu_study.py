@@ -12,19 +12,20 @@ anywhere), and the device's overrides added: data.sources/data.store as prepared
 kernel), ``data.num_workers``. Run it with ``smoe study --config FILE --out DIR --shard K/N`` in N processes;
 every run logs its validation metrics to ``DIR/runs/<arm>/seed<k>/logs/version_0/metrics.csv`` as it goes.
 
-    python benchmarks/gpu_study.py prepare --packs .gpu --world /tmp/gcm_world --store /tmp/gcm_world.zarr
-    python benchmarks/gpu_study.py config --study configs/studies/gcm_16x3.yaml --arms dense smoe_all_prior \\
+    python -m benchmarks.gpu_study prepare --packs .gpu --world /tmp/gcm_world --store /tmp/gcm_world.zarr
+    python -m benchmarks.gpu_study config --study configs/studies/gcm_16x3.yaml --arms dense smoe_all_prior \\
         --world /tmp/gcm_world --store /tmp/gcm_world.zarr --out /tmp/gcm_16x3_gpu.yaml
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import yaml
-from gpu_pack import unpack_gcm  # same directory
+
+from benchmarks.gpu_pack import unpack_gcm
+from benchmarks.harness import Stopwatch
 
 ROOT = Path(__file__).resolve().parents[1]
 YEARS = ("gcm_5.625deg_year1.nc", "gcm_5.625deg_year2.nc")
@@ -40,7 +41,7 @@ def prepare(packs: Path, world: Path, store: Path) -> None:
     from smoeweather.config import read_config
     from smoeweather.training.stores import ensure_store
 
-    start = time.perf_counter()
+    watch = Stopwatch()
     for k, name in enumerate(YEARS, 1):
         pack = packs / f"gcm_year{k}.pack"
         if not pack.is_file():
@@ -50,7 +51,7 @@ def prepare(packs: Path, world: Path, store: Path) -> None:
             print(f"{world / name}: {unpack_gcm(pack, world / name)}", flush=True)
     data = read_config(DATA_CONFIG)["data"] | {"sources": sources(world), "store": str(store)}
     ensure_store(data)
-    print(f"store {store} ready after {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"store {store} ready after {watch.elapsed():.0f} s", flush=True)
 
 
 def study_file(study: Path, arms: list[str], world: Path, store: Path, out: Path, steps: int | None,

@@ -245,6 +245,14 @@ def _stem(path: Path) -> Path:
     return path.with_suffix("") if path.suffix in (".json", ".md") else path
 
 
+def write_report(path: str | Path, text: str) -> Path:
+    """Write a text report (a profiler table) atomically; returns its path."""
+    from smoeweather.io import write_text
+
+    write_text(path, text)
+    return Path(path)
+
+
 def write_results(path: str | Path, data: Mapping[str, Any] | None, markdown: str | Sequence[str] | None = None,
                   *, machine: Machine | None = None, replace: Mapping[str, str] | None = None) -> Path:
     """Write ``data`` to ``PATH.json`` and ``markdown`` (text or lines) to ``PATH.md`` (``path`` with either suffix

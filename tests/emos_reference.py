@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from smoeweather.nn.crps import gaussian_crps
 from smoeweather.postprocess.emos import _standardise, _to_physical
-from smoeweather.training.losses import gaussian_crps
 
 
 def fit_groups_lbfgs(m: np.ndarray, v: np.ndarray, y: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:

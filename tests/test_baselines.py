@@ -10,7 +10,8 @@ from conftest import float_tol
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.models.heat import HEAT_MODELS, build_heat_model, count_parameters
+from smoeweather.models import registry
+from smoeweather.models.heat import build_heat_model, count_parameters
 from smoeweather.nn.baselines import CondConv2d, LowRankLocallyConnected2d
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.nn.vit import ViT, VMoE
@@ -19,7 +20,7 @@ from smoeweather.training.base import auxiliary_loss
 S = 16
 
 
-@pytest.mark.parametrize("name", HEAT_MODELS)
+@pytest.mark.parametrize("name", registry.names("heat"))
 def test_shape_and_gradients(name: str) -> None:
     model = build_heat_model(name, S).train()
     x, target = torch.rand(4, 1, S, S), torch.rand(4, 1, S, S)
@@ -68,7 +69,7 @@ def test_overrides() -> None:
     assert six(torch.rand(2, 1, S, S)).shape == (2, 1, S, S)
     with pytest.raises(TypeError):
         build_heat_model("lcn", S, layers=2)
-    with pytest.raises(ValueError, match="unknown heat model"):
+    with pytest.raises(ValueError, match="must be one of"):
         build_heat_model("resnet", S)
 
 

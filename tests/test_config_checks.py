@@ -32,8 +32,8 @@ def _train(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str, confi
     ("model.smoe={placment: all}", "unknown config key 'model.smoe.placment' (did you mean 'placement'?)"),
     ("model.smoe={placement: all, layer_kwargs: {wieghted: true}}",
      "unknown config key 'model.smoe.layer_kwargs.wieghted' (did you mean 'weighted'?)"),
-    ("model.name=resnett", "config key 'model.name' must be one of resnet, unet, e3, deep_ensemble, gaussian, "
-                           "mc_dropout, got 'resnett' (did you mean 'resnet'?)"),
+    ("model.name=resnett", "config key 'model.name' must be one of resnet, e3, deep_ensemble, gaussian, "
+                           "mc_dropout, unet, got 'resnett' (did you mean 'resnet'?)"),
     ("training.lrr=0.1", "unknown config key 'training.lrr' (did you mean 'lr'?)"),
     ("model.width=-3", "config key 'model.width' must be >= 1, got -3; set e.g. model.width=16"),
     ("training.lr=-1", "config key 'training.lr' must be > 0, got -1; set e.g. training.lr=0.001"),
@@ -119,7 +119,7 @@ def test_one_uses_land_sea_prior_agrees_with_the_builder(model: dict, prior: boo
     import torch
 
     from smoeweather.models import ensemble, loader
-    from smoeweather.models.registry import build_weather_model
+    from smoeweather.models.weather import build_weather_model
 
     assert loader.uses_land_sea_prior is ensemble.uses_land_sea_prior
     assert ensemble.uses_land_sea_prior(model) is prior

@@ -91,7 +91,7 @@ def test_yaml_spellings_fit_python_hints() -> None:
 
 def test_new_constructor_arguments_are_checked_without_a_schema_change(monkeypatch) -> None:
     """A model argument added later (e.g. for the post-processing U-Net) is type-checked from its hint."""
-    from smoeweather.models import registry
+    from smoeweather.models import weather
     from smoeweather.training import schema
 
     class NewUNet:
@@ -99,7 +99,7 @@ def test_new_constructor_arguments_are_checked_without_a_schema_change(monkeypat
             pass
 
     monkeypatch.setitem(schema.MODEL_ARGUMENTS, "weatherbench",
-                        Arguments(lambda v: [(NewUNet, v, "")] + registry.model_arguments(v)))
+                        Arguments(lambda v: [(NewUNet, v, "")] + weather.model_arguments(v)))
     cfg = read_config(REPO / "configs" / "weatherbench" / "world_dense.yaml", ["model.new_option=0.25"])
     validate_train_config(cfg)
     for override, message in [("model.new_option=lots", "'model.new_option' must be float"),

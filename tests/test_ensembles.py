@@ -12,8 +12,8 @@ from scores.probability import crps_for_ensemble
 from scores.probability import rank_histogram as scores_rank_histogram
 
 from smoeweather.metrics import probabilistic as P
-from smoeweather.models.ensemble import DeepEnsemble, E3ResNet, GaussianResNet, build_ensemble_model
-from smoeweather.models.registry import build_weather_model, synthetic_land_sea_mask
+from smoeweather.models.ensemble import DeepEnsemble, E3ResNet, GaussianResNet
+from smoeweather.models.weather import build_weather_model, synthetic_land_sea_mask
 from smoeweather.nn import SpatialMoE2d
 from smoeweather.training import ensemble_losses as EL
 from smoeweather.training.losses import latitude_weights
@@ -138,7 +138,7 @@ def test_e3_refusals() -> None:
     with pytest.raises(ValueError, match="members >= 2"):
         E3ResNet(5, 2, members=1, width=4, blocks=1, grid=GRID, smoe={"placement": "all", "experts_factor": 2})
     with pytest.raises(ValueError, match="unknown keys"):
-        build_ensemble_model({"name": "e3", "members": 4, "heads": 2})
+        build_weather_model({"name": "e3", "members": 4, "heads": 2})
 
 
 def test_deep_ensemble_and_gaussian_shapes() -> None:

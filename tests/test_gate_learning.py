@@ -199,7 +199,7 @@ def test_routing_study_configs_resolve_and_build(name: str, tmp_path) -> None:
     from pathlib import Path
 
     from smoeweather.experiments.study import load_study
-    from smoeweather.models.registry import build_weather_model
+    from smoeweather.models.weather import build_weather_model
     from smoeweather.training.base import SMoETrainingModule
     from smoeweather.training.schema import validate_train_config
 
@@ -239,7 +239,7 @@ def test_resnet_routing_study_arms(tmp_path) -> None:
     from pathlib import Path
 
     from smoeweather.experiments.study import load_study
-    from smoeweather.models.registry import build_weather_model
+    from smoeweather.models.weather import build_weather_model
     from smoeweather.training.schema import validate_train_config
 
     study = load_study(Path(__file__).resolve().parents[1] / "configs" / "studies" / "gcm_16x3_cpu_routing.yaml")

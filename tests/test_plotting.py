@@ -19,7 +19,7 @@ from smoeweather.cli import main  # noqa: E402
 from smoeweather.io import write_netcdf  # noqa: E402
 from smoeweather.models import routing  # noqa: E402
 from smoeweather.models.loader import FORMAT_VERSION, METADATA_KEY  # noqa: E402
-from smoeweather.models.registry import build_weather_model, synthetic_land_sea_mask  # noqa: E402
+from smoeweather.models.weather import build_weather_model, synthetic_land_sea_mask  # noqa: E402
 from smoeweather.plotting import cartography  # noqa: E402
 from smoeweather.plotting.fields import forecast_and_truth  # noqa: E402
 

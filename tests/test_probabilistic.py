@@ -92,7 +92,7 @@ def test_the_two_gaussian_crps_homes_agree() -> None:
     the O(1) terms (they differ only in Φ: scipy's ndtr against ½ erfc(−z/√2)); numpy in, numpy out."""
     import torch
 
-    from smoeweather.training.losses import gaussian_crps
+    from smoeweather.nn.crps import gaussian_crps
 
     rng = np.random.default_rng(3)
     mu, y = rng.normal(size=(2, 500)) * 3

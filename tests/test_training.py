@@ -20,8 +20,9 @@ from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.config import apply_overrides, read_config
 from smoeweather.models.loader import CheckpointFormatError, check_checkpoint
+from smoeweather.nn.crps import gaussian_crps
 from smoeweather.training.init import init_weights
-from smoeweather.training.losses import gaussian_crps, lat_weighted_mse, latitude_weights
+from smoeweather.training.losses import lat_weighted_mse, latitude_weights
 from smoeweather.training.run import train
 from smoeweather.training.tasks import build
 

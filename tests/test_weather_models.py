@@ -11,13 +11,6 @@ from conftest import float_tol
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.models.registry import (
-    TINY_GRID,
-    TINY_VARIANTS,
-    build_tiny,
-    build_weather_model,
-    synthetic_land_sea_mask,
-)
 from smoeweather.models.resnet import (
     NormalizedModel,
     PeriodicLonLRLCN,
@@ -25,6 +18,13 @@ from smoeweather.models.resnet import (
     dense_resnet_param_count,
 )
 from smoeweather.models.unet import PostprocessingUNet, gaussian_head
+from smoeweather.models.weather import (
+    TINY_GRID,
+    TINY_VARIANTS,
+    build_tiny,
+    build_weather_model,
+    synthetic_land_sea_mask,
+)
 from smoeweather.nn import SpatialMoE2d, TensorRoutingGate, smoe_layers
 
 H, W = TINY_GRID
@@ -237,7 +237,7 @@ def test_paper_size_parameter_counts() -> None:
 
 
 def test_registry_rejects_unknown_names_and_keys() -> None:
-    with pytest.raises(ValueError, match="unknown weather model"):
+    with pytest.raises(ValueError, match="must be one of"):
         build_weather_model({"name": "transformer"})
     with pytest.raises(ValueError, match="unknown keys"):
         build_weather_model({"name": "resnet", "in_channels": 3, "out_channels": 1, "depth": 3})

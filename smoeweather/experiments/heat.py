@@ -23,7 +23,8 @@ from pipelines.heat_diffusion import generate, open_heat
 from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, read_config
 from smoeweather.data.heat import batched_pairs, heat_splits
 from smoeweather.io import write_json, write_text
-from smoeweather.models.heat import HEAT_MODELS, build_heat_model, count_parameters
+from smoeweather.models import registry
+from smoeweather.models.heat import build_heat_model, count_parameters
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.regression import SELECTION_METRICS, FieldRegressionModule
@@ -208,9 +209,9 @@ def run_benchmark(out: Path, quick: bool = False, config: Path | None = None, on
     """Run the heat benchmark; returns the JSON document written to ``out/heat_benchmark.json``."""
     cfg = resolve_config(quick, config, overrides, protocol)
     rows = only or cfg["rows"]
-    unknown = [r for r in rows if r not in HEAT_MODELS]
+    unknown = [r for r in rows if r not in registry.names("heat")]
     if unknown:
-        raise ValueError(f"unknown benchmark rows {unknown}; known: {', '.join(HEAT_MODELS)}")
+        raise ValueError(f"unknown benchmark rows {unknown}; known: {', '.join(registry.names('heat'))}")
     out.mkdir(parents=True, exist_ok=True)
     d = cfg["data"]
     store = data or out / "heat.zarr"

@@ -123,7 +123,7 @@ def crps_gaussian(mu: G, sigma: G | float, truth: xr.DataArray | xr.Dataset | np
     reduction; float64. xarray inputs (lazy with dask) give xarray, numpy arrays (broadcast) give numpy.
 
     The one numpy/xarray Gaussian CRPS of the package (its torch twin, for losses, is
-    :func:`smoeweather.training.losses.gaussian_crps`; the tests hold them equal)."""
+    :func:`smoeweather.nn.crps.gaussian_crps`; the tests hold them equal)."""
     if not isinstance(mu, (xr.DataArray, xr.Dataset)):
         return _crps_gaussian_np(mu, sigma, truth)  # type: ignore[arg-type, return-value]
     if isinstance(mu, xr.Dataset) and isinstance(sigma, xr.Dataset):

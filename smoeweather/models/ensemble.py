@@ -11,7 +11,7 @@
   2016): M stochastic passes are the members.
 
 Output convention of every network here, in normalised units: ``(B, M, C_out, H, W)``; for ``gaussian``
-M = 2 holds (μ, σ) with σ > 0 (:data:`KIND` tells which). :func:`physical_members` turns that into
+M = 2 holds (μ, σ) with σ > 0 (the registry entry's ``kind`` tells which). :func:`physical_members` turns that into
 physical units through the :class:`~smoeweather.models.resnet.NormalizedModel` around the network.
 """
 
@@ -25,13 +25,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from smoeweather.models.resnet import ConvBlock, NormalizedModel, ResBlock, SMoEPlacement, WeatherBenchResNet
+from smoeweather.models import registry
+from smoeweather.models.registry import parameters, register_model
+from smoeweather.models.resnet import (
+    TINY_RESNET,
+    ConvBlock,
+    NormalizedModel,
+    ResBlock,
+    SMoEPlacement,
+    WeatherBenchResNet,
+    resnet_arguments,
+)
 from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d, TensorRoutingGate
 
-ENSEMBLE_MODELS = ("e3", "deep_ensemble", "gaussian", "mc_dropout")
 EnsembleKind = Literal["ensemble", "gaussian"]
-KIND: dict[str, EnsembleKind] = {"e3": "ensemble", "deep_ensemble": "ensemble", "gaussian": "gaussian",
-                                  "mc_dropout": "ensemble"}
 SIGMA_FLOOR = 1e-3
 """Smallest σ of the Gaussian head in normalised units (keeps the CRPS gradient finite)."""
 
@@ -231,15 +238,6 @@ class MCDropoutResNet(nn.Module):
                 m.eval()
 
 
-_RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "smoe", "grid"}
-ENSEMBLE_KEYS: dict[str, set[str]] = {
-    "e3": _RESNET_KEYS | {"members"},
-    "deep_ensemble": _RESNET_KEYS | {"members", "conv", "lrlcn_rank"},
-    "gaussian": _RESNET_KEYS | {"conv", "lrlcn_rank"},
-    "mc_dropout": _RESNET_KEYS | {"members", "conv", "lrlcn_rank"},
-}
-
-
 def uses_land_sea_prior(cfg: Mapping[str, Any]) -> bool:
     """Whether the network of a ``model`` block needs a land-sea map to be built: SMoE layers whose gates are
     initialised from it. The one answer for every weather network: ResNets and ensembles say so in
@@ -251,33 +249,53 @@ def uses_land_sea_prior(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("name") == "unet" and cfg.get("gate_prior") == "land_sea" and bool(smoe)
 
 
-def build_ensemble_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
-    """Network from a ``model`` config whose ``name`` is in :data:`ENSEMBLE_MODELS`; unknown keys are an error.
+def _ensemble_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    """The ResNet's argument types for the keys an ensemble shares with it (``members`` is the ensemble's)."""
+    return resnet_arguments({k: v for k, v in cfg.items() if k != "members"})
 
-    ``land_sea_prior`` (H, W) is used (and then required) only when ``smoe.gate_prior == "land_sea"``.
-    """
-    cfg = copy.deepcopy(dict(cfg))
-    name = cfg.pop("name", None)
-    if name not in ENSEMBLE_MODELS:
-        raise ValueError(f"unknown ensemble model {name!r}; expected one of {ENSEMBLE_MODELS}")
-    unknown = set(cfg) - ENSEMBLE_KEYS[name]
-    if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)} for model {name!r}; allowed: {sorted(ENSEMBLE_KEYS[name])}")
+
+_SHARED_KEYS = parameters(WeatherBenchResNet) - {"location_embedding"}  # the ResNet keys ensembles pass on
+_TINY = {**TINY_RESNET, "members": 2, "smoe": {"placement": "all"}}
+
+
+def _prepared(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None) -> torch.Tensor | None:
     if "grid" in cfg:
         cfg["grid"] = tuple(cfg["grid"])
-    prior = land_sea_prior if uses_land_sea_prior(cfg) else None
-    if name == "e3":
-        return E3ResNet(land_sea_prior=prior, **cfg)
-    if name == "deep_ensemble":
-        return DeepEnsemble(land_sea_prior=prior, **cfg)
-    if name == "mc_dropout":
-        return MCDropoutResNet(land_sea_prior=prior, **cfg)
-    return GaussianResNet(land_sea_prior=prior, **cfg)
+    return land_sea_prior if uses_land_sea_prior(cfg) else None
 
 
-def model_kind(cfg: dict[str, Any]) -> str:
-    """``deterministic`` for a plain network config, else ``ensemble`` or ``gaussian`` (:data:`KIND`)."""
-    return KIND.get(str(cfg.get("name")), "deterministic")
+@register_model("weather", "e3", keys=parameters(E3ResNet), arguments=_ensemble_arguments,
+                tiny={**_TINY, "smoe": {"placement": "all", "experts_factor": 2}}, kind="ensemble")
+def _e3(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """E³ on the Spatial-MoE ResNet: the experts split into member groups, one tensor gate per member."""
+    return E3ResNet(land_sea_prior=_prepared(cfg, land_sea_prior), **cfg)
+
+
+@register_model("weather", "deep_ensemble", keys=_SHARED_KEYS | {"members"}, arguments=_ensemble_arguments,
+                tiny=_TINY, kind="ensemble")
+def _deep_ensemble(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """M independently initialised ResNets (dense or SMoE)."""
+    return DeepEnsemble(land_sea_prior=_prepared(cfg, land_sea_prior), **cfg)
+
+
+@register_model("weather", "gaussian", keys=_SHARED_KEYS, arguments=_ensemble_arguments,
+                tiny={**TINY_RESNET, "smoe": {"placement": "all"}}, kind="gaussian")
+def _gaussian(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """One ResNet predicting μ and σ > 0 per target."""
+    return GaussianResNet(land_sea_prior=_prepared(cfg, land_sea_prior), **cfg)
+
+
+@register_model("weather", "mc_dropout", keys=_SHARED_KEYS | {"members"}, arguments=_ensemble_arguments,
+                tiny={**TINY_RESNET, "members": 2, "dropout": 0.1}, kind="ensemble")
+def _mc_dropout(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """One ResNet with dropout kept on at inference: M stochastic passes are the members."""
+    return MCDropoutResNet(land_sea_prior=_prepared(cfg, land_sea_prior), **cfg)
+
+
+def model_kind(cfg: Mapping[str, Any]) -> str:
+    """``deterministic`` for a plain network config, else ``ensemble`` or ``gaussian`` (the registry's kind)."""
+    entry = registry.entries_by_name("weather").get(cfg.get("name"))  # type: ignore[arg-type]
+    return entry.kind if entry is not None else "deterministic"
 
 
 def members_of(cfg: dict[str, Any]) -> int:

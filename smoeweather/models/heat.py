@@ -14,16 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from smoeweather.models import registry
+from smoeweather.models.registry import register_model
 from smoeweather.nn.baselines import CondConv2d, FullyConnected2d, LowRankLocallyConnected2d
 from smoeweather.nn.gates import CoordConv2d, LocallyConnected2d, build_gate
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.nn.vit import ViT, VMoE
-
-HEAT_MODELS: tuple[str, ...] = (
-    "smoe", "smoe_no_rc_no_damping", "smoe_rc_only", "smoe_damping_only", "smoe_q07",
-    "gate_fc", "gate_conv", "gate_coordconv", "gate_lcn", "gate_coordconv3",
-    "conv", "coordconv", "condconv", "lrlcn", "lrlcn_nd", "lcn", "fc", "vit", "vmoe",
-)
 
 
 class SumChannels(nn.Module):
@@ -127,28 +123,41 @@ def _vmoe(size: int, **kwargs: Any) -> nn.Module:
     return VMoE(1, 1, (size, size), **kwargs)
 
 
-_BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "smoe": _smoe,
-    "smoe_no_rc_no_damping": partial(_smoe, rc=False, damping=None),
-    "smoe_rc_only": partial(_smoe, rc=True, damping=None),
-    "smoe_damping_only": partial(_smoe, rc=False, damping=0.1),
+def _register(name: str, row: Callable[..., nn.Module], doc: str) -> None:
+    """Register the benchmark row ``name``: ``row(size, **overrides)`` builds it for an S×S grid."""
+
+    def build(cfg: dict[str, Any], size: int = 64) -> nn.Module:
+        return row(size, **cfg)
+
+    build.__doc__ = doc
+    register_model("heat", name, arguments=lambda cfg: [(row, cfg, "")], tiny={})(build)
+
+
+_ROWS: tuple[tuple[str, Callable[..., nn.Module], str], ...] = (
+    ("smoe", _smoe, "SMoE with RC loss and expert error damping (paper §3.1)"),
+    ("smoe_no_rc_no_damping", partial(_smoe, rc=False, damping=None), "SMoE without RC loss or damping"),
+    ("smoe_rc_only", partial(_smoe, rc=True, damping=None), "SMoE with the RC loss only"),
+    ("smoe_damping_only", partial(_smoe, rc=False, damping=0.1), "SMoE with expert error damping only"),
     # the paper text's reading of q (flag only the 30 % largest errors); see smoeweather/nn/smoe.py
-    "smoe_q07": partial(_smoe, quantile=0.7),
-    **{f"gate_{k}": partial(_smoe, gate_kind=k) for k in ("fc", "conv", "coordconv", "lcn", "coordconv3")},
-    "conv": _conv,
-    "coordconv": _coordconv,
-    "condconv": _condconv,
-    "lrlcn": _lrlcn,
-    "lrlcn_nd": _lrlcn_nd,
-    "lcn": _lcn,
-    "fc": _fc,
-    "vit": _vit,
-    "vmoe": _vmoe,
-}
+    ("smoe_q07", partial(_smoe, quantile=0.7), "SMoE with RC quantile q = 0.7"),
+    *((f"gate_{k}", partial(_smoe, gate_kind=k), f"SMoE with a {k} gate (Table 2)")
+      for k in ("fc", "conv", "coordconv", "lcn", "coordconv3")),
+    ("conv", _conv, "3×3 conv stack"),
+    ("coordconv", _coordconv, "CoordConv stack"),
+    ("condconv", _condconv, "CondConv stack"),
+    ("lrlcn", _lrlcn, "low-rank locally connected stack (input-dependent)"),
+    ("lrlcn_nd", _lrlcn_nd, "low-rank locally connected layer (input-independent)"),
+    ("lcn", _lcn, "locally connected layer"),
+    ("fc", _fc, "fully connected layer"),
+    ("vit", _vit, "ViT, one block"),
+    ("vmoe", _vmoe, "V-MoE, one block"),
+)
+for _name, _row, _doc in _ROWS:
+    _register(_name, _row, _doc)
 
 
 def build_heat_model(name: str, size: int = 64, init: str = "torch", **overrides: Any) -> nn.Module:
-    """The heat-diffusion benchmark model ``name`` (one of :data:`HEAT_MODELS`) for an S×S grid, S=``size``.
+    """The heat-diffusion benchmark model ``name`` (registered for task ``heat``) for an S×S grid, S=``size``.
 
     Returns a module mapping (B, 1, S, S) → (B, 1, S, S). ``overrides`` are keyword arguments of that
     model's constructor (unknown ones raise TypeError). Defaults follow paper §3.1: SMoE rows are one
@@ -158,9 +167,7 @@ def build_heat_model(name: str, size: int = 64, init: str = "torch", **overrides
     ``init``: ``torch`` (each module's own init) or ``reference`` (:func:`reference_init`, the reference
     code's heat runs: linear gain on the last layer, i.e. on the SMoE experts).
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown heat model {name!r}; expected one of {', '.join(HEAT_MODELS)}")
     if init not in ("torch", "reference"):
         raise ValueError(f"init must be 'torch' or 'reference', got {init!r}")
-    model = _BUILDERS[name](size, **overrides)
+    model = registry.build("heat", {**overrides, "name": name}, size=size)
     return reference_init(model) if init == "reference" else model

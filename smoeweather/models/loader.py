@@ -106,8 +106,8 @@ def forecast_network(meta: Mapping[str, Any]) -> nn.Module:
     The gate scores of a land-sea-prior network are trained parameters restored with the weights; the builder
     only needs some (H, W) map of the right shape.
     """
-    from smoeweather.models.registry import build_weather_model
     from smoeweather.models.resnet import NormalizedModel
+    from smoeweather.models.weather import build_weather_model
 
     grid = (len(meta["latitude"]), len(meta["longitude"]))
     mcfg = complete_model_config(meta["config"]["model"], len(meta["channel_names"]), len(meta["target_names"]),
@@ -129,7 +129,7 @@ def postprocess_network(meta: Mapping[str, Any]) -> nn.Module:
     """The :class:`EnsemblePostprocessor` of a ``postprocess`` checkpoint's metadata, before its weights are
     loaded (the static maps and gate scores come with the weights; no ensemble file is opened)."""
     from smoeweather.models.postprocessor import EnsemblePostprocessor
-    from smoeweather.models.registry import build_weather_model
+    from smoeweather.models.weather import build_weather_model
 
     grid = (len(meta["latitude"]), len(meta["longitude"]))
     targets, static = list(meta["target_names"]), list(meta.get("static_names", []))

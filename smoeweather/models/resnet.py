@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from smoeweather.models.registry import parameters, register_model
 from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d, TensorRoutingGate, pad_periodic_lon
 
 Placement = Literal["none", "first", "last", "all"]
@@ -342,3 +343,28 @@ class NormalizedModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.denormalize_output(self.net(self.normalize_input(x)))
+
+
+def resnet_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    """What a ResNet ``model`` block's keys go to (:class:`~smoeweather.models.registry.ModelEntry`): the
+    ResNet, its ``smoe`` block (:class:`SMoEPlacement`) and that block's ``layer_kwargs`` (the SMoE layer)."""
+    out: list[tuple[Any, Any, str]] = [(WeatherBenchResNet, cfg, "")]
+    smoe = cfg.get("smoe")
+    if isinstance(smoe, dict):
+        out += [(SMoEPlacement, smoe, ".smoe"), (SpatialMoE2d, smoe.get("layer_kwargs"), ".smoe.layer_kwargs")]
+    return out
+
+
+TINY_RESNET = {"in_channels": 5, "out_channels": 2, "width": 8, "blocks": 2, "grid": [16, 32]}
+"""A tiny ResNet block (16 × 32 grid) for tests and examples."""
+
+
+@register_model("weather", "resnet", keys=parameters(WeatherBenchResNet), arguments=resnet_arguments,
+                tiny={**TINY_RESNET, "smoe": {"placement": "all", "gate_prior": "land_sea"}})
+def _resnet(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """WeatherBench ResNet (Rasp & Thuerey 2021), dense or with Spatial-MoE layers placed by ``smoe``."""
+    smoe = SMoEPlacement.from_config(cfg.pop("smoe", None))
+    if "grid" in cfg:
+        cfg["grid"] = tuple(cfg["grid"])
+    use_prior = smoe.gate_prior == "land_sea" and smoe.placement != "none"
+    return WeatherBenchResNet(smoe=smoe, land_sea_prior=land_sea_prior if use_prior else None, **cfg)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from smoeweather.models.registry import parameters, register_model
 from smoeweather.nn import SpatialMoE2d, TensorRoutingGate
 
 
@@ -218,6 +219,28 @@ def gaussian_heads(o: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tenso
                          f"{tuple(ens_mean.shape)}, {tuple(ens_std.shape)}")
     loc, raw_scale = o[:, 0::2], o[:, 1::2]
     return loc * ens_std + ens_mean, F.softplus(raw_scale) * ens_std + eps
+
+
+def _unet_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    return [(PostprocessingUNet, cfg, ""), (SpatialMoE2d, cfg.get("smoe_kwargs"), ".smoe_kwargs")]
+
+
+@register_model("weather", "unet", keys=parameters(PostprocessingUNet) | {"gate_prior"}, arguments=_unet_arguments,
+                tiny={"in_channels": 4, "levels": 3, "widths": [4, 8, 16], "smoe": True, "experts_factor": 4,
+                      "grid": [16, 32], "gate_prior": "land_sea"})
+def _unet(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """U-Net of the ensemble post-processing baselines, dense or with every 3×3 conv an SMoE (``smoe: true``)."""
+    for key in ("grid", "widths"):
+        if cfg.get(key) is not None:
+            cfg[key] = tuple(cfg[key])
+    prior = cfg.pop("gate_prior", None)
+    if prior not in (None, "none", "land_sea"):
+        raise ValueError(f"model.gate_prior must be 'land_sea' or null, got {prior!r}")
+    if prior == "land_sea" and cfg.get("smoe"):
+        if land_sea_prior is None:
+            raise ValueError("model.gate_prior: land_sea needs a land-sea mask (data.static or data.constants)")
+        cfg["land_sea_prior"] = land_sea_prior
+    return PostprocessingUNet(**cfg)
 
 
 _DEPRECATED_NAMES = {"Ens10UNet": "PostprocessingUNet"}

@@ -1,7 +1,7 @@
 """Image classifiers for the vision MoE baselines; every model maps (B, C, H, W) → member logits (M, B, K).
 
-``build_vision_model(cfg, in_channels, num_classes, image_size)`` with ``cfg["name"]`` one of
-:data:`VISION_MODELS`:
+``build_vision_model(cfg, in_channels, num_classes, image_size)`` with ``cfg["name"]`` a network registered
+for task ``vision`` (:mod:`smoeweather.models.registry`):
 
 * ``vit`` / ``vmoe`` / ``e3``: :class:`smoeweather.nn.vit.ViTClassifier` (dense, V-MoE, E³ with
   ``ensemble`` = M ≥ 2); remaining keys are its arguments.
@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from smoeweather.models import registry
+from smoeweather.models.registry import register_model
 from smoeweather.nn.emoe import EMoEActivation, balanced_kmeans, emoe_conv, emoe_mlp, fold_bn_keys
 from smoeweather.nn.gates import TensorRoutingGate
 from smoeweather.nn.resblock_moe import ResBlockMoE
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.nn.vit import ViTClassifier
-
-VISION_MODELS = ("vit", "vmoe", "e3", "resnet", "cnn")
 
 
 class BasicBlock(nn.Module):
@@ -109,38 +109,75 @@ class ThreeLayerCNN(nn.Module):
 
 def build_vision_model(cfg: dict[str, Any], in_channels: int, num_classes: int,
                        image_size: tuple[int, int]) -> nn.Module:
-    """The classifier ``cfg['name']`` (see module docstring) for C=``in_channels`` (H, W) images."""
+    """The classifier ``cfg['name']`` (see module docstring) for C=``in_channels`` (H, W) images; an ``emoe``
+    block turns its layers into EMoE layers (:func:`apply_emoe`)."""
+    cfg = dict(cfg)
+    emoe = cfg.pop("emoe", None)
     try:
-        return _build(dict(cfg), in_channels, num_classes, image_size)
+        model = registry.build("vision", cfg, in_channels=in_channels, num_classes=num_classes,
+                               image_size=image_size)
     except TypeError as err:  # an unknown or misspelt model key: a user error, named
         raise ValueError(f"model {cfg.get('name')!r}: {err}") from err
+    return apply_emoe(model, **emoe) if emoe else model
 
 
-def _build(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
-    name = cfg.pop("name", None)
-    emoe = cfg.pop("emoe", None)
-    if name in ("vit", "vmoe", "e3"):
-        if name == "vit" and cfg.get("num_experts"):
-            raise ValueError("model 'vit' is dense: drop num_experts or use name vmoe/e3")
-        if name in ("vmoe", "e3") and not cfg.get("num_experts"):
-            raise ValueError(f"model {name!r} needs model.num_experts > 0")
-        if name == "e3" and int(cfg.get("ensemble", 2)) < 2:
-            raise ValueError("model 'e3' needs model.ensemble >= 2")
-        if name == "e3":
-            cfg.setdefault("ensemble", 2)
-        if "image_size" in cfg:
-            cfg.pop("image_size")
-        model: nn.Module = ViTClassifier(in_channels, num_classes, image_size, **cfg)
-    elif name == "resnet":
-        widths = tuple(cfg.pop("widths", (16, 32, 64)))
-        model = ResNet(in_channels, num_classes, widths, **cfg)
-    elif name == "cnn":
-        model = ThreeLayerCNN(in_channels, num_classes, image_size, **cfg)
-    else:
-        raise ValueError(f"unknown vision model {name!r}; expected one of {', '.join(VISION_MODELS)}")
-    if emoe:
-        apply_emoe(model, **emoe)
-    return model
+def _arguments(model: Any) -> Any:
+    """(constructor, mapping, suffix) of a vision ``model`` block: the network's, its ResBlock-MoE's, EMoE's."""
+
+    def arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+        out: list[tuple[Any, Any, str]] = [(model, cfg, "")]
+        if model is ResNet and isinstance(cfg.get("moe"), dict):
+            out.append((ResBlockMoE, cfg["moe"], ".moe"))
+        return out + [(apply_emoe, cfg.get("emoe"), ".emoe")]
+
+    return arguments
+
+
+def _vit_family(name: str, cfg: dict[str, Any], in_channels: int, num_classes: int,
+                image_size: tuple[int, int]) -> nn.Module:
+    if name == "vit" and cfg.get("num_experts"):
+        raise ValueError("model 'vit' is dense: drop num_experts or use name vmoe/e3")
+    if name != "vit" and not cfg.get("num_experts"):
+        raise ValueError(f"model {name!r} needs model.num_experts > 0")
+    cfg.pop("image_size", None)
+    return ViTClassifier(in_channels, num_classes, image_size, **cfg)
+
+
+@register_model("vision", "vit", arguments=_arguments(ViTClassifier), tiny={"dim": 16, "depth": 1, "heads": 2,
+                                                                             "patch": 4})
+def _vit(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
+    """Vision Transformer classifier (dense)."""
+    return _vit_family("vit", cfg, in_channels, num_classes, image_size)
+
+
+@register_model("vision", "vmoe", arguments=_arguments(ViTClassifier),
+                tiny={"dim": 16, "depth": 2, "heads": 2, "patch": 4, "num_experts": 4})
+def _vmoe(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
+    """V-MoE: a ViT whose MoE blocks route tokens to ``num_experts`` FFN experts (Riquelme et al. 2021)."""
+    return _vit_family("vmoe", cfg, in_channels, num_classes, image_size)
+
+
+@register_model("vision", "e3", arguments=_arguments(ViTClassifier),
+                tiny={"dim": 16, "depth": 2, "heads": 2, "patch": 4, "num_experts": 4, "ensemble": 2})
+def _e3(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
+    """E³ on V-MoE: the experts partitioned into ``ensemble`` ≥ 2 member groups (Allingham et al. 2022)."""
+    if int(cfg.get("ensemble", 2)) < 2:
+        raise ValueError("model 'e3' needs model.ensemble >= 2")
+    cfg.setdefault("ensemble", 2)
+    return _vit_family("e3", cfg, in_channels, num_classes, image_size)
+
+
+@register_model("vision", "resnet", arguments=_arguments(ResNet), tiny={"widths": [4, 8, 8]})
+def _resnet(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
+    """CIFAR-style ResNet classifier, optionally with a ResBlock-MoE after one stage (``moe``)."""
+    widths = tuple(cfg.pop("widths", (16, 32, 64)))
+    return ResNet(in_channels, num_classes, widths, **cfg)
+
+
+@register_model("vision", "cnn", arguments=_arguments(ThreeLayerCNN), tiny={"channels": 4, "smoe": {}})
+def _cnn(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
+    """Three 3×3 conv layers, GAP and a linear head; ``smoe`` makes every conv an SMoE layer (SMoE App. D)."""
+    return ThreeLayerCNN(in_channels, num_classes, image_size, **cfg)
 
 
 def apply_emoe(model: nn.Module, experts: int = 4, k: int = 2, blocks: list[int] | None = None,

@@ -1,4 +1,5 @@
-"""Build weather networks from config dicts; tiny registered variants for tests.
+"""Weather networks from ``model`` blocks through the registry (:mod:`smoeweather.models.registry`): the checks
+before anything is built (names, keys, bounds, size, a meta build) and tiny variants for tests.
 
 Example configs::
 
@@ -18,42 +19,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from smoeweather.models.ensemble import ENSEMBLE_KEYS, ENSEMBLE_MODELS, build_ensemble_model, uses_land_sea_prior
-from smoeweather.models.resnet import SMoEPlacement, WeatherBenchResNet
-from smoeweather.models.unet import PostprocessingUNet
-
-_RESNET_KEYS = {"in_channels", "out_channels", "width", "blocks", "dropout", "smoe", "grid", "conv",
-                "lrlcn_rank", "location_embedding"}
-_UNET_KEYS = {"in_channels", "levels", "widths", "smoe", "experts_factor", "grid", "rc", "damping",
-              "quantile", "out_channels", "head_kernel", "smoe_kwargs", "gate_init", "gate_prior", "prior_strength",
-              "share_gate", "head_affine", "freeze_gate"}
-
-
-def _check_keys(cfg: dict[str, Any], allowed: set[str], name: str) -> None:
-    unknown = set(cfg) - allowed - {"name"}
-    if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)} for model {name!r}; allowed: {sorted(allowed)}")
+from smoeweather.models import registry
+from smoeweather.models.ensemble import uses_land_sea_prior
+from smoeweather.models.registry import parameters
+from smoeweather.models.resnet import TINY_RESNET
 
 
 def model_arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
     """What the keys of a weather ``model`` block are passed to, for the config type check
-    (:class:`smoeweather.config.Arguments`): (constructor, mapping, key suffix) for the network named by
-    ``name`` and its nested blocks (``smoe`` of a ResNet, ``layer_kwargs``/``smoe_kwargs`` of the SMoE
-    layer). Types come from the constructors' hints, so new constructor arguments are checked as added."""
-    from smoeweather.nn.smoe import SpatialMoE2d
-
-    name = cfg.get("name")
-    if name in ENSEMBLE_MODELS:  # e3 / deep_ensemble / gaussian: the ResNet's argument types
-        return [(WeatherBenchResNet, {k: v for k, v in cfg.items() if k != "members"}, "")]
-    if name == "resnet":
-        out: list[tuple[Any, Any, str]] = [(WeatherBenchResNet, cfg, "")]
-        smoe = cfg.get("smoe")
-        if isinstance(smoe, dict):
-            out += [(SMoEPlacement, smoe, ".smoe"), (SpatialMoE2d, smoe.get("layer_kwargs"), ".smoe.layer_kwargs")]
-        return out
-    if name == "unet":
-        return [(PostprocessingUNet, cfg, ""), (SpatialMoE2d, cfg.get("smoe_kwargs"), ".smoe_kwargs")]
-    return []  # an unknown name is refused by build_weather_model
+    (:class:`smoeweather.config.Arguments`): the registered network's (constructor, mapping, key suffix) list;
+    empty for an unknown name (refused by :func:`check_model_config`)."""
+    entry = registry.entries_by_name("weather").get(cfg.get("name"))  # type: ignore[arg-type]
+    return entry.arguments(cfg) if entry is not None else []
 
 
 MODEL_BOUNDS: dict[str, dict[str, Any]] = {
@@ -67,24 +44,10 @@ MODEL_EXAMPLES = {"width": 16, "blocks": 3, "members": 4, "experts_factor": 2, "
                   "lrlcn_rank": 3, "in_channels": 4, "out_channels": 2, "quantile": 0.3}
 
 
-def parameters(fn: Any) -> set[str] | None:
-    """Keyword names ``fn`` accepts (a dataclass: its fields); None when it takes ``**kwargs``."""
-    import dataclasses
-    import inspect
-
-    if dataclasses.is_dataclass(fn):
-        return {f.name for f in dataclasses.fields(fn) if f.init}
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params if p.name not in ("self", "land_sea_prior")}  # the map comes from the data
-
-
 def known_model_keys(name: Any) -> set[str]:
-    """The ``model`` keys :func:`build_weather_model` takes for the network ``name`` (besides ``name``)."""
-    if name in ENSEMBLE_MODELS:
-        return set(ENSEMBLE_KEYS[name])
-    return set(_RESNET_KEYS if name == "resnet" else _UNET_KEYS if name == "unet" else ())
+    """The ``model`` keys the weather network ``name`` takes (besides ``name``; empty for an unknown name)."""
+    entry = registry.entries_by_name("weather").get(name)
+    return set(entry.keys or ()) if entry is not None else set()
 
 
 def check_model_config(cfg: Any, where: str = "model", extra_keys: Mapping[str, set[str]] | None = None) -> None:
@@ -92,28 +55,18 @@ def check_model_config(cfg: Any, where: str = "model", extra_keys: Mapping[str, 
     key at any level (with did-you-mean, like the top level) or a number out of bounds (:data:`MODEL_BOUNDS`).
     ``extra_keys``: key suffix (``""``, ``".smoe"``) → further accepted keys (e.g. those of the constructors
     the config type check passes the block to)."""
-    import difflib
-
     from smoeweather.config import ConfigError, check_bounds, unknown_key_message
-    from smoeweather.nn.smoe import SpatialMoE2d
 
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(cfg).__name__} {cfg!r}")
-    name = cfg.get("name")
-    names = ("resnet", "unet", *ENSEMBLE_MODELS)
-    if name not in names:
-        close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"config key '{where}.name' must be one of {', '.join(names)}, got {name!r}{hint}")
-    allowed = known_model_keys(name)
-    blocks: list[tuple[dict[str, Any], set[str] | None, str]] = [(cfg, allowed | {"name"}, where)]
-    nested = cfg.get("smoe") if name != "unet" else None
-    if isinstance(nested, dict):
-        blocks.append((nested, parameters(SMoEPlacement), f"{where}.smoe"))
-        if isinstance(nested.get("layer_kwargs"), dict):
-            blocks.append((nested["layer_kwargs"], parameters(SpatialMoE2d), f"{where}.smoe.layer_kwargs"))
-    if name == "unet" and isinstance(cfg.get("smoe_kwargs"), dict):
-        blocks.append((cfg["smoe_kwargs"], parameters(SpatialMoE2d), f"{where}.smoe_kwargs"))
+    try:
+        entry = registry.lookup("weather", cfg.get("name"), f"{where}.name")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    blocks: list[tuple[dict[str, Any], set[str] | None, str]] = [(cfg, set(entry.keys or ()) | {"name"}, where)]
+    for ctor, block, suffix in entry.arguments(cfg):  # the nested blocks take their constructor's keys
+        if suffix and isinstance(block, dict):
+            blocks.append((block, parameters(ctor), f"{where}{suffix}"))
     for block, keys, path in blocks:
         if keys is not None:
             keys = keys | (extra_keys or {}).get(path[len(where):], set())
@@ -216,46 +169,17 @@ def check_model_builds(cfg: dict[str, Any], where: str = "model") -> None:
         return
 
 
-def build_weather_model(cfg: dict[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
-    """Network from a config dict with ``name`` in {``resnet``, ``unet``}.
+def build_weather_model(cfg: Mapping[str, Any], land_sea_prior: torch.Tensor | None = None) -> nn.Module:
+    """The registered weather network named by ``cfg['name']`` (:func:`smoeweather.models.registry.build`).
 
-    ``land_sea_prior`` (H, W) is used (and then required) only by a ResNet whose ``smoe.gate_prior ==
-    "land_sea"`` or an SMoE U-Net whose ``gate_prior == "land_sea"``; it is ignored otherwise. Unknown keys
-    are an error.
-    """
-    cfg = copy.deepcopy(dict(cfg))
-    name = cfg.get("name")
-    if name in ENSEMBLE_MODELS:
-        return build_ensemble_model(cfg, land_sea_prior=land_sea_prior)
-    if name == "resnet":
-        _check_keys(cfg, _RESNET_KEYS, name)
-        kwargs = {k: v for k, v in cfg.items() if k != "name"}
-        smoe = SMoEPlacement.from_config(kwargs.pop("smoe", None))
-        if "grid" in kwargs:
-            kwargs["grid"] = tuple(kwargs["grid"])
-        use_prior = smoe.gate_prior == "land_sea" and smoe.placement != "none"
-        return WeatherBenchResNet(smoe=smoe, land_sea_prior=land_sea_prior if use_prior else None, **kwargs)
-    if name == "unet":
-        _check_keys(cfg, _UNET_KEYS, name)
-        kwargs = {k: v for k, v in cfg.items() if k != "name"}
-        if "grid" in kwargs and kwargs["grid"] is not None:
-            kwargs["grid"] = tuple(kwargs["grid"])
-        if "widths" in kwargs:
-            kwargs["widths"] = tuple(kwargs["widths"])
-        prior = kwargs.pop("gate_prior", None)
-        if prior not in (None, "none", "land_sea"):
-            raise ValueError(f"model.gate_prior must be 'land_sea' or null, got {prior!r}")
-        if prior == "land_sea" and kwargs.get("smoe"):
-            if land_sea_prior is None:
-                raise ValueError("model.gate_prior: land_sea needs a land-sea mask (data.static or data.constants)")
-            kwargs["land_sea_prior"] = land_sea_prior
-        return PostprocessingUNet(**kwargs)
-    raise ValueError(f"unknown weather model {name!r}; expected 'resnet', 'unet' or one of {ENSEMBLE_MODELS}")
+    ``land_sea_prior`` (H, W) is used (and then required) only by a network whose SMoE gates start from it
+    (:func:`~smoeweather.models.ensemble.uses_land_sea_prior`); it is ignored otherwise. Unknown keys are an
+    error."""
+    return registry.build("weather", cfg, land_sea_prior=land_sea_prior)
 
 
 TINY_GRID = (16, 32)
-_TINY_RESNET = {"name": "resnet", "in_channels": 5, "out_channels": 2, "width": 8, "blocks": 2,
-                "grid": list(TINY_GRID)}
+_TINY_RESNET = {"name": "resnet", **TINY_RESNET}
 
 TINY_VARIANTS: dict[str, dict[str, Any]] = {
     "resnet-dense": dict(_TINY_RESNET),

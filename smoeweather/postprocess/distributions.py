@@ -25,7 +25,7 @@ import torch
 from scipy.special import log_ndtr, ndtr, ndtri, ndtri_exp
 
 from smoeweather.metrics.probabilistic import crps_gaussian
-from smoeweather.training.losses import gaussian_crps, normal_cdf
+from smoeweather.nn.crps import gaussian_crps, normal_cdf
 
 DISTRIBUTIONS = ("normal", "truncnormal")
 """``normal``: N(μ, σ²); ``truncnormal``: N(μ, σ²) truncated to [0, ∞)."""

@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from smoeweather.training.losses import gaussian_crps
+from smoeweather.nn.crps import gaussian_crps
 
 EnsembleLoss = Literal["mse", "crps", "gaussian_crps"]
 ENSEMBLE_LOSSES: tuple[str, ...] = ("mse", "crps", "gaussian_crps")

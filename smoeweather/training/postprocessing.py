@@ -10,8 +10,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from smoeweather.models.postprocessor import EnsemblePostprocessor
+from smoeweather.nn.crps import gaussian_crps
 from smoeweather.training.base import SMoETrainingModule
-from smoeweather.training.losses import gaussian_crps
 
 
 class PostprocessingModule(SMoETrainingModule):

@@ -3,8 +3,9 @@
 ``TASK_SCHEMAS`` maps a task name to the :class:`~smoeweather.config.Block` of its whole config. Tasks
 added later (e.g. ``vision``) call :func:`register_task_schema`; a task without a registered schema gets
 :data:`COMMON` (top level, ``training`` and ``trainer`` checked, ``data``/``model`` left to its builder).
-``model`` blocks of the weather tasks are checked by :func:`smoeweather.models.registry.build_weather_model`
-(its key lists depend on ``model.name``) and heat models by their constructors; ``trainer`` keys are the
+``model`` blocks of every task are checked against the network registered under their name
+(:mod:`smoeweather.models.registry`;
+its key lists depend on ``model.name``) and heat models by their constructors; ``trainer`` keys are the
 parameters of :class:`lightning.Trainer` except those ``smoe train`` sets itself.
 
 Value types of the blocks passed on as keyword arguments (``model`` of every task, ``trainer``,
@@ -129,43 +130,34 @@ def schema_for(task: str) -> Block:
     return TASK_SCHEMAS.get(task, common)()
 
 
-def _weather_model(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
-    from smoeweather.models.registry import model_arguments
+def _registered(task: str) -> Any:
+    """The ``model`` block's (constructor, mapping, suffix) list from the network's registry entry (none for an
+    unknown name, which the key check refuses); heat rows also pass through :func:`build_heat_model`."""
 
-    return model_arguments(value)
+    def targets(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+        from smoeweather.models import registry
+        from smoeweather.models.heat import build_heat_model
 
+        name = value.get("name", "smoe") if task == "heat" else value.get("name")
+        entry = registry.entries_by_name(task).get(name)
+        head = [(build_heat_model, value, "")] if task == "heat" else []
+        return head + (entry.arguments(value) if entry is not None else [])
 
-def _heat_model(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
-    from smoeweather.models.heat import _BUILDERS, build_heat_model
-
-    builder = _BUILDERS.get(value.get("name", "smoe"))
-    return [(build_heat_model, value, "")] + ([(builder, value, "")] if builder is not None else [])
-
-
-def _vision_model(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
-    from smoeweather.models import vision
-    from smoeweather.nn.resblock_moe import ResBlockMoE
-
-    name = value.get("name")
-    model = {"vit": vision.ViTClassifier, "vmoe": vision.ViTClassifier, "e3": vision.ViTClassifier,
-             "resnet": vision.ResNet, "cnn": vision.ThreeLayerCNN}.get(name)
-    out: list[tuple[Any, Any, str]] = [(model, value, "")] if model is not None else []
-    if name == "resnet" and isinstance(value.get("moe"), dict):
-        out.append((ResBlockMoE, value["moe"], ".moe"))
-    return out + [(vision.apply_emoe, value.get("emoe"), ".emoe")]
+    return targets
 
 
 MODEL_ARGUMENTS: dict[str, Arguments] = {
-    "weatherbench": Arguments(_weather_model),
-    "postprocess": Arguments(_weather_model),
-    "heat": Arguments(_heat_model, nullable=True),
-    "vision": Arguments(_vision_model),
+    "weatherbench": Arguments(_registered("weather")),
+    "postprocess": Arguments(_registered("weather")),
+    "heat": Arguments(_registered("heat"), nullable=True),
+    "vision": Arguments(_registered("vision")),
 }
 """task → the ``model`` block's :class:`~smoeweather.config.Arguments` (constructors chosen by ``model.name``)."""
 
 
 def _weather_model_keys(value: Any) -> None:
-    from smoeweather.models.registry import check_model_builds, check_model_config, known_model_keys, parameters
+    from smoeweather.models.registry import parameters
+    from smoeweather.models.weather import check_model_builds, check_model_config, known_model_keys
 
     extra: dict[str, set[str]] = {}
     for fn, values, suffix in MODEL_ARGUMENTS["weatherbench"].targets(value) if isinstance(value, dict) else []:
@@ -178,20 +170,18 @@ def _weather_model_keys(value: Any) -> None:
 
 def _heat_model_keys(value: Any) -> None:
     """Unknown ``model`` keys of a heat model (its builder's keywords, and the SMoE layer's for SMoE rows)."""
-    import difflib
     import inspect
 
     from smoeweather.config import unknown_key_message
-    from smoeweather.models.heat import _BUILDERS, HEAT_MODELS
+    from smoeweather.models import registry
     from smoeweather.models.registry import parameters
     from smoeweather.nn.smoe import SpatialMoE2d
 
-    name = (value or {}).get("name", "smoe")
-    if name not in _BUILDERS:
-        close = difflib.get_close_matches(str(name), list(HEAT_MODELS), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"config key 'model.name' must be one of {', '.join(HEAT_MODELS)}, got {name!r}{hint}")
-    builder = _BUILDERS[name]
+    try:
+        entry = registry.lookup("heat", (value or {}).get("name", "smoe"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    ((builder, _, _),) = entry.arguments({})
     params = inspect.signature(builder).parameters.values()
     keys = {p.name for p in params if p.kind is not p.VAR_KEYWORD} - {"size"} | {"name", "init"}
     if any(p.kind is p.VAR_KEYWORD for p in params):  # SMoE rows pass the rest to the layer

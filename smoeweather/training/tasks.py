@@ -70,7 +70,7 @@ def _datamodule(cfg: TrainConfig, splits: Callable[[], dict[str, Dataset]], defa
 def build_weatherbench(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
     """WeatherBench-style forecasting: data module and :class:`ForecastingModule` from a config."""
     from smoeweather.data.weather import WeatherBenchDataset
-    from smoeweather.models.registry import build_weather_model
+    from smoeweather.models.weather import build_weather_model
     from smoeweather.training.ensemble_forecasting import build_forecasting_module
     from smoeweather.training.forecasting import normalized_model
 
@@ -120,7 +120,7 @@ def build_postprocess(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoET
     from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec, static_channels
     from smoeweather.data.ensembles import open_ensemble, open_static, open_truth, select_split
     from smoeweather.models.postprocessor import EnsemblePostprocessor
-    from smoeweather.models.registry import build_weather_model
+    from smoeweather.models.weather import build_weather_model
     from smoeweather.training.postprocessing import PostprocessingModule
 
     cfg = TrainConfig.from_dict(config)
