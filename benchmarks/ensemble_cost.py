@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from smoeweather.config import read_config
 from smoeweather.models.ensemble import members_of, model_kind
-from smoeweather.models.registry import build_weather_model, synthetic_land_sea_mask
+from smoeweather.models.weather import build_weather_model, synthetic_land_sea_mask
 from smoeweather.training.ensemble_forecasting import loss_settings
 from smoeweather.training.ensemble_losses import ensemble_loss
 from smoeweather.training.losses import lat_weighted_mse, latitude_weights

@@ -31,6 +31,7 @@ import lightning as L
 import torch
 
 from smoeweather.experiments import heat
+from smoeweather.models import registry
 
 
 class Deadline(L.Callback):
@@ -111,7 +112,7 @@ def summary(folder: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summary", type=Path, default=None, help="only write DIR/heat_gpu.md from DIR's results")
-    parser.add_argument("--row", choices=sorted(heat.HEAT_MODELS), help="benchmark row")
+    parser.add_argument("--row", choices=sorted(registry.names("heat")), help="benchmark row")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--store", type=Path, help="heat store (smoe heat generate)")
     parser.add_argument("--out", type=Path)

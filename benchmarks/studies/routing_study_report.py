@@ -27,7 +27,7 @@ import numpy as np
 
 from smoeweather.config import apply_overrides, read_config
 from smoeweather.data.ensemble_dataset import EnsembleSpec
-from smoeweather.models.registry import build_weather_model
+from smoeweather.models.weather import build_weather_model
 
 PAIRS = (("smoe", "smoe_frozen", "learned − frozen gate"),
          ("smoe_all_prior_coherent", "smoe_all_prior_coherent_frozen", "learned − frozen gate"),
