@@ -10,8 +10,8 @@ from conftest import float_tol
 from torch import nn
 from torch.nn import functional as F
 
+from smoeweather.heat.models import build_heat_model, count_parameters
 from smoeweather.models import registry
-from smoeweather.models.heat import build_heat_model, count_parameters
 from smoeweather.nn.baselines import CondConv2d, LowRankLocallyConnected2d
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.nn.vit import ViT, VMoE

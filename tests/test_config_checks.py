@@ -220,7 +220,7 @@ def test_load_config_is_typed_and_read_config_is_the_mapping() -> None:
     YAML mapping it was read from; the old name ``smoeweather.config.load_config`` still reads it, with a warning."""
     import smoeweather.config as config_module
     from smoeweather.config import parse_settings
-    from smoeweather.experiments.study_config import StudyConfig
+    from smoeweather.studies.config import StudyConfig
     from smoeweather.training import load_config as package_load_config
 
     assert package_load_config is load_config

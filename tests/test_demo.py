@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from smoeweather.cli import build_parser
-from smoeweather.experiments.demo import CONFIGS, plan_demo
+from smoeweather.demo import CONFIGS, plan_demo
 
 
 def test_every_demo_command_parses_and_covers_the_chain(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from smoeweather.cli import main
-from smoeweather.experiments.demo import DESCRIPTIONS, INDEX, plan_demo, step_environment, write_index
+from smoeweather.demo import DESCRIPTIONS, INDEX, plan_demo, step_environment, write_index
 
 
 def test_every_planned_output_has_a_description(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_closing_summary_is_short_and_holds_the_headline_scores(tmp_path: Path) 
     from scores.json, and the paths of INDEX.md, the full tables and the figures; the rest stays in files."""
     import json
 
-    from smoeweather.experiments.demo import summary
+    from smoeweather.demo import summary
 
     out = tmp_path / "demo"
     plan = plan_demo(out, steps=3)
@@ -107,7 +107,7 @@ def test_bottom_line_states_the_result_from_the_scores(tmp_path: Path) -> None:
     EMOS vs the raw ensemble; and INDEX.md opens with it."""
     import json
 
-    from smoeweather.experiments.demo import bottom_line
+    from smoeweather.demo import bottom_line
 
     rmse = {"dense": (100.0, 200.0), "smoe_prior": (110.0, 190.0), "persistence": (120.0, 180.0),
             "climatology": (150.0, 170.0)}

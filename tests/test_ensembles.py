@@ -207,7 +207,7 @@ def test_member_diversity_closed_forms() -> None:
 def test_ensemble_study_summary_pairs_to_the_baseline() -> None:
     """`smoe study` with scoring: ensemble: per metric mean ± std over seeds, the paired (same seed) difference
     to the baseline with SE std(d)/√n and its 95 % Student-t interval, and the training-cost ratio."""
-    from smoeweather.experiments.ensembles import ensemble_markdown, ensemble_summary
+    from smoeweather.studies.ensembles import ensemble_markdown, ensemble_summary
 
     def run(variant: str, seed: int, crps: float, rmse: float, seconds: float) -> dict:
         cell = {"72h": {"z": crps}}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pipelines.heat_diffusion import initial_states, region_map, simulate, stencils
-from smoeweather.experiments.heat import routing_accuracy
+from smoeweather.heat.table import routing_accuracy
 from smoeweather.nn import SpatialMoE2d, TensorRoutingGate
 from smoeweather.training.base import parameter_groups
 from smoeweather.training.diagnostics import order_variety, ranked_selection, routing_summary, selection_change
@@ -198,8 +198,8 @@ def test_routing_study_configs_resolve_and_build(name: str, tmp_path) -> None:
     option it exists for in effect (frozen gates, per-point head, gate learning rate, thresholds)."""
     from pathlib import Path
 
-    from smoeweather.experiments.study import load_study
     from smoeweather.models.weather import build_weather_model
+    from smoeweather.studies.run import load_study
     from smoeweather.training.base import SMoETrainingModule
     from smoeweather.training.schema import validate_train_config
 
@@ -238,8 +238,8 @@ def test_resnet_routing_study_arms(tmp_path) -> None:
     frozen one's gate is not trainable; the baseline is dense."""
     from pathlib import Path
 
-    from smoeweather.experiments.study import load_study
     from smoeweather.models.weather import build_weather_model
+    from smoeweather.studies.run import load_study
     from smoeweather.training.schema import validate_train_config
 
     study = load_study(Path(__file__).resolve().parents[1] / "configs" / "studies" / "gcm_16x3_cpu_routing.yaml")

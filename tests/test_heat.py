@@ -22,10 +22,10 @@ from pipelines.heat_diffusion import (
     stencils,
 )
 from smoeweather.cli import main
-from smoeweather.data.heat import HeatDiffusionDataset
-from smoeweather.experiments.heat import resolve_config, routing_accuracy
+from smoeweather.heat.data import HeatDiffusionDataset
+from smoeweather.heat.models import build_heat_model, reference_init
+from smoeweather.heat.table import resolve_config, routing_accuracy
 from smoeweather.metrics.relative_error import pct_within_1pct
-from smoeweather.models.heat import build_heat_model, reference_init
 from smoeweather.nn import SpatialMoE2d, TensorRoutingGate
 from smoeweather.training.regression import FieldRegressionModule
 

@@ -1,10 +1,8 @@
 """One-way imports: every module of ``smoeweather/`` and ``pipelines/`` is parsed (ast; imports inside functions
 count too) and its imports must point at its own layer or one below, with no import cycle anywhere.
 
-Layers, lowest first (:data:`LAYERS`): the data pipelines; the package root with file I/O and YAML configs;
-data sets; layers and metrics; networks; training; forecasts and post-processing; evaluation; plotting;
-adapters to other frameworks (interop); experiments (studies, demo); the command line. A new package must be
-placed in the table.
+Layers, lowest first: the one table, :data:`test_layers.LAYERS` (also in docs/development.md). A new package must
+be placed in it.
 """
 
 from __future__ import annotations
@@ -19,22 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("smoeweather", "pipelines")
 
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("pipelines",),  # raw sources → canonical stores (readers, GCM worlds, heat diffusion); imports no smoeweather
-    ("smoeweather", "smoeweather.io", "smoeweather.config", "smoeweather.resources"),
-    ("smoeweather.data",),
-    ("smoeweather.nn", "smoeweather.metrics"),
-    ("smoeweather.models",),
-    ("smoeweather.training",),
-    ("smoeweather.forecast", "smoeweather.postprocess"),
-    ("smoeweather.evaluate", "smoeweather.evaluate_assemble", "smoeweather.evaluate_files",
-     "smoeweather.evaluate_inputs",
-     "smoeweather.evaluate_sites"),
-    ("smoeweather.plotting",),
-    ("smoeweather.interop",),  # other frameworks' adapters (earth2studio): outward-facing, imported by nothing
-    ("smoeweather.experiments",),
-    ("smoeweather.commands", "smoeweather.cli", "smoeweather.__main__"),
-)
+from test_layers import LAYERS  # noqa: E402 - the one layer table (test_layers.py and docs/development.md)
 
 FORBIDDEN: dict[tuple[str, str], str] = {
     # (importer prefix, imported prefix): why; a known case is listed in KNOWN until it is moved
@@ -160,4 +143,4 @@ def test_forbidden_imports(rule: tuple[str, str], request: pytest.FixtureRequest
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer_of("smoeweather.training.registry") > layer_of("smoeweather.models.loader")
-    assert layer_of("smoeweather.plotting.routing") > layer_of("smoeweather.evaluate")
+    assert layer_of("smoeweather.studies.run") > layer_of("smoeweather.evaluate")

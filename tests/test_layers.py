@@ -15,17 +15,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelines",),
-    ("smoeweather", "smoeweather.io", "smoeweather.config", "smoeweather.metrics"),
-    ("smoeweather.data",),
+    ("smoeweather", "smoeweather.io", "smoeweather.config", "smoeweather.metrics", "smoeweather.resources"),
+    ("smoeweather.data", "smoeweather.heat.data", "smoeweather.vision.data"),
     ("smoeweather.nn",),
-    ("smoeweather.models",),
-    ("smoeweather.training",),
+    ("smoeweather.models", "smoeweather.heat.models", "smoeweather.vision.models"),
+    ("smoeweather.training", "smoeweather.vision.task"),
     ("smoeweather.forecast", "smoeweather.postprocess"),
     ("smoeweather.evaluate", "smoeweather.evaluate_assemble", "smoeweather.evaluate_files",
      "smoeweather.evaluate_inputs",
-     "smoeweather.evaluate_sites", "smoeweather.plotting"),
+     "smoeweather.evaluate_sites", "smoeweather.plotting", "smoeweather.heat.plots", "smoeweather.vision.plots"),
     ("smoeweather.interop",),
-    ("smoeweather.experiments",),
+    ("smoeweather.studies", "smoeweather.demo", "smoeweather.heat.table", "smoeweather.vision.table"),
     ("smoeweather.commands", "smoeweather.cli", "smoeweather.__main__"),
 )
 """Lowest first. A module may import its own layer and the layers below it, never one above."""

@@ -13,7 +13,7 @@ from smoeweather.models import registry
 from smoeweather.models.ensemble import uses_land_sea_prior
 from smoeweather.models.weather import synthetic_land_sea_mask
 from smoeweather.nn.smoe import routing_loss
-from smoeweather.training.vision import weighted_aux_loss
+from smoeweather.vision.task import weighted_aux_loss
 
 CASES = [(e.task, e.name) for e in registry.entries()]
 VISION = {"in_channels": 3, "num_classes": 4, "image_size": (16, 16)}

@@ -13,7 +13,7 @@ import yaml
 from scipy import stats
 
 from smoeweather.cli import main
-from smoeweather.experiments.study import load_study, markdown, paired_differences, run_study, summarise
+from smoeweather.studies.run import load_study, markdown, paired_differences, run_study, summarise
 from smoeweather.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def test_shards_cover_the_grid_once_and_each_trains_every_arm(n_variants: int, n
     arm) each shard trains both arms, on alternating seeds."""
     from types import SimpleNamespace
 
-    from smoeweather.experiments.study import shard_runs
+    from smoeweather.studies.run import shard_runs
 
     study = SimpleNamespace(seeds=[0, 1, 2, 3, 4], variants=[f"arm{v}" for v in range(n_variants)])
     shares = [shard_runs(study, k, n_shards) for k in range(n_shards)]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from smoeweather.experiments.study import THREAD_ENV, load_study, run_study
 from smoeweather.metrics.significance import t_interval
 from smoeweather.plotting.frontier import Arm, frontier_table, pair_to_frontier, plot_frontier
+from smoeweather.studies.run import THREAD_ENV, load_study, run_study
 from smoeweather.training.base import cosine_lr_factor
 from tests.test_postprocess_cli import gcm_ens_like
 
@@ -277,7 +277,7 @@ def test_rescore_adds_regions_and_keeps_the_training_record(two_runs: tuple[dict
     stay as they were."""
     import shutil
 
-    from smoeweather.experiments.study import rescore_study
+    from smoeweather.studies.run import rescore_study
 
     first, _, out = two_runs
     assert set(first["summary_regions"]["unet_8_16"]) == {"geopotential_500/land@48h", "geopotential_500/sea@48h"}
@@ -337,7 +337,7 @@ def test_a_study_refuses_runs_scored_on_other_data(two_runs: tuple[dict, dict, P
     not paired with the rest: writing the study names the run and says what to do."""
     import shutil
 
-    from smoeweather.experiments.study import finished_records, write_study
+    from smoeweather.studies.run import finished_records, write_study
 
     _, _, out = two_runs
     copy = tmp_path / "study"

@@ -14,7 +14,6 @@ import torch
 from scipy.stats import mannwhitneyu, norm
 from torch import nn
 
-from smoeweather.data.images import load_images, read_idx
 from smoeweather.metrics.classification import (
     brier,
     classification_scores,
@@ -24,7 +23,6 @@ from smoeweather.metrics.classification import (
     ood_scores,
     utilisation,
 )
-from smoeweather.models.vision import ThreeLayerCNN, apply_emoe, build_vision_model
 from smoeweather.nn.emoe import balanced_kmeans, emoe_layers
 from smoeweather.nn.resblock_moe import ResBlockMoE, importance_cv2, kl_to_uniform
 from smoeweather.nn.vit import (
@@ -37,7 +35,9 @@ from smoeweather.nn.vit import (
     vmoe_aux_loss,
 )
 from smoeweather.training.base import auxiliary_loss
-from smoeweather.training.vision import mean_probabilities, member_cross_entropy
+from smoeweather.vision.data import load_images, read_idx
+from smoeweather.vision.models import ThreeLayerCNN, apply_emoe, build_vision_model
+from smoeweather.vision.task import mean_probabilities, member_cross_entropy
 from tests.conftest import float_tol
 
 # ---- V-MoE routing -------------------------------------------------------------------------------------
@@ -397,7 +397,7 @@ def test_smoe_cnn_does_not_degrade_as_it_trains() -> None:
     steps: test accuracy at 300 steps not below that at 75 and the training loss still falling. With
     ``smoe.damping=0.1`` the same run fails both (accuracy 0.76 → 0.61, loss rising after step ~200; Finding 6)."""
     from smoeweather.config import read_config
-    from smoeweather.experiments.vision import CONFIG_DIR, collapse_run
+    from smoeweather.vision.table import CONFIG_DIR, collapse_run
 
     torch.set_num_threads(1)
     cfg = read_config(CONFIG_DIR / "smoe_cnn.yaml")["model"]
@@ -434,6 +434,6 @@ def test_cifar_batch_that_would_run_code_is_refused_unrun(tmp_path) -> None:
     with open(tmp_path / "data_batch_1", "wb") as f:  # a real batch from numpy 1 pickles under numpy.core.*
         f.write(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}, protocol=2)
                 .replace(b"numpy._core.multiarray", b"numpy.core.multiarray"))
-    from smoeweather.data.images import _unpickle
+    from smoeweather.vision.data import _unpickle
 
     assert _unpickle(tmp_path / "data_batch_1")["data"].shape == (2, 3072)

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from smoeweather.experiments.demo import FULL_STEPS, QUICK_STEPS, run_demo
+    from smoeweather.demo import FULL_STEPS, QUICK_STEPS, run_demo
 
     if args.threads < 1:
         raise ValueError(f"--threads {args.threads}: expected a positive number of threads")

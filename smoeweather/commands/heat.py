@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from pipelines.heat_diffusion import generate
-    from smoeweather.experiments.heat import markdown_table, run_benchmark
+    from smoeweather.heat.table import markdown_table, run_benchmark
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from smoeweather.experiments.study_config import StudyConfig
+    from smoeweather.studies.config import StudyConfig
 
 NAME = "study"
 
@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from smoeweather.experiments.study import load_study, run_study
+    from smoeweather.studies.run import load_study, run_study
 
     try:
         k, n = (int(v) for v in str(args.shard).split("/"))
@@ -44,19 +44,19 @@ def run(args: argparse.Namespace) -> int:
     study = load_study(args.config, args.overrides)
     check_study_out(study, args.out)
     if args.cost_only:
-        from smoeweather.experiments.study import finished_records, measure_study_cost, write_study
+        from smoeweather.studies.run import finished_records, measure_study_cost, write_study
 
         measure_study_cost(study, args.out)
         write_study(study, finished_records(study, args.out), args.out)
         print(f"smoe study: wrote {args.out / 'cost.json'}")
         return 0
     if args.rescore:
-        from smoeweather.experiments.study import rescore_study
+        from smoeweather.studies.run import rescore_study
 
         result = rescore_study(study, args.out)
     else:
         result = run_study(study, args.out, shard=(k, n))
-    from smoeweather.experiments.study import markdown
+    from smoeweather.studies.run import markdown
 
     print(markdown(result))
     print(f"smoe study: wrote {args.out / 'study.json'} and {args.out / 'study.md'}")

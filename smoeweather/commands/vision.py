@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from smoeweather.experiments.vision import markdown, run_benchmark
+    from smoeweather.vision.table import markdown, run_benchmark
 
     # one intra-op thread: these models are small (batch 64 of 8×8 images), where thread hand-offs cost more than
     # they save, badly so on a loaded machine

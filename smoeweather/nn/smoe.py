@@ -130,7 +130,7 @@ class SpatialMoE2d(nn.Module):
         bias: expert convolutions with bias.
         expert_init: ``torch`` (PyTorch's Conv2d default) or ``reference`` (Kaiming-uniform, ReLU gain:
             the reference code's init of hidden layers; its last layer — the heat SMoE's experts — gets
-            the linear gain instead, see :func:`smoeweather.models.heat.reference_init`).
+            the linear gain instead, see :func:`smoeweather.heat.models.reference_init`).
         route_impl: ``auto`` (default: ``channels_last`` for channels-last inputs, else ``index_select``),
             ``index_select`` (experts in the input's layout, output planar) or ``channels_last`` (experts
             and output channels-last; a planar input is converted first). Same results up to the conv's

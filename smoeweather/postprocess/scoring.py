@@ -1,7 +1,7 @@
 """Scores of post-processed forecasts on one split of an ensemble source, per target field and lead:
 area-weighted CRPS (WB2's cell areas, as ``smoe evaluate``; closed-form Gaussian for (μ, σ); the fair
 estimator for raw members), spread–skill ratio and bias of the mean, in the field's units. Used by the
-post-processing study (:mod:`smoeweather.experiments.study`) for networks, EMOS and the raw
+post-processing study (:mod:`smoeweather.studies.run`) for networks, EMOS and the raw
 ensemble alike, on the same inits.
 
 When the source has a ``land_sea_mask``, every target is also scored over land and over sea (keys

@@ -3,7 +3,7 @@
 A task is a name and a builder (config → data module and Lightning module); a task whose network the
 Lightning-free loader rebuilds (:mod:`smoeweather.models.loader`) also gives the training module around such a
 network, so a checkpoint can be reloaded for training. ``smoeweather.training.tasks`` registers the weather,
-post-processing and heat tasks, ``smoeweather.training.vision`` the vision task, both imported by the package's
+post-processing and heat tasks, ``smoeweather.vision.task`` the vision task, both imported by the package's
 ``__init__``; a new task registers itself the same way, with its config schema
 (:func:`smoeweather.training.schema.register_task_schema`). This module imports nothing above it.
 """

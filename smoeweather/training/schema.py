@@ -135,8 +135,8 @@ def _registered(task: str) -> Any:
     unknown name, which the key check refuses); heat rows also pass through :func:`build_heat_model`."""
 
     def targets(value: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+        from smoeweather.heat.models import build_heat_model
         from smoeweather.models import registry
-        from smoeweather.models.heat import build_heat_model
 
         name = value.get("name", "smoe") if task == "heat" else value.get("name")
         entry = registry.entries_by_name(task).get(name)

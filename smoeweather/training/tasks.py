@@ -1,7 +1,7 @@
 """Task builders of ``smoe train``: config → (:class:`SplitDataModule`, LightningModule) per ``task``.
 
 Each task registers itself (:mod:`smoeweather.training.registry`): ``weatherbench``, ``postprocess`` and ``heat``
-here, ``vision`` in :mod:`smoeweather.training.vision` (the old name ``ens10`` of ``postprocess`` is read with a
+here, ``vision`` in :mod:`smoeweather.vision.task` (the old name ``ens10`` of ``postprocess`` is read with a
 DeprecationWarning, :data:`smoeweather.models.loader.TASK_ALIASES`);
 the config schema of each task lives in :mod:`smoeweather.training.schema`.
 """
@@ -189,8 +189,8 @@ def build_postprocess(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoET
 def build_heat(config: Mapping[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
     """Heat diffusion (paper §3.1): data module and :class:`FieldRegressionModule` from a config."""
     from pipelines.heat_diffusion import generate
-    from smoeweather.data.heat import batched_pairs, heat_splits
-    from smoeweather.models.heat import build_heat_model
+    from smoeweather.heat.data import batched_pairs, heat_splits
+    from smoeweather.heat.models import build_heat_model
 
     cfg = TrainConfig.from_dict(config)
     dcfg = dict(cfg.data)

@@ -21,10 +21,10 @@ from torch import nn
 
 from pipelines.heat_diffusion import generate, open_heat
 from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, read_config
-from smoeweather.data.heat import batched_pairs, heat_splits
+from smoeweather.heat.data import batched_pairs, heat_splits
+from smoeweather.heat.models import build_heat_model, count_parameters
 from smoeweather.io import write_json, write_text
 from smoeweather.models import registry
-from smoeweather.models.heat import build_heat_model, count_parameters
 from smoeweather.nn.smoe import SpatialMoE2d
 from smoeweather.training.datamodule import SplitDataModule
 from smoeweather.training.regression import SELECTION_METRICS, FieldRegressionModule
@@ -238,7 +238,7 @@ def run_benchmark(out: Path, quick: bool = False, config: Path | None = None, on
         row["paper"] = cfg.get("paper", {}).get(name)
         doc["rows"].append(row)
         if name == "smoe":
-            from smoeweather.plotting.heat import plot_experts, plot_routing
+            from smoeweather.heat.plots import plot_experts, plot_routing
 
             model = models[0]
             ds = open_heat(store)

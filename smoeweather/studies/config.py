@@ -1,6 +1,6 @@
 """Study files (``configs/studies/*.yaml``): :class:`StudyConfig` and :func:`load_study`, every key checked
 (:data:`STUDY_SCHEMA`: unknown keys with did-you-mean, types, bounds) and every variant's training config
-validated in full before anything runs. See :mod:`smoeweather.experiments.study` for the file format."""
+validated in full before anything runs. See :mod:`smoeweather.studies.run` for the file format."""
 
 from __future__ import annotations
 

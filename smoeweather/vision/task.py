@@ -3,7 +3,7 @@ SMoE-CNN). :func:`build_vision` turns a config into (data module, :class:`Classi
 
 Config blocks: ``data`` (``dataset`` digits|cifar10|cifar100|mnist, ``path``, ``batch_size``,
 ``valid_fraction``, ``max_train``, ``resize`` [H, W] applied on the device, e.g. [224, 224] for ViT-S/16
-on CIFAR), ``model`` (:func:`smoeweather.models.vision.build_vision_model`), ``training`` (lr, aux_weight,
+on CIFAR), ``model`` (:func:`smoeweather.vision.models.build_vision_model`), ``training`` (lr, aux_weight,
 ...), ``trainer`` (Lightning: devices, precision ``bf16-mixed``, max_epochs/max_steps).
 """
 
@@ -71,7 +71,7 @@ class ClassificationModule(SMoETrainingModule):
 
     def on_fit_start(self) -> None:
         if self.recluster_emoe and self.global_step == 0:  # group the (possibly just loaded) dense weights
-            from smoeweather.models.vision import recluster_emoe
+            from smoeweather.vision.models import recluster_emoe
 
             recluster_emoe(self.model, seed=int(self.metadata.get("config", {}).get("seed", 0)))
 
@@ -102,9 +102,9 @@ class ClassificationModule(SMoETrainingModule):
 
 def build_vision(config: Mapping[str, Any]) -> tuple[Any, ClassificationModule]:
     """(SplitDataModule, ClassificationModule) for a ``task: vision`` config."""
-    from smoeweather.data.images import load_images, standardise
-    from smoeweather.models.vision import build_vision_model
     from smoeweather.training.datamodule import SplitDataModule
+    from smoeweather.vision.data import load_images, standardise
+    from smoeweather.vision.models import build_vision_model
 
     cfg = TrainConfig.from_dict(config)
     dcfg = cfg.data

@@ -22,7 +22,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from smoeweather.config import BUILTIN_CONFIGS, apply_overrides, deep_merge, read_config
-from smoeweather.data.images import load_images, shuffled_pixels, standardise
 from smoeweather.io import write_json, write_text
 from smoeweather.metrics.classification import (
     ECE_BINS,
@@ -30,11 +29,12 @@ from smoeweather.metrics.classification import (
     expert_class_matrix,
     utilisation,
 )
-from smoeweather.models.vision import apply_emoe, build_vision_model
 from smoeweather.nn.emoe import emoe_layers
 from smoeweather.nn.resblock_moe import ResBlockMoE
 from smoeweather.nn.vit import moe_layers, set_eval_capacity
-from smoeweather.training.vision import member_cross_entropy, weighted_aux_loss
+from smoeweather.vision.data import load_images, shuffled_pixels, standardise
+from smoeweather.vision.models import apply_emoe, build_vision_model
+from smoeweather.vision.task import member_cross_entropy, weighted_aux_loss
 
 ROWS = ("vit", "vmoe_k1", "vmoe_k2", "e3", "resblock_moe_soft", "resblock_moe_hard", "emoe", "smoe_cnn", "cnn")
 CONFIG_DIR = BUILTIN_CONFIGS / "vision"
@@ -132,7 +132,7 @@ def _scores(model: nn.Module, test_x: torch.Tensor, test_y: np.ndarray, ood_x: t
 def run_benchmark(out: str | Path, quick: bool = False, config: str | Path | None = None,
                   only: list[str] | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Train and score the rows; write ``out/vision_benchmark.json``, ``.md`` and figures. Returns the JSON."""
-    from smoeweather.plotting.vision import plot_expert_class_heatmap, plot_selection_frequency
+    from smoeweather.vision.plots import plot_expert_class_heatmap, plot_selection_frequency
 
     cfg = read_config(config or CONFIG_DIR / "benchmark.yaml")
     quick_block = cfg.pop("quick", {}) or {}
@@ -489,7 +489,7 @@ def collapse_summary(out: str | Path, config: str | Path | None = None, name: st
 def plot_collapse_diagnostics(traces: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
     """Seed-mean curves per arm over training: training loss, selected/unselected mean gate logit, swapped
     share of the initial selection, rank order kept since the previous point, flagged fraction."""
-    from smoeweather.plotting.vision import _save, plt
+    from smoeweather.vision.plots import _save, plt
 
     by_arm: dict[str, list[list[dict[str, Any]]]] = {}
     for key, trace in traces.items():

@@ -33,9 +33,9 @@ order, so one seed gives one number on one machine) and records it with the CPU 
 degrees of freedom (:func:`~smoeweather.metrics.significance.t_interval`); bold in ``study.md`` means the
 interval excludes zero.
 
-Layout by job: :mod:`~smoeweather.experiments.study_config` (the study file), this module (running, scoring,
-sharding, cost), :mod:`~smoeweather.experiments.study_stats` (statistics) and
-:mod:`~smoeweather.experiments.study_report` (``study.md``, ``study.json``); their public names are importable
+Layout by job: :mod:`~smoeweather.studies.config` (the study file), this module (running, scoring,
+sharding, cost), :mod:`~smoeweather.studies.statistics` (statistics) and
+:mod:`~smoeweather.studies.report` (``study.md``, ``study.json``); their public names are importable
 from here too.
 
 Resuming: a run with ``result.json`` is skipped; a run with ``checkpoints/last.ckpt`` continues from it
@@ -55,7 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.experiments.study_config import (  # noqa: F401 - re-exported
+from smoeweather.io import write_json
+from smoeweather.studies.config import (  # noqa: F401 - re-exported
     EQUAL_STEPS_OVERRIDES,
     LR_SCHEDULES,
     POSTPROCESS_TASKS,
@@ -67,8 +68,8 @@ from smoeweather.experiments.study_config import (  # noqa: F401 - re-exported
     check_variant_configs,
     load_study,
 )
-from smoeweather.experiments.study_report import markdown, portable, variant_family, write_study  # noqa: F401
-from smoeweather.experiments.study_stats import (  # noqa: F401 - re-exported
+from smoeweather.studies.report import markdown, portable, variant_family, write_study  # noqa: F401
+from smoeweather.studies.statistics import (  # noqa: F401 - re-exported
     REGIONS,
     check_one_dataset,
     paired_differences,
@@ -77,7 +78,6 @@ from smoeweather.experiments.study_stats import (  # noqa: F401 - re-exported
     run_score,
     summarise,
 )
-from smoeweather.io import write_json
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -263,7 +263,7 @@ def score_run(study: StudyConfig, cfg: dict[str, Any], best: str | Path, out: Pa
         scores, extra = all_scores["crps"], {k: v for k, v in all_scores.items() if k != "crps"}
         return "postprocess", scores, extra, postprocess_references(study, cfg, out, log)
     if study.scoring == "ensemble":  # ensemble networks: CRPS, spread/skill, RMSE, rank histograms
-        from smoeweather.experiments.ensembles import score_ensemble_run
+        from smoeweather.studies.ensembles import score_ensemble_run
 
         scores, extra = score_ensemble_run(best, cfg, study.leads_h, study.targets, run_dir)
         return "ensemble", scores, extra, {}
@@ -351,9 +351,9 @@ def run_study(study: StudyConfig, out: str | Path, train_fn: Callable[..., Any] 
 
 
 def measure_study_cost(study: StudyConfig, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure every arm's cost (:func:`smoeweather.experiments.cost.measure_costs`, on ``study.threads``
+    """Measure every arm's cost (:func:`smoeweather.studies.cost.measure_costs`, on ``study.threads``
     threads, the first seed's config) and write ``out/cost.json``."""
-    from smoeweather.experiments.cost import CostOptions, measure_costs
+    from smoeweather.studies.cost import CostOptions, measure_costs
 
     spec = dict(study.cost or {})
     options = CostOptions(reference=str(spec.get("reference", study.baseline)), steps=int(spec.get("steps", 3)),

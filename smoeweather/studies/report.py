@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 
 from smoeweather.config import ConfigError, read_config
-from smoeweather.experiments.study_config import StudyConfig
-from smoeweather.experiments.study_stats import (
+from smoeweather.io import write_json, write_text
+from smoeweather.studies.config import StudyConfig
+from smoeweather.studies.statistics import (
     REGIONS,
     check_one_dataset,
     paired_differences,
     region_targets,
     summarise,
 )
-from smoeweather.io import write_json, write_text
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -233,7 +233,7 @@ def write_study(study: StudyConfig, records: list[dict[str, Any]], out: Path) ->
     }
     text = markdown(study_json)
     if any(r["scoring"] == "ensemble" for r in runs):
-        from smoeweather.experiments.ensembles import ensemble_markdown, ensemble_summary
+        from smoeweather.studies.ensembles import ensemble_markdown, ensemble_summary
 
         study_json["ensemble"] = ensemble_summary(runs, study.baseline, leads, study.targets)
         text += ensemble_markdown(study_json["ensemble"], study.baseline, leads, study.targets)
