@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from pipelines.readers._files import open_data
-from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian
+from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian, store_names
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
 from smoeweather.evaluate_inputs import (
     add_thresholds,
@@ -75,18 +75,6 @@ def is_site_run(forecasts: Mapping[str, Source] | Source | Sequence[Source],
     return any(_has_sites(p) for p in [*_paths(forecasts), *_paths(truth)])
 
 
-def _cf_names_back(ds: xr.Dataset) -> xr.Dataset:
-    """A ``smoe postprocess apply --netcdf`` twin (IMPROVER's names) back in the store's names."""
-    if "forecast_reference_time" not in ds.dims:
-        return ds
-    ds = ds.drop_vars([v for v in ("time",) if v in ds.variables])
-    ds = ds.rename({k: v for k, v in (("forecast_reference_time", "time"), ("forecast_period", "prediction_timedelta"))
-                    if k in ds.variables})
-    if "realization" in ds.dims:
-        ds = ds.rename(realization="member")
-    return ds
-
-
 def open_site_forecast(path: str, table: Mapping[str, Any], ensemble_dim: str | None
                        ) -> tuple[xr.Dataset, xr.Dataset | None]:
     """(forecast on (time = init, prediction_timedelta, [member | quantile | threshold], site), the observations
@@ -103,9 +91,7 @@ def open_site_forecast(path: str, table: Mapping[str, Any], ensemble_dim: str | 
         if any(str(v).endswith(OBS_SUFFIX) for v in ds.data_vars) and str(ds.attrs.get("featureType", "")
                                                                            ).lower() == "timeseries":
             ds, obs = open_sites(p)
-        ds = _cf_names_back(ds)
-        if "percentile" in ds.dims and "quantile" not in ds.dims:  # percentiles (0-100) as quantiles
-            ds = ds.assign_coords(percentile=ds["percentile"].values / 100.0).rename(percentile="quantile")
+        ds = store_names(ds, ensemble_dim, f"forecast {path}")  # IMPROVER's names, percentiles as quantiles
         dim = ensemble_dim or next((d for d in ENSEMBLE_DIMS if d in ds.dims), None)
         if dim is not None and dim in ds.dims and dim != "member":
             ds = ds.rename({dim: "member"})

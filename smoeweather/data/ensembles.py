@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import glob
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -315,6 +316,51 @@ def open_ensemble(source: Sources, variables: Sequence[str] | None = None) -> xr
     return out
 
 
+# -- IMPROVER's CF names -------------------------------------------------------------------------------------
+FIELD_ATTR = "smoe__variable"
+"""Attribute of a probability variable named in IMPROVER's way: the field's name in a store (``temperature``),
+which :func:`store_names` gives it back."""
+PROBABILITY_NAME = re.compile(r"probability_of_(?P<field>.+?)_(?P<sense>above|below)_threshold")
+"""IMPROVER's name of a probability variable: ``probability_of_<X>_above_threshold`` (``_below_``), X the
+field's standard name (or its name where it has none)."""
+IMPROVER_TIMES = {"forecast_reference_time": "time", "forecast_period": "prediction_timedelta"}
+"""The init and lead dims of IMPROVER's layout (a netCDF of ``smoe postprocess apply``) → this module's names;
+IMPROVER's ``time`` is the validity time, init + lead."""
+
+
+def probability_name(name: str, standard_name: str | None, below: bool) -> str:
+    """IMPROVER's name of the probability of exceeding (``below``: of not exceeding) thresholds of the field
+    ``name``: ``probability_of_<standard_name or name>_above_threshold`` (``_below_threshold``)."""
+    return f"probability_of_{standard_name or name}_{'below' if below else 'above'}_threshold"
+
+
+def store_names(ds: xr.Dataset, ensemble_dim: str | None = None, where: str = "forecast") -> xr.Dataset:
+    """A forecast in IMPROVER's CF names (the files of ``smoe postprocess apply``) in this module's: the dims
+    ``forecast_reference_time`` → ``time`` and ``forecast_period`` → ``prediction_timedelta`` (the validity
+    ``time`` dropped; :data:`IMPROVER_TIMES`), ``realization`` → ``member`` (unless ``ensemble_dim`` names the
+    ensemble dim), ``percentile`` (0–100) → ``quantile`` (0–1) and ``probability_of_<X>_above_threshold`` →
+    the field's name (its :data:`FIELD_ATTR`, else X). A store in this module's names is returned unchanged;
+    ValueError naming ``where`` (the file) when a renamed probability meets a variable of that name."""
+    if "forecast_reference_time" in ds.dims and "time" not in ds.dims:
+        ds = ds.drop_vars([v for v in ("time",) if v in ds.variables])
+        ds = ds.rename({k: v for k, v in IMPROVER_TIMES.items() if k in ds.variables or k in ds.dims})
+    if ensemble_dim is None and "realization" in ds.dims and "member" not in ds.dims:
+        ds = ds.rename(realization="member")
+    if "percentile" in ds.dims and "quantile" not in ds.dims:
+        ds = ds.assign_coords(percentile=ds["percentile"].values / 100.0).rename(percentile="quantile")
+    renames = {}
+    for n in ds.data_vars:
+        m = PROBABILITY_NAME.fullmatch(str(n))
+        if m is not None and "threshold" in ds[n].dims:
+            renames[n] = str(ds[n].attrs.get(FIELD_ATTR) or m["field"])
+    taken = [v for v in renames.values() if v in ds.data_vars or list(renames.values()).count(v) > 1]
+    if taken:
+        raise ValueError(f"{where}: the probabilities {list(renames)} are of {taken[0]!r}, which it holds twice "
+                         "(a variable of that name, or two probabilities of it); expected one per field: keep one "
+                         "of them in this file")
+    return ds.rename(renames) if renames else ds
+
+
 ENSEMBLE_DIMS = ("member", "realization", "number", "ensemble")
 """Names of an ensemble dimension found in forecast stores (WB2 writes ``realization``, ECMWF ``number``);
 :func:`open_forecast` renames the one it finds to ``member``."""
@@ -344,17 +390,16 @@ def open_forecast(path: str | Path, storage_options: dict[str, Any] | None = Non
                   ensemble_dim: str | None = None) -> xr.Dataset:
     """Any forecast store of :data:`FORECAST_KINDS` (zarr directory or netCDF, local or an fsspec URL),
     latitude ascending, longitude in [0, 360), its ensemble dim (any of :data:`ENSEMBLE_DIMS`, or
-    ``ensemble_dim``, in any position) named ``member``; a forecast file in another layout (SEAS5-like) opens
-    as its ensemble. ValueError naming the file if not a forecast; FileNotFoundError if missing."""
+    ``ensemble_dim``, in any position) named ``member``, IMPROVER's names read as this module's
+    (:func:`store_names`); a forecast file in another layout (SEAS5-like) opens as its ensemble. ValueError
+    naming the file if not a forecast; FileNotFoundError if missing."""
     where = str(path)
     if not is_url(path) and not Path(path).exists():
         raise FileNotFoundError(f"forecast {path} does not exist")
-    ds = _open_any(path, storage_options)
+    ds = store_names(_open_any(path, storage_options), ensemble_dim, f"forecast {where}")  # IMPROVER's names
     if (not is_url(path) and "prediction_timedelta" not in ds.dims
             and any(m in ds.dims for m in MEMBER_NAMES)):
         ds = open_ensemble(Path(path))
-    if "percentile" in ds.dims and "quantile" not in ds.dims:  # IMPROVER's percentiles (0-100) as quantiles
-        ds = ds.assign_coords(percentile=ds["percentile"].values / 100.0).rename(percentile="quantile")
     dim = _ensemble_dim(ds, where, ensemble_dim)
     if dim is not None and dim != "member":
         ds = ds.rename({dim: "member"})
