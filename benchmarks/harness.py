@@ -10,8 +10,9 @@ Timing. :func:`timed` and :class:`Stopwatch` time one call or one block of code;
 of calls (seconds per call), :func:`call_seconds` each call on its own; :func:`interleave` runs variants in rounds
 (every variant once a round, the order reversed every other round, so a drifting machine load hits every variant
 alike) and returns :class:`Rounds`: medians, spreads, and ratios to a baseline of the same rounds (the median of the
-per-round ratios, paired, or the ratio of the medians). The clock is :func:`time.perf_counter`; ``sync`` (e.g.
-``torch.cuda.synchronize``) runs before the clock starts and before it stops.
+per-round ratios, paired, or the ratio of the medians); :func:`step_clock` times the steps of a Lightning fit. The
+clock is :func:`time.perf_counter`; ``sync`` (e.g. ``torch.cuda.synchronize``) runs before the clock starts and
+before it stops.
 
 Threads. :func:`pin_threads` sets torch's intra-op threads (and, where asked, ``OMP/MKL/OPENBLAS_NUM_THREADS`` for
 processes started later); :func:`thread_env` is the environment of a child process with its threads pinned.
@@ -162,6 +163,37 @@ def interleave(variants: Mapping[str, Callable[[], float]], rounds: int, *, alte
     return out
 
 
+def step_clock(warmup: int, sync_cuda: bool = False) -> Any:
+    """A Lightning callback timing a fit's training steps from the start of step ``warmup`` (0-based) to the end of
+    the last: ``.seconds`` and ``.timed`` (the steps in them). ``sync_cuda``: the GPU drained at both ends."""
+    import lightning as L
+    import torch
+
+    class StepClock(L.Callback):
+        def __init__(self) -> None:
+            self.t0, self.t1, self.timed = 0.0, 0.0, 0
+
+        def _sync(self) -> None:
+            if sync_cuda and torch.cuda.is_available():
+                torch.cuda.synchronize()
+
+        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step == warmup and self.timed == 0:
+                self._sync()
+                self.t0 = clock()
+
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step > warmup:
+                self._sync()
+                self.t1, self.timed = clock(), self.timed + 1
+
+        @property
+        def seconds(self) -> float:
+            return self.t1 - self.t0
+
+    return StepClock()
+
+
 # ---- threads --------------------------------------------------------------------------------------------------------
 def thread_env(threads: int, variables: Sequence[str] = THREAD_ENV, base: Mapping[str, str] | None = None
                ) -> dict[str, str]:
@@ -207,6 +239,17 @@ def device_record(device: str) -> dict[str, Any]:
     return setup
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 class Machine:
     """The machine's state over a run: created at the start (its load average then), recorded at the end."""
 
@@ -220,7 +263,6 @@ class Machine:
         import torch
 
         from pipelines.provenance import git_commit
-        from smoeweather.experiments.study import cpu_model
 
         return {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "arch": platform.machine(),
                 "torch": torch.__version__, "torch_threads": torch.get_num_threads(),

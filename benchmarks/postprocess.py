@@ -7,19 +7,16 @@ Data: the shared gcm_ens 2005 stream when present (per-grid-point groups: 2 fiel
 subset of the groups (it is slow; its cost per group does not depend on how many groups share its L-BFGS, up
 to the shared line search); both are reported per group, and both fits' mean CRPS on the same subset is
 recorded. The 0.5° projection (361 × 720 points × 8 field/lead/level groups) divides by the measured rate.
-Writes benchmarks/results/postprocess.{json,md}.
+The reference solver is :mod:`smoeweather.postprocess.emos_reference`. Writes benchmarks/results/postprocess.{json,md}.
 
-    python benchmarks/postprocess.py [--reference-groups 512] [--steps 5]
+    python -m benchmarks.postprocess [--reference-groups 512] [--steps 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +24,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.harness import RESULTS, Machine, block_seconds, timed, warm_up, write_results
+
 SHARED = Path(os.environ.get("SMOE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 HALF_DEGREE_POINTS = 361 * 720
 
@@ -68,21 +66,16 @@ def _crps(coef: np.ndarray, m: np.ndarray, v: np.ndarray, y: np.ndarray) -> floa
 
 
 def bench_fit(reference_groups: int) -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference solver
-    from emos_reference import fit_groups_lbfgs
-
+    """The batched Newton fit of every group against the L-BFGS reference on a subset, per group."""
     from smoeweather.postprocess.emos import fit_groups_newton
+    from smoeweather.postprocess.emos_reference import fit_groups_lbfgs
 
     m, v, y, w, src = _groups()
     g = m.shape[0]
     rng = np.random.default_rng(0)
     sub = np.sort(rng.choice(g, size=min(reference_groups, g), replace=False))
-    t0 = time.perf_counter()
-    new, ok = fit_groups_newton(m, v, y, w)
-    t_new = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ref = fit_groups_lbfgs(m[sub], v[sub], y[sub], w[sub], iterations=300)
-    t_ref = time.perf_counter() - t0
+    (new, ok), t_new = timed(fit_groups_newton, m, v, y, w)
+    ref, t_ref = timed(fit_groups_lbfgs, m[sub], v[sub], y[sub], w[sub], iterations=300)
     rate_new, rate_ref = g / t_new, len(sub) / t_ref
     return {"source": src, "groups": g, "samples_per_group": int(m.shape[1]), "newton_s": t_new,
             "newton_groups_per_s": rate_new, "newton_not_converged": int((~ok).sum()),
@@ -96,6 +89,7 @@ def bench_fit(reference_groups: int) -> dict[str, Any]:
 
 
 def bench_apply() -> dict[str, Any]:
+    """EMOS apply and ECC-Q members on a synthetic gcm_ens-shaped forecast: values per second."""
     from smoeweather.postprocess.ecc import ecc_members
     from smoeweather.postprocess.emos import apply_emos
 
@@ -106,19 +100,19 @@ def bench_apply() -> dict[str, Any]:
     params = xr.Dataset({n: (("prediction_timedelta", "level", "latitude", "longitude", "coefficient"),
                              np.abs(rng.standard_normal((2, 2, 32, 64, 4)))) for n in fc.data_vars},
                         coords={"coefficient": ["a", "b", "c", "d"]})
-    t0 = time.perf_counter()
-    mu, sigma = apply_emos(params, fc)
-    mu, sigma = mu.load(), sigma.load()
-    t_emos = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ecc_members(mu, sigma, fc, 10)
-    t_ecc = time.perf_counter() - t0
+    def emos() -> tuple[xr.Dataset, xr.Dataset]:
+        mu, sigma = apply_emos(params, fc)
+        return mu.load(), sigma.load()
+
+    (mu, sigma), t_emos = timed(emos)
+    _, t_ecc = timed(ecc_members, mu, sigma, fc, 10)
     values = int(np.prod(shape)) // 10 * 2  # forecast values (no member) calibrated
     return {"shape": dict(zip(dims, shape)), "fields": 2, "emos_s": t_emos, "emos_values_per_s": values / t_emos,
             "ecc_s": t_ecc, "ecc_member_values_per_s": values * 10 / t_ecc}
 
 
 def bench_network(steps: int) -> dict[str, Any]:
+    """Training samples/s of the U-Net and the SMoE-U-Net (one warm-up step, then ``steps`` timed)."""
     from smoeweather.models.unet import PostprocessingUNet
 
     out = {}
@@ -134,12 +128,9 @@ def bench_network(steps: int) -> dict[str, Any]:
             y.square().mean().backward()
             opt.step()
 
-        step()  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        dt = time.perf_counter() - t0
-        out["smoe_unet" if smoe else "unet"] = {"samples_per_s": steps * 8 / dt, "batch": 8, "steps": steps}
+        warm_up(step, 1)
+        out["smoe_unet" if smoe else "unet"] = {"samples_per_s": 8 / block_seconds(step, steps), "batch": 8,
+                                                "steps": steps}
     out["smoe_over_unet_time"] = out["unet"]["samples_per_s"] / out["smoe_unet"]["samples_per_s"]
     out["note"] = ("forward+backward+Adam of PostprocessingUNet widths 16/32/64, 4 input channels, 32x64, "
                    "synthetic batch")
@@ -173,12 +164,11 @@ def main() -> None:
     p.add_argument("--reference-groups", type=int, default=512, help="groups timed with the L-BFGS reference")
     p.add_argument("--steps", type=int, default=5, help="network training steps timed per arm")
     args = p.parse_args()
-    r = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start",
+    machine = Machine()
+    r = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {machine.load_start[0]:.1f} at start",
          "threads": torch.get_num_threads(), "fit": bench_fit(args.reference_groups), "apply": bench_apply(),
          "network": bench_network(args.steps)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "postprocess.json").write_text(json.dumps(r, indent=2) + "\n")
-    (RESULTS / "postprocess.md").write_text(markdown(r))
+    write_results(RESULTS / "postprocess", r, markdown(r), machine=machine)
     print(markdown(r))
 
 

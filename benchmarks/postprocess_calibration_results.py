@@ -16,7 +16,7 @@ training valid times; UWME, the frost frequency over all stations on the days be
 (the first training window). Paired differences: the per-initialisation (gcm_ens) or per-date (UWME) Brier
 score, mean and 95 % interval (Student t over inits; bootstrap over dates for UWME).
 
-    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/postprocess_calibration_results.py \
+    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m benchmarks.postprocess_calibration_results \
         [--data DIR] [--uwme TABLE.csv] [--work runs/calibration] [--reuse] [--part gcm|uwme|all]
 
 ``--data`` holds gcm_ens_2005.nc and gcm_ens_2006.nc (``smoe data gcm-ens``), ``--uwme`` the ensembleBMA
@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.harness import REPO, RESULTS, Machine, thread_env, write_results
+
 ASSETS = REPO / "docs" / "assets" / "postprocess"
 SHARED = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 SMOE = [str(REPO / ".venv" / "bin" / "smoe")]
@@ -73,7 +73,7 @@ def run(cmd: list[str], outputs: list[Path], reuse: bool, log: list[str], subs: 
         print("reused:", log[-1], flush=True)
         return
     print("running:", log[-1], flush=True)
-    subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(cmd, check=True, cwd=REPO, env=thread_env(1, ["OMP_NUM_THREADS"]))
 
 
 def publish(src: Path, name: str) -> None:
@@ -311,6 +311,7 @@ def markdown(out: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    """Run the parts asked for and write the results (the other part's results kept from the file)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=SHARED / "gcm_ens")
     ap.add_argument("--uwme", type=Path, default=SHARED / "ensembleBMA_srft_uwme_t2m.csv")
@@ -323,13 +324,13 @@ def main() -> None:
             str(REPO) + "/": ""}
     path = RESULTS / "postprocess_calibration.json"
     out = json.loads(path.read_text()) if path.exists() else {}
-    out["load_average_at_start"] = list(os.getloadavg())
+    machine = Machine()
+    out["load_average_at_start"] = machine.load_start
     if a.part in ("gcm", "all"):
         out["gcm_ens"] = gcm_part(a.data.resolve(), work, a.reuse, subs)
     if a.part in ("uwme", "all"):
         out["uwme"] = uwme_part(a.uwme.resolve(), work, a.reuse, subs)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    (RESULTS / "postprocess_calibration.md").write_text(markdown(out))
+    write_results(path, out, markdown(out), machine=machine)
     print(markdown(out))
 
 

@@ -6,23 +6,21 @@ per variable, lead and level, a grid-point embedding). Latitude-weighted closed-
 T850 at 24 h and 48 h (smoeweather.postprocess.scoring), raw ensemble fair CRPS, and the paired difference DRN −
 EMOS with a 95 % interval by a bootstrap over init dates. Writes benchmarks/results/postprocess_drn_gcm_ens.{json,md}.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/postprocess_drn_gcm_ens.py [--drn-seeds 3]
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.postprocess_drn_gcm_ens [--drn-seeds 3]
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.harness import REPO, RESULTS, Machine, Stopwatch, write_results
+
 SHARED = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 FILES = [SHARED / "gcm_ens" / "gcm_ens_2005.nc", SHARED / "gcm_ens" / "gcm_ens_2006.nc"]
 TRAIN = ["2005-01-01", "2006-04-30T23"]
@@ -31,6 +29,7 @@ TARGETS = [("geopotential", 500), ("temperature", 850)]
 
 
 def main() -> None:
+    """Fit, apply and score per-grid-point EMOS and the DRN (options: the DRN's); write the results."""
     import xarray as xr
 
     from smoeweather.cli import main as smoe
@@ -41,8 +40,9 @@ def main() -> None:
     if not all(f.is_file() for f in FILES):
         raise SystemExit(f"needs {FILES} (../shared/data)")
     extra = sys.argv[1:]
+    machine = Machine()
     out: dict[str, Any] = {"train_period": TRAIN, "test_period": TEST, "drn_options": extra,
-                           "load_average_at_start": list(os.getloadavg()), "forms": {}}
+                           "load_average_at_start": machine.load_start, "forms": {}}
     forms = {"EMOS per grid point": ["--per-gridpoint"], "DRN": ["--method", "drn", *extra]}
     raw = ensembles.select_period(ensembles.open_ensemble([FILES[1]]), TEST)
     truth = ensembles.truth_at_valid_times(raw, ensembles.open_truth(None, [FILES[1]])).load()
@@ -58,15 +58,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for k, (name, opts) in enumerate(forms.items()):
-            t0 = time.perf_counter()
+            watch = Stopwatch()
             assert smoe(["postprocess", "fit", "--forecast", *map(str, FILES), "--train-period", *TRAIN, *opts,
                          "--out", str(d / f"m{k}.nc"), "--quiet", "--scheduler", "threads"]) == 0
-            t1 = time.perf_counter()
+            fit_s = watch.elapsed()
             flag = "--drn" if "drn" in opts else "--emos"
             assert smoe(["postprocess", "apply", flag, str(d / f"m{k}.nc"), "--forecast", str(FILES[1]),
                          "--apply-period", *TEST, "--out", str(d / f"p{k}.zarr"), "--quiet",
                          "--scheduler", "threads"]) == 0
-            out["forms"][name] = {"fit_s": round(t1 - t0, 1), "apply_s": round(time.perf_counter() - t1, 1),
+            out["forms"][name] = {"fit_s": round(fit_s, 1), "apply_s": round(watch.elapsed() - fit_s, 1),
                                   "options": opts}
             pp = xr.open_zarr(d / f"p{k}.zarr").load()
             crps[name] = {f"{n[0]}{lv}_{h}h": crps_normal(field(pp, n, lv, h), field(pp, f"{n}_std", lv, h),
@@ -93,8 +93,6 @@ def main() -> None:
         boot = per_date[rng.integers(0, len(per_date), (4000, len(per_date)))].mean(1)
         out["drn_minus_emos"][k] = {"mean": float(per_date.mean()), "se": float(boot.std(ddof=1)),
                                     "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "postprocess_drn_gcm_ens.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"gcm_ens, fit {TRAIN[0]} .. {TRAIN[1]}, scored on {out['inits']} inits {TEST[0]} .. {TEST[1]}; "
              "latitude-weighted CRPS (m² s⁻² for Z500, K for T850).", "",
              "| forecast | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
@@ -106,7 +104,7 @@ def main() -> None:
     lines += ["", "| form | fit [s] | apply [s] |", "|---|---:|---:|"]
     lines += [f"| {k} | {v['fit_s']} | {v['apply_s']} |" for k, v in out["forms"].items()]
     lines += ["", f"load average at start {out['load_average_at_start'][0]:.1f}"]
-    (RESULTS / "postprocess_drn_gcm_ens.md").write_text("\n".join(lines) + "\n")
+    write_results(RESULTS / "postprocess_drn_gcm_ens", out, lines, machine=machine)
     print("\n".join(lines))
 
 

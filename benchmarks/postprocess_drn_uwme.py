@@ -14,23 +14,21 @@ differences to per-site EMOS: mean, standard error and 95 % interval by a bootst
 within a date are correlated), on all dates and on the February dates alone (never seen while choosing the DRN
 settings). Writes benchmarks/results/postprocess_drn_uwme.{json,md}.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/postprocess_drn_uwme.py [--drn-only]
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.postprocess_drn_uwme [--drn-only]
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.harness import REPO, RESULTS, Machine, Stopwatch, write_results
+
 SHARED = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 TABLE = SHARED / "ensembleBMA_srft_uwme_t2m.csv"
 WINDOW, LAG = "25D", "2D"
@@ -65,6 +63,7 @@ def paired(diff: np.ndarray, ok: np.ndarray, rng: np.random.Generator, n_boot: i
 
 
 def main() -> None:
+    """Fit, apply and score every form (``--drn-only``: the DRN and per-site EMOS); write the results."""
     import properscoring
     import xarray as xr
 
@@ -75,17 +74,18 @@ def main() -> None:
         raise SystemExit(f"needs {TABLE} (../shared/data)")
     forms = {k: v for k, v in FORMS.items() if "--drn-only" not in sys.argv or k.startswith("DRN") or k == REF}
     fc, obs = read_site_table(TABLE)
+    machine = Machine()
     out: dict[str, Any] = {"table": TABLE.name, "window": WINDOW, "lag": LAG, "forms": {},
-                           "cpu_count": os.cpu_count(), "load_average_at_start": list(os.getloadavg()),
+                           "cpu_count": os.cpu_count(), "load_average_at_start": machine.load_start,
                            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         preds = {}
         for k, (name, extra) in enumerate(forms.items()):
-            t0 = time.perf_counter()
+            watch = Stopwatch()
             assert smoe(["postprocess", "fit", "--forecast", str(TABLE), "--window", WINDOW, "--lag", LAG, *extra,
                          "--out", str(d / f"m{k}.nc"), "--quiet", "--scheduler", "threads"]) == 0
-            t1 = time.perf_counter()
+            fit_s = watch.elapsed()
             with xr.open_dataset(d / f"m{k}.nc") as m:
                 first = str(m["time"].values[0])[:10]
             last = str(fc["time"].values[-1])[:10]
@@ -93,9 +93,9 @@ def main() -> None:
             assert smoe(["postprocess", "apply", flag, str(d / f"m{k}.nc"), "--forecast", str(TABLE),
                          "--apply-period", first, last, "--out", str(d / f"p{k}.zarr"), "--quiet",
                          "--scheduler", "threads"]) == 0
-            t2 = time.perf_counter()
+            apply_s = watch.elapsed() - fit_s
             preds[name] = xr.open_zarr(d / f"p{k}.zarr").isel(prediction_timedelta=0).load()
-            out["forms"][name] = {"fit_s": round(t1 - t0, 1), "apply_s": round(t2 - t1, 1),
+            out["forms"][name] = {"fit_s": round(fit_s, 1), "apply_s": round(apply_s, 1),
                                   "dates": f"{first} .. {last}", "command": " ".join(
                                       ["smoe postprocess fit --forecast", TABLE.name, "--window", WINDOW, "--lag",
                                        LAG, *extra])}
@@ -120,9 +120,7 @@ def main() -> None:
     out["paired_vs_raw_K"] = {k: paired(v - scores[RAW], ok, rng) for k, v in scores.items() if k != RAW}
     out["paired_vs_per_site_emos_K_february"] = {k: paired(v - scores[REF], feb, rng) for k, v in scores.items()
                                                  if k != REF}
-    RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "_drn_only" if "--drn-only" in sys.argv else ""
-    (RESULTS / f"postprocess_drn_uwme{suffix}.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"UWME 48 h 2 m temperature, rolling window {WINDOW}, lag {LAG}, forecast dates "
              f"{out['forecast_dates'][0]} .. {out['forecast_dates'][1]}: {out['cases']} station-days "
              f"({out['cases_february']} in February). Paired differences to per-site EMOS, bootstrap over dates.", "",
@@ -140,7 +138,7 @@ def main() -> None:
     lines += [f"| {k} | {v['fit_s']} | {v['apply_s']} |" for k, v in out["forms"].items()]
     lines += ["", f"{out['cpu_count']} cores, load average at start {out['load_average_at_start'][0]:.1f}, "
               f"OMP_NUM_THREADS={out['omp_num_threads']}."]
-    (RESULTS / f"postprocess_drn_uwme{suffix}.md").write_text("\n".join(lines) + "\n")
+    write_results(RESULTS / f"postprocess_drn_uwme{suffix}", out, lines, machine=machine)
     print("\n".join(lines))
 
 

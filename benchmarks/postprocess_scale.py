@@ -16,8 +16,8 @@ ensemble archive, out of core, through the CLI with the default scheduler.
 Writes benchmarks/results/postprocess_scale.{json,md}. Run it under ``nice``; the load average at start is
 recorded (the machine is shared).
 
-    nice -n 10 .venv/bin/python benchmarks/postprocess_scale.py --starts 365 --members 51
-    .venv/bin/python benchmarks/postprocess_scale.py --starts 8 --members 11 --out-name postprocess_scale_small
+    nice -n 10 .venv/bin/python -m benchmarks.postprocess_scale --starts 365 --members 51
+    .venv/bin/python -m benchmarks.postprocess_scale --starts 8 --members 11 --out-name postprocess_scale_small
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.harness import REPO, RESULTS, Machine, Stopwatch, timed, write_results
+
 FIELDS = {"geopotential_500": (54_000.0, 1_500.0, 120.0, "m**2 s**-2"), "temperature_850": (275.0, 12.0, 1.2, "K")}
 LEADS_H = (24, 48)
 
@@ -108,7 +108,7 @@ def run_tree(cmd: list[str]) -> dict[str, Any]:
     """Run ``cmd``; wall time and peak resident memory of its whole process tree (psutil, 0.2 s samples)."""
     import psutil
 
-    t0 = time.perf_counter()
+    watch = Stopwatch()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     peak = [0]
@@ -129,7 +129,7 @@ def run_tree(cmd: list[str]) -> dict[str, Any]:
     out, _ = proc.communicate()
     done.set()
     th.join()
-    wall = time.perf_counter() - t0
+    wall = watch.elapsed()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-4000:]}")
     return {"wall_s": wall, "peak_rss_bytes": peak[0], "command": " ".join(cmd[2:]), "log_tail": out[-600:]}
@@ -208,6 +208,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    """Write (or reuse) the archive, run the chain with the default scheduler and with the worker counts."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--starts", type=int, default=365, help="daily inits (default 365)")
     p.add_argument("--members", type=int, default=51, help="members (default 51)")
@@ -225,7 +226,8 @@ def main() -> None:
                         "linearly (apply streams one init at a time)")
     p.add_argument("--out-name", default="postprocess_scale", help="results file stem")
     args = p.parse_args()
-    load = os.getloadavg()
+    machine = Machine()
+    load = machine.load_start
     r: dict[str, Any] = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, load average "
                                     f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at start",
                          "load_average_at_start": load}
@@ -234,9 +236,7 @@ def main() -> None:
         if args.archive is not None:
             r["archive"], r["write_s"] = json.loads((root / "archive.json").read_text())
         else:
-            t0 = time.perf_counter()
-            r["archive"] = write_archive(root, args.starts, args.members, args.grid)
-            r["write_s"] = time.perf_counter() - t0
+            r["archive"], r["write_s"] = timed(write_archive, root, args.starts, args.members, args.grid)
             (root / "archive.json").write_text(json.dumps([r["archive"], r["write_s"]]))
         print(root, json.dumps(r["archive"]), f"written in {r['write_s']:.0f} s", flush=True)
         if args.write_only:
@@ -246,11 +246,11 @@ def main() -> None:
         t = pd.date_range("2021-01-01", periods=k, freq="D")
         r["apply_starts"] = k
         r["main"] = chain(root, args.members, None, None, "default", (str(t[0].date()), str(t[-1].date())))
-        save(r, args.out_name)
+        save(r, args.out_name, machine)
         print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "log_tail"} if isinstance(v, dict) else v
                           for k, v in r["main"].items()}), flush=True)
         r.update(totals(r))
-        save(r, args.out_name)
+        save(r, args.out_name, machine)
         if args.workers:
             k = min(args.worker_starts, args.starts)
             t = pd.date_range("2021-01-01", periods=k, freq="D")
@@ -259,8 +259,8 @@ def main() -> None:
             r["workers"] = {}
             for n in args.workers:
                 r["workers"][str(n)] = with_workers(root, args.members, n, period)
-                save(r, args.out_name)
-        save(r, args.out_name)
+                save(r, args.out_name, machine)
+        save(r, args.out_name, machine)
         print(markdown(r))
     finally:
         if not args.keep:
@@ -279,11 +279,9 @@ def totals(r: dict[str, Any]) -> dict[str, Any]:
                                "note": "same members, leads, fields and starts; linear in the number of points"}}
 
 
-def save(r: dict[str, Any], name: str) -> None:
+def save(r: dict[str, Any], name: str, machine: Machine | None = None) -> None:
     """Write what has been measured so far (a long run keeps its results if stopped later)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(r, indent=2, default=float) + "\n")
-    (RESULTS / f"{name}.md").write_text(markdown(r))
+    write_results(RESULTS / name, r, markdown(r), machine=machine)
 
 
 if __name__ == "__main__":

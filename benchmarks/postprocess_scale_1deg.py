@@ -3,13 +3,13 @@ reading its archive once, and its peak memory. A benchmark, not a test.
 
 Full run (the lead, on a quiet machine; about 19 GB of archive under --root, which is deleted afterwards):
 
-    .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 365 --members 51 --root /scratch/pp1deg
-    .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 365 --members 51 --root /scratch/pp1deg \
+    .venv/bin/python -m benchmarks.postprocess_scale_1deg --starts 365 --members 51 --root /scratch/pp1deg
+    .venv/bin/python -m benchmarks.postprocess_scale_1deg --starts 365 --members 51 --root /scratch/pp1deg \
         --cold --out-name postprocess_scale_1deg_cold    # as root: both steps read from disk, not the page cache
 
 Dry run (small, on a busy machine; numbers mean nothing):
 
-    .venv/bin/python benchmarks/postprocess_scale_1deg.py --starts 20 --members 5 --deg 10 \
+    .venv/bin/python -m benchmarks.postprocess_scale_1deg --starts 20 --members 5 --deg 10 \
         --out-name postprocess_scale_1deg_dry
 
 1. Writes the synthetic archive of :mod:`benchmarks.postprocess_scale` (two fields, leads 24/48 h, ``--members``
@@ -27,7 +27,6 @@ Dry run (small, on a busy machine; numbers mean nothing):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -36,8 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from postprocess_scale import REPO, RESULTS, run_tree, write_archive  # noqa: E402
+from benchmarks.harness import REPO, RESULTS, Machine, command, write_results
+from benchmarks.postprocess_scale import run_tree, write_archive
 
 POINTS_025 = 721 * 1440
 GB = 1e9
@@ -112,6 +111,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    """Write the archive, read it once, fit; write the results (machine paths replaced by $ROOT)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--starts", type=int, default=365, help="daily inits (default 365)")
     ap.add_argument("--members", type=int, default=51, help="members (default 51)")
@@ -128,9 +128,10 @@ def main() -> None:
 
     root = args.root or Path(tempfile.mkdtemp(prefix="pp1deg"))
     root.mkdir(parents=True, exist_ok=True)
+    machine = Machine()
     r: dict[str, Any] = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                         "load_at_start": [round(x, 2) for x in os.getloadavg()],
-                         "ram_gb": psutil.virtual_memory().total / GB, "command": " ".join(sys.argv)}
+                         "load_at_start": machine.load_start,
+                         "ram_gb": psutil.virtual_memory().total / GB, "command": command()}
     try:
         r["archive"] = write_archive(root, args.starts, args.members, args.deg)
         r["measure"] = measure(root, args.threads, args.scheduler, args.cold)
@@ -138,10 +139,8 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    RESULTS.mkdir(exist_ok=True)
-    text = json.dumps(r, indent=1, default=str).replace(str(root), "$ROOT")  # no machine paths in results
-    (RESULTS / f"{args.out_name}.json").write_text(text + "\n")
-    (RESULTS / f"{args.out_name}.md").write_text(markdown(r))
+    # no machine paths in results
+    write_results(RESULTS / args.out_name, r, markdown(r), machine=machine, replace={str(root): "$ROOT"})
     print(markdown(r))
 
 

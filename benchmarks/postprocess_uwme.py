@@ -11,22 +11,20 @@ Every form is scored on the same cases: forecast dates with a full window, stati
 every form's forecast; the CRPS of a Gaussian in closed form (properscoring), of the raw members fair.
 Writes benchmarks/results/postprocess_uwme.{json,md}.
 
-    .venv/bin/python benchmarks/postprocess_uwme.py
+    .venv/bin/python -m benchmarks.postprocess_uwme
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.harness import REPO, RESULTS, Machine, Stopwatch, write_results
+
 SHARED = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 TABLE = SHARED / "ensembleBMA_srft_uwme_t2m.csv"
 FORMS = {"EMOS global, mean/spread": [], "EMOS global, member weights": ["--predictors", "members"],
@@ -42,6 +40,7 @@ def fair_crps(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def main() -> None:
+    """Fit, apply and score every form; write the results."""
     import properscoring
     import xarray as xr
 
@@ -51,12 +50,13 @@ def main() -> None:
     if not TABLE.is_file():
         raise SystemExit(f"needs {TABLE} (../shared/data)")
     fc, obs = read_site_table(TABLE)
+    machine = Machine()
     out: dict[str, Any] = {"table": str(TABLE), "window": WINDOW, "lag": LAG, "forms": {}}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         preds = {}
         for k, (name, extra) in enumerate(FORMS.items()):
-            t0 = time.perf_counter()
+            watch = Stopwatch()
             assert smoe(["postprocess", "fit", "--forecast", str(TABLE), "--window", WINDOW, "--lag", LAG, *extra,
                          "--out", str(d / f"m{k}.nc"), "--quiet"]) == 0
             with xr.open_dataset(d / f"m{k}.nc") as m:
@@ -66,7 +66,7 @@ def main() -> None:
                          "--apply-period", first, last, "--out", str(d / f"p{k}.zarr"), "--quiet"]) == 0
             pp = xr.open_zarr(d / f"p{k}.zarr").isel(prediction_timedelta=0).load()
             preds[name] = pp
-            out["forms"][name] = {"fit_apply_s": time.perf_counter() - t0, "dates": f"{first} .. {last}"}
+            out["forms"][name] = {"fit_apply_s": watch.elapsed(), "dates": f"{first} .. {last}"}
         times = preds[next(iter(preds))]["time"].values
         x = fc["2m_temperature"].sel(time=times).isel(prediction_timedelta=0).values  # (t, member, site)
         y = obs["2m_temperature"].sel(time=times + np.timedelta64(48, "h")).values
@@ -92,8 +92,6 @@ def main() -> None:
         draws = [np.nanmean(per_date[rng.integers(0, nt, nt)]) for _ in range(2000)]
         boots[k] = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
     out["paired_difference_vs_raw_95ci_K"] = boots
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "postprocess_uwme.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"UWME 48 h 2 m temperature, {out['cases']} station-days, forecast dates {out['forecast_dates'][0]} .. "
              f"{out['forecast_dates'][1]}, rolling window {WINDOW}, lag {LAG}:", "",
              "| forecast | CRPS [K] | vs raw | paired difference to raw, 95 % CI (bootstrap over dates) [K] |",
@@ -103,7 +101,8 @@ def main() -> None:
         raw_row = k.startswith("raw")
         lines.append(f"| {k} | {v:.3f} | " + ("–" if raw_row else f"{-out['improvement_vs_raw'][k]:+.1%}") + " | "
                      + ("–" if raw_row else f"{ci[0]:+.3f} … {ci[1]:+.3f}") + " |")
-    (RESULTS / "postprocess_uwme.md").write_text("\n".join(lines) + "\n")
+    write_results(RESULTS / "postprocess_uwme", out, lines, machine=machine,
+                  replace={str(REPO.parent) + "/": "../"})  # the shared data folder beside the repository
     print("\n".join(lines))
 
 

@@ -21,8 +21,9 @@ Solver: every group (variable × lead × level [× grid point]) is its own
 - a backtracking Armijo line search per group (each group its own step length), and converged groups leave
   the active set: the cost follows the groups still moving.
 
-An independent reference solver (one torch L-BFGS over the sum of all groups) lives in the tests
-(``tests/emos_reference.py``); ``benchmarks/postprocess.py`` times against it.
+An independent reference solver (one torch L-BFGS over the sum of all groups) is
+:mod:`smoeweather.postprocess.emos_reference`; the tests check against it, ``benchmarks/postprocess.py`` times
+against it.
 """
 
 from __future__ import annotations
