@@ -140,6 +140,7 @@ def test_postprocess_fit_apply_accepts_the_e3_store(e3: Path, world_store: str, 
     assert pp.attrs["forecast_kind"] == "gaussian" and "geopotential_std" in pp
     assert pp["time"].values.min() >= np.datetime64("2000-03-27")
     members = xr.open_zarr(tmp_path / "pp_members.zarr")
-    assert members.attrs["forecast_kind"] == "ensemble" and members.sizes["member"] == 4
+    assert members.attrs["forecast_kind"] == "ensemble" and members.sizes["realization"] == 4
     z = members["geopotential"].sel(level=500).values
-    assert np.all(np.isfinite(z)) and float(np.std(z, axis=members["geopotential"].dims.index("member")).mean()) > 0
+    axis = members["geopotential"].dims.index("realization")  # IMPROVER's name of the member dim
+    assert np.all(np.isfinite(z)) and float(np.std(z, axis=axis).mean()) > 0

@@ -108,7 +108,8 @@ def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) ->
     m = mu["geopotential"].sel(level=500)
     # the CLI runs the same NetworkCalibrator.apply and stores its float32: the same bits on one machine
     np.testing.assert_array_equal(pred.mu["geopotential"].sel(level=500).values.astype(np.float32), m.values)
-    prob = xr.open_zarr(tmp_path / "pp_probabilities.zarr")["geopotential"].sel(threshold=54000.0, level=500)
+    prob = ensembles.store_names(xr.open_zarr(tmp_path / "pp_probabilities.zarr"))["geopotential"]  # IMPROVER's name
+    prob = prob.sel(threshold=54000.0, level=500)
     s = sigma["geopotential"].sel(level=500).values.astype(np.float64)
     expect = stats.norm.sf(54000.0, m.values.astype(np.float64), s)
     tol = float(np.max((np.abs(m.values) + 54000.0) * 4 * 2.0**-23 / s)) + 4 * 2.0**-23

@@ -96,14 +96,14 @@ def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_pa
     qs = xr.open_zarr(tmp_path / "pp_quantiles.zarr")
     assert (gauss.attrs["forecast_kind"], ens.attrs["forecast_kind"], qs.attrs["forecast_kind"]) == (
         "gaussian", "ensemble", "quantiles")
-    assert ens["temperature"].dims == ("time", "prediction_timedelta", "member", "level", "latitude", "longitude")
+    assert ens["temperature"].dims == ("time", "prediction_timedelta", "realization", "level", "latitude", "longitude")
     assert list(qs["quantile"].values) == [0.1, 0.5, 0.9]
     raw, emos = _crps_raw_and_pp(new, pp)
     assert emos < raw  # a land bias learnt on one stream corrects the other
     # the members' marginals are the Gaussian's ECC-Q quantiles (float32 store: relative 2⁻²³ of the field)
     mu, sigma = ensembles.split_gaussian(gauss.load())
     expect = np.sort((mu["temperature"] + sigma["temperature"] * xr.DataArray(
-        ndtri(ecc_levels(6)), dims="member")).transpose(*ens["temperature"].dims).values, axis=2)
+        ndtri(ecc_levels(6)), dims="realization")).transpose(*ens["temperature"].dims).values, axis=2)
     got = np.sort(ens["temperature"].values, axis=2)
     np.testing.assert_allclose(got, expect, rtol=4 * 2.0**-23)
     # evaluate: the truth inside the gcm_ens file; every product gets its score
@@ -298,4 +298,4 @@ def test_gcm_ens_2005_to_2006_through_the_cli(shared_data: Path, tmp_path: Path)
     raw, emos = _crps_raw_and_pp(new, pp)
     assert emos < raw
     ens = xr.open_zarr(tmp_path / "pp_members.zarr")
-    assert ens.sizes["member"] == 10 and ens.attrs["forecast_kind"] == "ensemble"
+    assert ens.sizes["realization"] == 10 and ens.attrs["forecast_kind"] == "ensemble"

@@ -79,7 +79,7 @@ def test_chunked_cli_equals_in_memory_on_gcm_ens_layout(tmp_path: Path, local: b
         np.testing.assert_allclose(pp[f"{n}_std"].values, sigma[n].values, rtol=4 * EPS32)
         assert _crps(pp[n], pp[f"{n}_std"], y[n]) == pytest.approx(_crps(mu[n], sigma[n], y[n]), rel=4 * EPS32)
     ens = xr.open_zarr(tmp_path / "pp_members.zarr")
-    assert ens.sizes["member"] == 6 and ens.attrs["forecast_kind"] == "ensemble"
+    assert ens.sizes["realization"] == 6 and ens.attrs["forecast_kind"] == "ensemble"
     assert not list(tmp_path.glob(".*staging*")) and not list(tmp_path.glob("*.tmp*"))
 
 

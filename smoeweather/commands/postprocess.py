@@ -6,7 +6,7 @@ cross-validation; a synthetic imperfect ensemble for demos.
     smoe postprocess fit --method drn --forecast ENS ... [--window 25D --lag 2D] [--drn-epochs N]
                          --out DRN.nc
     smoe postprocess apply (--emos MODEL.nc | --drn DRN.nc | --network CKPT) --forecast NEW ...
-                           --out PP.zarr [--apply-period A B]
+                           --out PP.zarr|PP.nc [--apply-period A B]
                            [--members N [--members-out ENS_PP.zarr]]
                            [--quantiles 0.1 0.5 0.9 [--quantiles-out Q.zarr]]
                            [--thresholds (T ... | VAR=T1,T2 ...) [--below]] [--percentiles 10 50 90]
@@ -20,7 +20,10 @@ MODEL.nc (``--emos``): CF netCDF of the EMOS coefficients (smoeweather.postproce
 CKPT (``--network``): a post-processing network checkpoint of ``smoe train`` (loaded without Lightning).
 ``apply`` writes the Gaussian (μ, σ) store to --out, and with --members N the ECC-Q calibrated members
 (an ensemble store, default PP_members.zarr) and with --quantiles a quantile store (default
-PP_quantiles.zarr): one store per product, each with its own forecast_kind, all scored by ``smoe evaluate``.
+PP_quantiles.zarr): one store per product, each with its own forecast_kind, all scored by ``smoe evaluate``,
+all in IMPROVER's names (probability_of_X_above_threshold, realization). An output named .nc is a CF netCDF
+file (IMPROVER's layout: time = validity, forecast_reference_time, forecast_period), one named .zarr a zarr
+store; the default paths take --out's suffix.
 Every check (model vs forecast: field, level, lead, members, grid; outputs that exist without --overwrite)
 runs before anything is written.
 """
@@ -69,24 +72,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("legacy_model", nargs="?", type=Path, help=argparse.SUPPRESS)  # the old spelling: refused
     a.add_argument("--forecast", type=Path, nargs="+", required=True,
                    help="ensemble store(s) or forecast file(s) to calibrate (several: concatenated along init time)")
-    a.add_argument("--out", type=Path, required=True, help="Gaussian (μ, σ) store (zarr)")
+    a.add_argument("--out", type=Path, required=True,
+                   help="Gaussian (μ, σ) output: PP.zarr (zarr store) or PP.nc (CF netCDF, IMPROVER's layout)")
     a.add_argument("--apply-period", nargs=2, metavar=("A", "B"), help="init times to calibrate (default: all)")
     a.add_argument("--members", type=int, help="also write N ECC-Q calibrated members (N = raw member count)")
-    a.add_argument("--members-out", type=Path, help="members store (default: <out>_members.zarr)")
+    a.add_argument("--members-out", type=Path,
+                   help="members output, .zarr or .nc (default: <out>_members.<suffix of --out>)")
     a.add_argument("--quantiles", nargs="+", type=float, help="also write these predictive quantiles, e.g. 0.1 0.5 0.9")
-    a.add_argument("--quantiles-out", type=Path, help="quantile store (default: <out>_quantiles.zarr)")
+    a.add_argument("--quantiles-out", type=Path,
+                   help="quantile output, .zarr or .nc (default: <out>_quantiles.<suffix of --out>)")
     a.add_argument("--thresholds", nargs="+", metavar="T",
                    help="also write probabilities of exceeding these thresholds (the variable's units, or a number's "
                         "own: -5degC), e.g. --thresholds 273.15 283.15; per variable: --thresholds "
                         "temperature=265,275 geopotential=54000")
     a.add_argument("--below", action="store_true", help="with --thresholds: probabilities of not exceeding them")
-    a.add_argument("--thresholds-out", type=Path, help="probability store (default: <out>_probabilities.zarr)")
+    a.add_argument("--thresholds-out", type=Path,
+                   help="probability output, .zarr or .nc (default: <out>_probabilities.<suffix of --out>; several "
+                        "variables: one per variable, <...>_<variable>)")
     a.add_argument("--percentiles", nargs="+", type=float, metavar="P",
                    help="also write these percentiles (0-100) of the predictive distribution, e.g. 10 50 90")
-    a.add_argument("--percentiles-out", type=Path, help="percentile store (default: <out>_percentiles.zarr)")
+    a.add_argument("--percentiles-out", type=Path,
+                   help="percentile output, .zarr or .nc (default: <out>_percentiles.<suffix of --out>)")
     a.add_argument("--netcdf", action="store_true",
-                   help="also write every output as CF netCDF beside it (<name>.nc, IMPROVER's names: time = validity, "
-                        "forecast_reference_time, forecast_period, realization)")
+                   help="also write every .zarr output as CF netCDF beside it (<name>.nc, IMPROVER's layout: time = "
+                        "validity, forecast_reference_time, forecast_period); an output named .nc is netCDF already")
     a.add_argument("--batch-size", type=int, default=8, help="checkpoints: samples per network batch")
     add_scale_arguments(a, "apply")
 
@@ -246,10 +255,14 @@ def _apply(args: argparse.Namespace) -> int:
     if args.netcdf:  # the CF netCDF twins beside each output are outputs too
         from smoeweather.io import check_apart
 
-        for p in (args.out, outputs.members_out, outputs.quantiles_out, outputs.forms.thresholds_out,
-                  outputs.forms.percentiles_out):
-            if p is not None and Path(p).suffix != ".nc":
-                check_apart(Path(p).with_suffix(".nc"), inputs)
+        outs = [Path(p) for p in (args.out, outputs.members_out, outputs.quantiles_out, outputs.forms.thresholds_out,
+                                  outputs.forms.percentiles_out) if p is not None]
+        for p in outs:
+            if p.suffix != ".nc":
+                if p.with_suffix(".nc") in outs:
+                    raise ValueError(f"--netcdf: the netCDF twin of {p} would be the output {p.with_suffix('.nc')}; "
+                                     "name that output otherwise, or leave --netcdf out")
+                check_apart(p.with_suffix(".nc"), inputs)
     for p in apply_files(method, model, args.forecast, outputs, apply_period=args.apply_period,
                          table=_table_options(args), scheduler=args.scheduler, progress=not args.quiet,
                          overwrite=args.overwrite, batch_size=args.batch_size):

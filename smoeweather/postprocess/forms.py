@@ -1,17 +1,25 @@
 """Operational output forms of a post-processed forecast, the forms IMPROVER and the Iris/CF tools read, each
-computed from the predictive distribution's own CDF and quantile function (:class:`.distributions.Distribution`):
+computed from the predictive distribution's own CDF and quantile function (:class:`.distributions.Distribution`),
+in IMPROVER's names in every file ``smoe postprocess apply`` writes (:func:`cf_decorate`, zarr and netCDF alike):
 
-- probabilities of exceeding (``--thresholds``; ``--below``: of not exceeding) thresholds: ``<name>`` (units 1)
-  on a ``threshold`` coordinate in the variable's units (a threshold given with units, ``-5degC``, converted),
-  ``spp__relative_to_threshold`` = ``greater_than`` or ``less_than`` (IMPROVER's values), on the variable
-  and on the coordinate;
-- percentiles (``--percentiles``): ``<name>`` on a ``percentile`` coordinate on 0–100 (units ``%``);
-- realizations (``--members``, ECC-Q, :mod:`.ecc`): a ``realization`` coordinate (standard_name realization).
+- probabilities of exceeding (``--thresholds``; ``--below``: of not exceeding) thresholds:
+  ``probability_of_<X>_above_threshold`` (``_below_threshold``; X the field's standard name, or its name where
+  it has none; units 1) on a ``threshold`` coordinate in the variable's units whose standard_name is X (a
+  threshold given with units, ``-5degC``, converted) and whose ``spp__relative_to_threshold`` is
+  ``greater_than`` or ``less_than`` (IMPROVER's values); one field per file, its store name in the attribute
+  :data:`~smoeweather.data.ensembles.FIELD_ATTR` (:func:`smoeweather.data.ensembles.store_names` reads it back);
+- percentiles (``--percentiles``): ``<name>`` with the field's standard_name on a ``percentile`` coordinate on
+  0–100 (units ``%``);
+- realizations (``--members``, ECC-Q, :mod:`.ecc`): a ``realization`` dim (int32, standard_name realization).
 
-Every store gets CF metadata (:func:`cf_decorate`): the validity time ``valid_time`` (standard_name ``time``,
-init + lead) beside ``time`` (standard_name ``forecast_reference_time``, the store convention's init dim) and
-``prediction_timedelta`` (``forecast_period``); a ``<name>_std`` loses the field's standard_name (a standard
-deviation is not ``air_temperature``). Site stores keep their station ids and coordinates in every form.
+Every store gets CF metadata (:func:`cf_decorate`): the field's standard_name on every variable that is the
+field (the file's, else :data:`pipelines.canonical.VARIABLES`'); the validity time ``valid_time`` (standard_name
+``time``, init + lead) beside ``time`` (standard_name ``forecast_reference_time``, the store convention's init
+dim) and ``prediction_timedelta`` (``forecast_period``); the mean ``<name>`` and standard deviation
+``<name>_std`` of a normal have ``cell_methods`` ``realization: mean`` / ``realization: standard_deviation`` and
+σ no standard_name (CF has none for a standard deviation; ``air_temperature`` it is not). Site stores keep
+their station ids and coordinates in every form. A netCDF output is in IMPROVER's layout
+(:func:`cf_netcdf_dataset`: ``time`` = validity, ``forecast_reference_time``, ``forecast_period``).
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from smoeweather.data.ensembles import STD_SUFFIX
+from pipelines.atomic import string_char_encoding
+from pipelines.canonical import VARIABLES
+from smoeweather.data.ensembles import FIELD_ATTR, STD_SUFFIX, probability_name
+from smoeweather.io import atomic_path
 from smoeweather.postprocess.distributions import family
-from smoeweather.units import Quantity, parse_quantity, units_of, values_in
+from smoeweather.units import Quantity, parse, parse_quantity, units_of, values_in
 
 ABOVE, BELOW = "greater_than", "less_than"
 
@@ -131,7 +142,8 @@ def _ordered(da: xr.DataArray, dim: str) -> xr.DataArray:
 def probability_dataset(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, thresholds: np.ndarray,
                         below: bool = False) -> xr.Dataset:
     """P(Y > t) (``below``: P(Y ≤ t)) of every variable of ``mu`` at ``thresholds`` (its units): ``<name>``
-    (time, prediction_timedelta, threshold, ...), units 1."""
+    (time, prediction_timedelta, threshold, ...), units 1, long_name IMPROVER's name of it
+    (:func:`~smoeweather.data.ensembles.probability_name`); a file names it so (:func:`cf_decorate`)."""
     relative = BELOW if below else ABOVE
     out = xr.Dataset()
     for n in mu.data_vars:
@@ -139,14 +151,12 @@ def probability_dataset(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, th
         thr = xr.DataArray(np.asarray(thresholds, np.float64), dims="threshold")
         p = _evaluate(distribution, "cdf", mu[n], sigma[n], thr)
         p = p if below else 1.0 - p
-        what = attrs.get("standard_name", n)
         out[n] = _ordered(p, "threshold").assign_attrs(
-            units="1", long_name=f"probability_of_{what}_{'below' if below else 'above'}_threshold",
+            units="1", long_name=probability_name(str(n), attrs.get("standard_name"), below),
             spp__relative_to_threshold=relative)
         out = out.assign_coords(threshold=("threshold", np.asarray(thresholds, np.float64), {
-            "units": attrs.get("units", ""), "long_name": f"threshold of {n}",
-            "spp__relative_to_threshold": relative,
-            **({"standard_name": attrs["standard_name"]} if "standard_name" in attrs else {})}))
+            "units": attrs.get("units", ""), "spp__relative_to_threshold": relative,
+            **({"standard_name": attrs["standard_name"]} if "standard_name" in attrs else {"long_name": str(n)})}))
     return out
 
 
@@ -168,16 +178,17 @@ def _sibling(path: Path, name: str) -> Path:
 
 def form_products(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, attrs: dict[str, Any], forms: OutputForms
                   ) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
-    """The probability and percentile stores of ``forms``: (Dataset, path, forecast_kind, attrs). Variables
-    with different thresholds go to one store each (``<thresholds_out>_<variable>``)."""
+    """The probability and percentile stores of ``forms``: (Dataset, path, forecast_kind, attrs). The
+    probabilities of several variables go to one store each (``<thresholds_out>_<variable>``): a threshold
+    coordinate names one field."""
     products: list[tuple[xr.Dataset, Path, str, dict[str, Any]]] = []
     if forms.thresholds is not None and forms.thresholds_out is not None:
         per_var = thresholds_for(forms.thresholds, [str(n) for n in mu.data_vars],
                                  {str(n): units_of(mu[n]) for n in mu.data_vars})
         groups: dict[tuple[float, ...], list[str]] = {}
-        for v, t in per_var.items():
-            groups.setdefault(tuple(t), []).append(v)
-        for t, names in groups.items():
+        for v, t in per_var.items():  # one field per file: its threshold coordinate names it (IMPROVER)
+            groups.setdefault((v, *t), []).append(v)
+        for (_, *t), names in groups.items():
             path = forms.thresholds_out if len(groups) == 1 else _sibling(forms.thresholds_out, names[0])
             ds = probability_dataset(mu[names], sigma[names], distribution, np.asarray(t), forms.below)
             products.append((ds, path, "probability", {**attrs, "method": f"{attrs['method']}_probabilities"}))
@@ -187,32 +198,107 @@ def form_products(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, attrs: d
     return products
 
 
-def cf_decorate(ds: xr.Dataset, distribution: str = "normal") -> xr.Dataset:
-    """CF metadata of a post-processed store (module doc): validity time, realization, the standard names of
-    σ (and of μ for the truncated normal, whose parameters are not its mean and standard deviation)."""
+def _same_quantity(units: str, canonical: str | None) -> bool:
+    """Whether ``units`` (non-empty) measure the quantity of ``canonical`` (its dimensionality)."""
+    if not units or not canonical:
+        return False
+    try:
+        return bool(parse(units, "units").dimensionality == parse(canonical, "units").dimensionality)
+    except ValueError:
+        return False
+
+
+def field_metadata(forecast: xr.Dataset, names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """{field: its ``units``, ``long_name`` and ``standard_name``} of the variables ``names`` of ``forecast``:
+    the file's attributes, else :data:`pipelines.canonical.VARIABLES`' long name, and its standard name where
+    CF has one and the field's units measure that quantity (a field without units gets none)."""
+    out: dict[str, dict[str, str]] = {}
+    for n in names:
+        attrs = forecast[n].attrs if n in forecast.data_vars else {}
+        units, long_name, standard = VARIABLES.get(str(n), (None, None, None))
+        meta = {"units": units_of(attrs), "long_name": str(attrs.get("long_name") or long_name or n)}
+        if attrs.get("standard_name"):
+            meta["standard_name"] = str(attrs["standard_name"])
+        elif standard and _same_quantity(meta["units"], units):
+            meta["standard_name"] = standard
+        out[str(n)] = meta
+    return out
+
+
+def _roles(ds: xr.Dataset) -> dict[str, tuple[str, str]]:
+    """{variable: (its field, role)}: ``sigma`` for the ``<field>_std`` of a (μ, σ) pair, ``mu`` for its
+    ``<field>``, ``probability`` on a threshold dim, else ``field`` (members, percentiles, quantiles)."""
+    names = {str(n) for n in ds.data_vars}
+    out: dict[str, tuple[str, str]] = {}
+    for n in names:
+        if "threshold" in ds[n].dims:
+            out[n] = (str(ds[n].attrs.get(FIELD_ATTR, n)), "probability")
+        elif n.endswith(STD_SUFFIX) and n[: -len(STD_SUFFIX)] in names:
+            out[n] = (n[: -len(STD_SUFFIX)], "sigma")
+        else:
+            out[n] = (n, "mu" if f"{n}{STD_SUFFIX}" in names else "field")
+    return out
+
+
+def _variable_attrs(attrs: dict[str, Any], field: str, role: str, meta: dict[str, str], distribution: str
+                    ) -> dict[str, Any]:
+    """CF attributes of a (non-probability) variable of ``field`` in ``role`` (:func:`_roles`): the field's
+    standard_name where the values are the field's (not on σ, nor on the truncated normal's parameters)."""
+    keep = {k: v for k, v in attrs.items() if k not in ("standard_name", "long_name", "cell_methods")}
+    keep["units"] = attrs.get("units") or meta.get("units", "")
+    long_name, standard = meta.get("long_name", field), meta.get("standard_name")
+    if role in ("mu", "sigma") and distribution == "truncnormal":
+        what = "scale" if role == "sigma" else "location"
+        return {**keep, "long_name": f"{field} {what} parameter of the normal truncated at 0 (before truncation)"}
+    if role == "sigma":
+        return {**keep, "long_name": f"{long_name} predictive standard deviation",
+                "cell_methods": "realization: standard_deviation"}
+    named = {**keep, **({"standard_name": standard} if standard else {})}
+    if role == "mu":
+        return {**named, "long_name": f"{long_name} predictive mean", "cell_methods": "realization: mean"}
+    return {**named, "long_name": long_name}
+
+
+def _probability_names(ds: xr.Dataset, n: str, field: str, meta: dict[str, str]) -> xr.Dataset:
+    """``ds`` with the probabilities ``n`` of ``field`` in IMPROVER's names (module doc)."""
+    coord = ds["threshold"].attrs
+    relative = str(ds[n].attrs.get("spp__relative_to_threshold") or coord.get("spp__relative_to_threshold") or ABOVE)
+    standard = meta.get("standard_name") or coord.get("standard_name")
+    name = probability_name(field, standard, relative.startswith("less"))
+    attrs = {k: v for k, v in ds[n].attrs.items() if k not in ("standard_name", "spp__relative_to_threshold")}
+    ds[n].attrs = {**attrs, "long_name": name, "units": "1", FIELD_ATTR: field}
+    ds["threshold"].attrs = {"units": coord.get("units") or meta.get("units", ""),
+                             **({"standard_name": standard} if standard else {"long_name": field}),
+                             "spp__relative_to_threshold": relative}
+    return ds.rename({n: name}) if name != n else ds
+
+
+def cf_decorate(ds: xr.Dataset, distribution: str = "normal", fields: dict[str, dict[str, str]] | None = None
+                ) -> xr.Dataset:
+    """CF metadata and IMPROVER's names of a post-processed store (module doc): validity time, the
+    ``realization`` dim, probabilities named ``probability_of_<X>_above_threshold``, standard names and cell
+    methods. ``fields``: {field: units, long_name, standard_name} of the raw forecast (:func:`field_metadata`;
+    default: the store's own attributes)."""
     ds = ds.copy()
     if "time" in ds.dims and "prediction_timedelta" in ds.dims:
         valid = ds["time"].values[:, None] + ds["prediction_timedelta"].values[None, :]
         ds = ds.assign_coords(valid_time=(("time", "prediction_timedelta"), valid.astype("datetime64[ns]"),
                                           {"standard_name": "time", "long_name": "validity time"}))
-    if "member" in ds.dims:
-        ds = ds.assign_coords(realization=("member", np.arange(ds.sizes["member"], dtype=np.int32),
-                                           {"standard_name": "realization", "units": "1"}))
+    if "member" in ds.dims:  # IMPROVER's realization dim, int32 from 0
+        ds = ds.drop_vars(["member", "realization"], errors="ignore").rename(member="realization")
+        ds = ds.assign_coords(realization=("realization", np.arange(ds.sizes["realization"], dtype=np.int32),
+                                           {"units": "1", "standard_name": "realization"}))
     for c, long_name in (("site", "station index"), ("station_id", "station identifier")):
         if c in ds.coords and "long_name" not in ds[c].attrs:
             ds[c].attrs = {**ds[c].attrs, "long_name": long_name}
-    names = {str(n) for n in ds.data_vars}
-    for n in names:
-        base = n[: -len(STD_SUFFIX)] if n.endswith(STD_SUFFIX) and n[: -len(STD_SUFFIX)] in names else None
-        if base is None and not (distribution == "truncnormal" and f"{n}{STD_SUFFIX}" in names):
-            continue
-        attrs = {k: v for k, v in ds[n].attrs.items() if k != "standard_name"}
-        if distribution == "truncnormal":
-            what = "scale" if base else "location"
-            attrs["long_name"] = f"{base or n} {what} parameter of the normal truncated at 0 (before truncation)"
-        elif "standard deviation" not in str(attrs.get("long_name", "")):
-            attrs["long_name"] = f"{base} predictive standard deviation"
-        ds[n].attrs = attrs
+    roles = _roles(ds)
+    fields = {**field_metadata(ds, sorted({f for f, r in roles.values() if r != "probability"})), **(fields or {})}
+    for n, (field, role) in sorted(roles.items()):
+        meta = fields.get(field, {})
+        if role == "probability":
+            ds = _probability_names(ds, n, field, meta)
+        else:
+            ds[n].attrs = _variable_attrs(ds[n].attrs, field, role, meta, distribution)
     return ds
 
 
@@ -225,7 +311,7 @@ def cf_netcdf_dataset(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, dict[str, A
     """(Dataset, encoding) of a post-processed store in IMPROVER's CF layout (:data:`CF_NAMES`, members on a
     ``realization`` dim): times as int32
     minutes since 1970 and the lead in minutes (CF-1.8 has no int64), integer coordinates int32, no fill value
-    on coordinates; a title."""
+    on coordinates; a title and a history."""
     ds = cf_decorate(ds) if "valid_time" not in ds.coords and "time" in ds.dims else ds
     ds = ds.copy()
     for v in ds.variables.values():  # the store's codecs and stale ``coordinates`` lists
@@ -245,20 +331,34 @@ def cf_netcdf_dataset(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, dict[str, A
             enc[str(name)] = {"dtype": "int32", "_FillValue": None}
         elif name in ds.coords and np.issubdtype(var.dtype, np.floating):
             enc[str(name)] = {"_FillValue": None}
-    kind = ds.attrs.get("forecast_kind", "forecast")
-    ds.attrs = {"title": f"smoeweather post-processed {kind} forecast ({ds.attrs.get('method', '')})", **ds.attrs}
+    kind, method = ds.attrs.get("forecast_kind", "forecast"), ds.attrs.get("method", "")
+    history = f"{ds.attrs.get('created_utc', '')} smoe postprocess apply ({method})".strip()
+    ds.attrs = {"title": f"smoeweather post-processed {kind} forecast ({method})", "history": history, **ds.attrs}
     return ds, enc
 
 
-def write_cf_netcdf(store: Path, out: Path, overwrite: bool = False) -> Path:
-    """The post-processed zarr ``store`` as a CF netCDF file ``out`` (:func:`cf_netcdf_dataset`), atomically."""
-    from smoeweather.io import write_netcdf
+def to_cf_netcdf(store: Path, path: Path) -> Path:
+    """Write the post-processed zarr ``store`` to ``path`` as CF netCDF in IMPROVER's layout
+    (:func:`cf_netcdf_dataset`), streamed chunk by chunk on local threads; strings as char arrays. Not atomic:
+    ``path`` is a staging path (:func:`write_cf_netcdf`)."""
+    import dask
 
     with xr.open_zarr(store) as src:
-        ds, enc = cf_netcdf_dataset(src.load())
-    return write_netcdf(ds, out, overwrite=overwrite, encoding=enc)
+        ds, enc = cf_netcdf_dataset(src)
+        for name, e in string_char_encoding(ds).items():
+            enc[name] = {**e, **enc.get(name, {})}
+        with dask.config.set(scheduler="threads"):  # the file is written here, never by remote workers
+            ds.to_netcdf(path, encoding=enc)
+    return path
+
+
+def write_cf_netcdf(store: Path, out: Path, overwrite: bool = False) -> Path:
+    """The post-processed zarr ``store`` as a CF netCDF file ``out`` (:func:`to_cf_netcdf`), atomically."""
+    with atomic_path(out, overwrite=overwrite) as tmp:
+        to_cf_netcdf(store, tmp)
+    return Path(out)
 
 
 __all__ = ["ABOVE", "BELOW", "CF_NAMES", "OutputForms", "cf_decorate", "cf_netcdf_dataset", "check_percentiles",
-           "form_products", "parse_thresholds", "percentile_dataset", "probability_dataset", "thresholds_for",
-           "write_cf_netcdf"]
+           "field_metadata", "form_products", "parse_thresholds", "percentile_dataset", "probability_dataset",
+           "thresholds_for", "to_cf_netcdf", "write_cf_netcdf"]

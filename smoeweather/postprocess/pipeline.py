@@ -253,17 +253,31 @@ def _store(ds: xr.Dataset, kind: str, attrs: dict[str, Any]) -> xr.Dataset:
     return ds
 
 
+OUTPUT_SUFFIXES = (".nc", ".zarr")
+"""What an output of ``smoe postprocess apply`` is: a CF netCDF file (``.nc``, IMPROVER's layout,
+:func:`.forms.cf_netcdf_dataset`) or a zarr store (``.zarr``)."""
+
+
 def write_stores(products: Sequence[tuple[xr.Dataset, Path, str, dict[str, Any]]], client: Any, progress: bool,
                  overwrite: bool) -> list[Path]:
-    """Write every (Dataset, path, forecast_kind, attrs) as a zarr store in ONE dask computation (each input
-    chunk read once), chunk by chunk; atomically: on any error no output is left."""
+    """Write every (Dataset, path, forecast_kind, attrs) in ONE dask computation (each input chunk read once),
+    chunk by chunk: a ``.zarr`` path as a zarr store, a ``.nc`` path as CF netCDF (staged as zarr beside it,
+    then streamed into the file, :func:`.forms.to_cf_netcdf`); atomically: on any error no output is left."""
+    from smoeweather.postprocess.forms import to_cf_netcdf
+
     with contextlib.ExitStack() as stack:
-        jobs = []
+        jobs, netcdf = [], []
         for ds, path, kind, attrs in products:
             tmp = stack.enter_context(atomic_path(path, overwrite=overwrite))
+            target = tmp
+            if Path(path).suffix == ".nc":
+                target = stack.enter_context(chunked.staging_dir(Path(path))) / "store.zarr"
+                netcdf.append((target, tmp))
             jobs.append(_store(chunked.zarr_chunks(chunked.as_dask(ds)), kind, attrs).to_zarr(
-                tmp, mode="w", compute=False, consolidated=True, zarr_format=2))
+                target, mode="w", compute=False, consolidated=True, zarr_format=2))
         chunked.compute(jobs, client, progress, f"writing {', '.join(p.name for _, p, _, _ in products)}")
+        for staged, tmp in netcdf:
+            to_cf_netcdf(staged, tmp)
     return [p for _, p, _, _ in products]
 
 
@@ -281,12 +295,19 @@ class Outputs:
     forms: Any = None
 
     def check(self, overwrite: bool, inputs: Sequence[Any] = ()) -> Outputs:
-        """``self``; ValueError when two outputs are one path, and :func:`smoeweather.io.check_output` of each
+        """``self``; ValueError naming the option when an output ends in neither ``.nc`` nor ``.zarr``
+        (:data:`OUTPUT_SUFFIXES`) or two outputs are one path, and :func:`smoeweather.io.check_output` of each
         (exists without ``overwrite``, under a file, read-only folder, is/contains/lies inside one of ``inputs``),
         before anything is computed."""
         forms = self.forms
-        outs = [p for p in (self.out, self.members_out, self.quantiles_out, getattr(forms, "thresholds_out", None),
-                            getattr(forms, "percentiles_out", None)) if p is not None]
+        named = {"--out": self.out, "--members-out": self.members_out, "--quantiles-out": self.quantiles_out,
+                 "--thresholds-out": getattr(forms, "thresholds_out", None),
+                 "--percentiles-out": getattr(forms, "percentiles_out", None)}
+        for option, p in named.items():
+            if p is not None and Path(p).suffix not in OUTPUT_SUFFIXES:
+                raise ValueError(f"{option} {p}: expected a path ending in .nc (a CF netCDF file) or .zarr (a zarr "
+                                 f"store), e.g. {option} {Path(p).with_suffix('.zarr')}")
+        outs = [p for p in named.values() if p is not None]
         if len({Path(p).resolve() for p in outs}) < len(outs):
             raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
         for p in outs:  # checked again when each is written
@@ -451,7 +472,7 @@ def apply_network(checkpoint: Path, forecast_paths: Sequence[Path], outputs: Out
     mu, sigma, attrs = apply_checkpoint(checkpoint, forecast, batch_size=batch_size)
     mu, sigma = mu.load(), sigma.load()
     products = distribution_products(mu, sigma, forecast.load(), {**attrs, "forecast": sources}, "normal", outputs)
-    return [ensembles.write_store(ds, path, kind, a, overwrite=overwrite) for ds, path, kind, a in products]
+    return write_stores(products, None, False, overwrite)
 
 
 def check_member_count(members: int | None, forecast: xr.Dataset, sources: str) -> None:
@@ -464,14 +485,14 @@ def check_member_count(members: int | None, forecast: xr.Dataset, sources: str) 
 def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Dataset, attrs: dict[str, Any],
                           distribution: str, outputs: Outputs) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
     """The stores of ``outputs`` of a (μ, σ) forecast of ``distribution`` (``forecast``: the raw ensemble),
-    each with CF metadata (:func:`.forms.cf_decorate`).
+    each with CF metadata in IMPROVER's names (:func:`.forms.cf_decorate`, the raw fields' standard names).
 
     For the truncated normal the (μ, σ) store holds the location and scale of the normal before truncation
     (attribute ``predictive_distribution`` says so; a Gaussian scorer would misread it); its members and
     quantiles are the truncated distribution's, and ``smoe evaluate`` scores those correctly."""
     from smoeweather.postprocess.distributions import LONG_NAMES
     from smoeweather.postprocess.ecc import ecc_members, gaussian_quantiles
-    from smoeweather.postprocess.forms import cf_decorate, form_products
+    from smoeweather.postprocess.forms import cf_decorate, field_metadata, form_products
 
     o = outputs
     attrs = {**attrs, "distribution": distribution, "predictive_distribution": LONG_NAMES[distribution]}
@@ -490,4 +511,5 @@ def distribution_products(mu: xr.Dataset, sigma: xr.Dataset, forecast: xr.Datase
                          "quantiles", {**attrs, "method": f"{attrs['method']}_quantiles"}))
     if o.forms is not None:
         products.extend(form_products(mu, sigma, distribution, attrs, o.forms))
-    return [(cf_decorate(ds, distribution), path, kind, a) for ds, path, kind, a in products]
+    fields = field_metadata(forecast, [str(n) for n in mu.data_vars])
+    return [(cf_decorate(ds, distribution, fields), path, kind, a) for ds, path, kind, a in products]
