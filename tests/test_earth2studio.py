@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from conftest import float_tol
 
 from smoeweather.cli import main
 from smoeweather.config import apply_overrides, read_config
@@ -27,6 +28,7 @@ from smoeweather.interop.earth2studio import (
     schedule,
     to_earth2studio,
 )
+from smoeweather.models.export import rounding_ops
 
 REPO = Path(__file__).resolve().parents[1]
 E2S_REASON = "needs the earth2studio extra: pip install 'smoeweather[earth2studio]'"
@@ -266,7 +268,8 @@ def test_ensemble_members(exported: dict[str, Path], world_store: str, tmp_path:
     model = SmoePrognostic.load(exported["e3"], constants=world_store)
     assert model.ensemble_size == 2
     data = _source(world_store, model, tmp_path / "ic.zarr")
-    run.ensemble(list(INITS), 2, 2, model, data, ZarrBackend(str(tmp_path / "ens.zarr")), Zero(),
+    # one member a batch: the network sees the 2 inits `smoe forecast` batches together, the same rows
+    run.ensemble(list(INITS), 2, 2, model, data, ZarrBackend(str(tmp_path / "ens.zarr")), Zero(), batch_size=1,
                  device=torch.device("cpu"), verbose=False)
     run.deterministic(list(INITS), 2, model, data, ZarrBackend(str(tmp_path / "det.zarr")),
                       device=torch.device("cpu"), verbose=False)
@@ -283,6 +286,37 @@ def test_ensemble_members(exported: dict[str, Path], world_store: str, tmp_path:
                               "24h")
         for name, values in _fields(ref2, 24, m).items():
             np.testing.assert_array_equal(ens[name].sel(ensemble=m).isel(lead_time=2).values, values)
+    # run.deterministic evaluates both members' second steps in one batch of 4 rows, run.ensemble 2 a batch: the
+    # same arithmetic per row, within the float32 rounding of the network's longest chain (here: bit for bit)
+    n_ops = rounding_ops(model.network)
     for name in ("z500", "t850"):
-        np.testing.assert_array_equal(det[name].transpose("ensemble", ...).values, ens[name].values)
+        np.testing.assert_array_equal(det[name].isel(lead_time=[0, 1]).transpose("ensemble", ...).values,
+                                      ens[name].isel(lead_time=[0, 1]).values)
+        want = ens[name].isel(lead_time=2).values
+        np.testing.assert_allclose(det[name].isel(lead_time=2).transpose("ensemble", ...).values, want,
+                                   **float_tol(np.float32, n_ops, want))
     assert not np.array_equal(ens["z500"].sel(ensemble=0).values, ens["z500"].sel(ensemble=1).values)
+
+
+@pytest.mark.slow  # earth2studio's import alone takes seconds
+def test_the_guide_runs_as_written(exported: dict[str, Path], world_store: str, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python block of docs/guide/earth2studio.md, run as written on an exported network and a prepared store
+    in its places (the test world's dates for the guide's), writes the forecast it describes."""
+    pytest.importorskip("earth2studio", reason=E2S_REASON)
+    import re
+
+    text = (REPO / "docs" / "guide" / "earth2studio.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)  # the first block: the guide's lines
+    assert "SmoePrognostic.load(" in code and "run.deterministic(" in code
+    code = code.replace('"2003-01-01", "2003-01-02"', ", ".join(f'"{t}"' for t in INITS.astype("datetime64[h]")))
+    (tmp_path / "exports").mkdir()
+    (tmp_path / "runs" / "data").mkdir(parents=True)
+    (tmp_path / "exports" / "world_smoe").symlink_to(exported["continuous"])
+    (tmp_path / "runs" / "data" / "default_world.zarr").symlink_to(world_store)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/guide/earth2studio.md", "exec"), {})
+    out = xr.open_zarr(tmp_path / "runs" / "e2s.zarr", consolidated=False)
+    assert set(out.data_vars) == {"z500", "t850"} and out["z500"].dims == ("time", "lead_time", "lat", "lon")
+    assert list(out["lead_time"].values / np.timedelta64(1, "h")) == [0, 24, 48]
+    assert np.isfinite(out["t850"].values).all()

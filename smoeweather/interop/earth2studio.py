@@ -275,7 +275,7 @@ class SmoePrognostic(torch.nn.Module):
                              f"(0 .. {self.ensemble_size - 1}): run.ensemble with nensemble={self.ensemble_size}")
         axis = list(leading).index("ensemble")
         view = ids.astype(np.int64).reshape([-1 if i == axis else 1 for i in range(len(shape))])
-        return np.broadcast_to(view, tuple(shape)).reshape(-1)
+        return np.broadcast_to(view, tuple(shape)).reshape(-1).copy()
 
     def _forward(self, inputs: torch.Tensor, lead_h: int | None, members: np.ndarray | None) -> torch.Tensor:
         """One network evaluation: inputs (R, L, V, H, W) on its grid, ``lead_h`` (continuous lead, else None)
