@@ -5,7 +5,7 @@ for task ``vision`` (:mod:`smoeweather.models.registry`):
 
 * ``vit`` / ``vmoe`` / ``e3``: :class:`smoeweather.nn.vit.ViTClassifier` (dense, V-MoE, E³ with
   ``ensemble`` = M ≥ 2); remaining keys are its arguments.
-* ``resnet``: CIFAR-style ResNet (3×3 stem, ``widths`` stages of ``blocks`` BasicBlocks); ``moe`` (a dict
+* ``cifar_resnet``: CIFAR-style ResNet (3×3 stem, ``widths`` stages of ``blocks`` BasicBlocks); ``moe`` (a dict
   of :class:`smoeweather.nn.resblock_moe.ResBlockMoE` arguments plus ``position`` 1..len(widths)) inserts
   a ResBlock-MoE layer after that stage.
 * ``cnn``: three 3×3 conv layers of ``channels`` filters with BN + ReLU, GAP and a linear head (SMoE
@@ -52,7 +52,7 @@ class BasicBlock(nn.Module):
         return torch.relu(self.body(x) + self.short(x))
 
 
-class ResNet(nn.Module):
+class CifarResNet(nn.Module):
     """CIFAR-style ResNet classifier with an optional ResBlock-MoE after stage ``moe['position']``."""
 
     def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...] = (16, 32, 64), blocks: int = 1,
@@ -126,7 +126,7 @@ def _arguments(model: Any) -> Any:
 
     def arguments(cfg: dict[str, Any]) -> list[tuple[Any, Any, str]]:
         out: list[tuple[Any, Any, str]] = [(model, cfg, "")]
-        if model is ResNet and isinstance(cfg.get("moe"), dict):
+        if model is CifarResNet and isinstance(cfg.get("moe"), dict):
             out.append((ResBlockMoE, cfg["moe"], ".moe"))
         return out + [(apply_emoe, cfg.get("emoe"), ".emoe")]
 
@@ -167,11 +167,11 @@ def _e3(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tup
     return _vit_family("e3", cfg, in_channels, num_classes, image_size)
 
 
-@register_model("vision", "resnet", arguments=_arguments(ResNet), tiny={"widths": [4, 8, 8]})
-def _resnet(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
+@register_model("vision", "cifar_resnet", arguments=_arguments(CifarResNet), tiny={"widths": [4, 8, 8]})
+def _cifar_resnet(cfg: dict[str, Any], in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
     """CIFAR-style ResNet classifier, optionally with a ResBlock-MoE after one stage (``moe``)."""
     widths = tuple(cfg.pop("widths", (16, 32, 64)))
-    return ResNet(in_channels, num_classes, widths, **cfg)
+    return CifarResNet(in_channels, num_classes, widths, **cfg)
 
 
 @register_model("vision", "cnn", arguments=_arguments(ThreeLayerCNN), tiny={"channels": 4, "smoe": {}})
