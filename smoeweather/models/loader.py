@@ -8,7 +8,7 @@ normalisation statistics) and the weights of the training module's ``model`` are
 
 Networks rebuilt here (:data:`NETWORK_TASKS`): the forecast ResNet family of task ``weatherbench``
 (:class:`~smoeweather.models.resnet.NormalizedModel` around the network of ``model.name``) and the
-post-processing U-Net of task ``postprocess`` (:class:`~smoeweather.models.postprocessor.EnsemblePostprocessor`).
+post-processing U-Net of task ``postprocess`` (:class:`~smoeweather.models.postprocess_network.EnsemblePostprocessor`).
 Checkpoints of the other tasks (heat, vision) are loaded by :func:`smoeweather.training.checkpoint.load_trained`.
 """
 
@@ -128,7 +128,7 @@ def forecast_network(meta: Mapping[str, Any]) -> nn.Module:
 def postprocess_network(meta: Mapping[str, Any]) -> nn.Module:
     """The :class:`EnsemblePostprocessor` of a ``postprocess`` checkpoint's metadata, before its weights are
     loaded (the static maps and gate scores come with the weights; no ensemble file is opened)."""
-    from smoeweather.models.postprocessor import EnsemblePostprocessor
+    from smoeweather.models.postprocess_network import EnsemblePostprocessor
     from smoeweather.models.weather import build_weather_model
 
     grid = (len(meta["latitude"]), len(meta["longitude"]))

@@ -119,9 +119,9 @@ def build_postprocess(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoET
     """
     from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec, static_channels
     from smoeweather.data.ensembles import open_ensemble, open_static, open_truth, select_split
-    from smoeweather.models.postprocessor import EnsemblePostprocessor
+    from smoeweather.models.postprocess_network import EnsemblePostprocessor
     from smoeweather.models.weather import build_weather_model
-    from smoeweather.training.postprocessing import PostprocessingModule
+    from smoeweather.training.postprocess_network import PostprocessingModule
 
     cfg = TrainConfig.from_dict(config)
     dcfg = dict(cfg.data)
@@ -222,7 +222,7 @@ def _forecasting_module(meta: dict[str, Any], net: nn.Module) -> L.LightningModu
 
 def _postprocessing_module(meta: dict[str, Any], net: nn.Module) -> L.LightningModule:
     """The post-processing task's training module around a network rebuilt from a checkpoint's metadata."""
-    from smoeweather.training.postprocessing import PostprocessingModule
+    from smoeweather.training.postprocess_network import PostprocessingModule
 
     cfg = meta["config"]
     metadata = {k: v for k, v in meta.items() if k != "format_version"}

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from smoeweather.models.postprocessor import EnsemblePostprocessor
+from smoeweather.models.postprocess_network import EnsemblePostprocessor
 from smoeweather.nn.crps import gaussian_crps
 from smoeweather.training.base import SMoETrainingModule
 
