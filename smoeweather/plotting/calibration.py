@@ -41,6 +41,14 @@ def _methods(ds: xr.Dataset, var: str, methods: list[str] | None) -> list[str]:
     return methods
 
 
+def _save(fig: plt.Figure, path: Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (PNG, 110 dpi) and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_reliability(scores: str | Path, out_dir: str | Path, methods: list[str] | None = None) -> list[Path]:
     """One PNG per (field, threshold) with cases: a reliability panel per lead (a line per method, the diagonal)
     above the count of cases per probability bin (log scale: the forecasts' sharpness). A method without cases
@@ -82,11 +90,7 @@ def plot_reliability(scores: str | Path, out_dir: str | Path, methods: list[str]
                 bar.set(yscale="log" if bar.containers else "linear", xlabel="forecast probability",
                         ylabel="cases" if j == 0 else None)
             axes[0, 0].legend(fontsize=8, loc="upper left")
-            fig.tight_layout()
-            path = out_dir / f"reliability_{f}_gt_{t:g}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            paths.append(path)
+            paths.append(_save(fig, out_dir / f"reliability_{f}_gt_{t:g}.png"))
     return paths
 
 
@@ -115,11 +119,7 @@ def plot_pit(scores: str | Path, out_dir: str | Path, methods: list[str] | None 
             ax.set(xlim=(0, 1), title=f"{f}, {lead_label(lead)}", xlabel="PIT",
                    ylabel="density" if j == 0 else None)
         axes[0, 0].legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / f"pit_{f}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, out_dir / f"pit_{f}.png"))
     return paths
 
 
