@@ -21,14 +21,20 @@ EXTRA_METRICS = ("crps_ecdf", "rmse", "spread_skill", "diversity_ratio")
 """Metrics kept per run beside the CRPS (``extra`` of ``result.json``): {metric: {lead: {target: value}}}."""
 
 
-def _test_inits(cfg: dict[str, Any], leads_h: list[int]) -> tuple[str, str]:
+def forecast_test_period(checkpoint: str | Path, cfg: dict[str, Any], leads_h: list[int], work: Path) -> Path:
+    """The forecast store ``work/forecast.zarr`` of ``checkpoint`` from initialisations every 12 h of the
+    config's test period (``data.test_period``, else its ``data.test_years``) whose longest lead verifies
+    inside it."""
+    from smoeweather.forecast import run_forecast
+
     dcfg = cfg["data"]
     period = dcfg.get("test_period")
     if period is None:
         years = dcfg["test_years"]
         period = [f"{years[0]}-01-01", f"{years[-1]}-12-31T18:00"]
     end = np.datetime64(str(period[1])) - np.timedelta64(max(leads_h), "h")
-    return str(period[0]), str(end)
+    return run_forecast(dcfg["store"], checkpoint=str(checkpoint), init=(str(period[0]), str(end)), every="12h",
+                        leads_h=tuple(leads_h), out=work / "forecast.zarr", progress=False)
 
 
 def score_ensemble_run(checkpoint: str | Path, cfg: dict[str, Any], leads_h: list[int], targets: list[str],
@@ -38,12 +44,10 @@ def score_ensemble_run(checkpoint: str | Path, cfg: dict[str, Any], leads_h: lis
     (those the forecast kind has), ``rank_histogram`` {lead: {target: [frequencies]}} and
     ``forecast_seconds`` (wall time of the test forecast)."""
     from smoeweather.evaluate import evaluate
-    from smoeweather.forecast import run_forecast
 
     dcfg = cfg["data"]
     t0 = time.perf_counter()
-    fc = run_forecast(dcfg["store"], checkpoint=str(checkpoint), init=_test_inits(cfg, leads_h), every="12h",
-                      leads_h=tuple(leads_h), out=work / "forecast.zarr", progress=False)
+    fc = forecast_test_period(checkpoint, cfg, leads_h, work)
     seconds = time.perf_counter() - t0
     scores = evaluate({"model": Path(fc)}, dcfg["store"], out_dir=work / "scores", references=False)
     fields = [str(f) for f in scores["field"].values]

@@ -53,8 +53,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from smoeweather.io import write_json
 from smoeweather.studies.config import (  # noqa: F401 - re-exported
     EQUAL_STEPS_OVERRIDES,
@@ -143,16 +141,10 @@ def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: li
     sea regions weighted by the land fraction, :mod:`smoeweather.metrics.regions`): what a land-sea routed
     SMoE claims to learn. The forecast and ``scores.{nc,json,md}`` stay in ``work``."""
     from smoeweather.evaluate import evaluate
-    from smoeweather.forecast import run_forecast
+    from smoeweather.studies.ensembles import forecast_test_period
 
     dcfg = cfg["data"]
-    period = dcfg.get("test_period")
-    if period is None:
-        years = dcfg["test_years"]
-        period = [f"{years[0]}-01-01", f"{years[-1]}-12-31T18:00"]
-    end = np.datetime64(str(period[1])) - np.timedelta64(max(leads_h), "h")
-    fc = run_forecast(dcfg["store"], checkpoint=str(checkpoint), init=(str(period[0]), str(end)), every="12h",
-                      leads_h=tuple(leads_h), out=work / "forecast.zarr", progress=False)
+    fc = forecast_test_period(checkpoint, cfg, leads_h, work)
     import xarray as xr
 
     with xr.open_zarr(dcfg["store"]) as store:
