@@ -9,21 +9,19 @@ in the same process (interleaved repeats, so a load change on the shared machine
 parameters and multiply-accumulates per sample (torch.utils.flop_counter, forward). Writes
 benchmarks/results/ensemble_cost.{json,md}.
 
-    python benchmarks/ensemble_cost.py [--repeats 7] [--batch 16] [--threads 1]
+    python -m benchmarks.ensemble_cost [--repeats 7] [--batch 16] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.harness import REPO, RESULTS, Machine, interleave, pin_threads, timed, write_results
 from smoeweather.config import read_config
 from smoeweather.models.ensemble import members_of, model_kind
 from smoeweather.models.weather import build_weather_model, synthetic_land_sea_mask
@@ -31,8 +29,6 @@ from smoeweather.training.ensemble_forecasting import loss_settings
 from smoeweather.training.ensemble_losses import ensemble_loss
 from smoeweather.training.losses import lat_weighted_mse, latitude_weights
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 GRID, IN_CHANNELS, OUT_CHANNELS = (32, 64), 34, 2
 ARMS = {  # name → (config, overrides)
     "deep_ensemble": ("gcm_deep_ensemble.yaml", []),
@@ -46,7 +42,8 @@ BASELINE = "deep_ensemble"
 
 
 def build(config: str, overrides: list[str]) -> tuple[torch.nn.Module, dict[str, Any]]:
-    cfg = read_config(ROOT / "configs" / "weatherbench" / config, overrides)
+    """The network of ``configs/weatherbench/CONFIG`` (with ``overrides``) on the GCM grid, and its config."""
+    cfg = read_config(REPO / "configs" / "weatherbench" / config, overrides)
     mcfg = {**cfg["model"], "in_channels": IN_CHANNELS, "out_channels": OUT_CHANNELS, "grid": list(GRID)}
     return build_weather_model(mcfg, land_sea_prior=synthetic_land_sea_mask(*GRID)), cfg
 
@@ -67,12 +64,14 @@ def step_fn(net: torch.nn.Module, cfg: dict[str, Any], x: torch.Tensor, y: torch
 
 
 def main() -> None:
+    """Every arm's training step and inference, interleaved repeats; write the results."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    pin_threads(args.threads)
+    machine = Machine()
     torch.manual_seed(0)
     x = torch.randn(args.batch, IN_CHANNELS, *GRID)
     y = torch.randn(args.batch, OUT_CHANNELS, *GRID)
@@ -89,31 +88,28 @@ def main() -> None:
     for name in ARMS:  # warm-up
         nets[name].train()
         steps[name]()
-    train_t: dict[str, list[float]] = {n: [] for n in ARMS}
-    infer_t: dict[str, list[float]] = {n: [] for n in ARMS}
-    for _ in range(args.repeats):  # interleaved: every arm sees the same machine load
-        for name in ARMS:
-            nets[name].train()
-            t = time.perf_counter()
-            steps[name]()
-            train_t[name].append(time.perf_counter() - t)
-            nets[name].eval()
-            with torch.no_grad():
-                t = time.perf_counter()
-                nets[name](x)
-                infer_t[name].append(time.perf_counter() - t)
-    base_train = statistics.median(train_t[BASELINE])
-    base_infer = statistics.median(infer_t[BASELINE])
+    def train(name: str) -> float:
+        nets[name].train()
+        return timed(steps[name])[1]
+
+    def infer(name: str) -> float:
+        nets[name].eval()
+        with torch.no_grad():
+            return timed(nets[name], x)[1]
+
+    # interleaved: every arm sees the same machine load (each repeat: train then infer of every arm in turn)
+    variants = {f"{kind}:{name}": (lambda fn=fn, name=name: fn(name)) for name in ARMS
+                for kind, fn in (("train", train), ("infer", infer))}
+    med = interleave(variants, args.repeats, alternate=False).medians()
+    base_train, base_infer = med[f"train:{BASELINE}"], med[f"infer:{BASELINE}"]
     rows = {}
     for name in ARMS:
-        tr, inf, m = statistics.median(train_t[name]), statistics.median(infer_t[name]), info[name]["members"]
+        tr, inf, m = med[f"train:{name}"], med[f"infer:{name}"], info[name]["members"]
         rows[name] = {**info[name], "train_step_s": tr, "infer_s": inf, "infer_s_per_member": inf / m,
                       "train_ratio_to_deep_ensemble": tr / base_train, "infer_ratio_to_deep_ensemble": inf / base_infer,
                       "macs_ratio_to_deep_ensemble": info[name]["macs_per_sample"] / info[BASELINE]["macs_per_sample"]}
     result = {"batch": args.batch, "threads": args.threads, "repeats": args.repeats, "grid": list(GRID),
               "baseline": BASELINE, "arms": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ensemble_cost.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Ensemble cost (batch {args.batch}, {args.threads} thread(s), median of {args.repeats} interleaved "
              "repeats; ratios to the deep ensemble of 4 in the same run)", "",
              "| network | members | parameters | MACs/sample | train step s | ×DE | inference s | s/member | ×DE "
@@ -124,7 +120,7 @@ def main() -> None:
                      f"{r['train_step_s']:.3f} | {r['train_ratio_to_deep_ensemble']:.2f} | {r['infer_s']:.4f} | "
                      f"{r['infer_s_per_member']:.4f} | {r['infer_ratio_to_deep_ensemble']:.2f} | "
                      f"{r['macs_ratio_to_deep_ensemble']:.2f} |")
-    (RESULTS / "ensemble_cost.md").write_text("\n".join(lines) + "\n")
+    write_results(RESULTS / "ensemble_cost", result, lines, machine=machine)
     print(json.dumps({n: round(r["train_ratio_to_deep_ensemble"], 3) for n, r in rows.items()}))
 
 

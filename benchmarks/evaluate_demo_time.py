@@ -8,45 +8,44 @@ process on one thread, the two interleaved for ``--rounds`` rounds; the ratio of
 (target: at most 2).
 
     smoe demo --steps 2 --out runs/demo_bench        # the demo's forecasts (any --steps)
-    python benchmarks/evaluate_demo_time.py --demo runs/demo_bench --out benchmarks/results/evaluate_demo_time.md
+    python -m benchmarks.evaluate_demo_time --demo runs/demo_bench --out benchmarks/results/evaluate_demo_time.md
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.harness import REPO, Machine, Rounds, interleave, load_average, thread_env, timed, write_results
+
 BASELINE_COMMIT = "774ec52"  # the last evaluate before regions, spectra and scorecards
 RUN = "import sys; from smoeweather.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _timed(args: list[str], pythonpath: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(pythonpath), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "OPENBLAS_NUM_THREADS": "1"}
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", RUN, *args], env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    """Wall seconds of ``smoe ARGS`` in a child process on one thread, importing the code at ``pythonpath``."""
+    env = thread_env(1, base={**os.environ, "PYTHONPATH": str(pythonpath)})
+    done, seconds = timed(subprocess.run, [sys.executable, "-c", RUN, *args], env=env, capture_output=True,
+                          text=True)
     if done.returncode != 0:
         raise RuntimeError(f"smoe {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return seconds
 
 
 def main() -> int:
+    """The baseline's and the new evaluation's times in interleaved rounds; write the report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", type=Path, required=True, help="an `smoe demo` output folder")
     ap.add_argument("--baseline-commit", default=BASELINE_COMMIT)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True, help="markdown report (a .json beside it)")
     a = ap.parse_args()
+    machine = Machine()
     store = a.demo / "data" / "default_world.zarr"
     forecasts = [f"{n}={a.demo / 'forecasts' / f'{n}.zarr'}" for n in ("dense", "smoe_prior")]
     for path in [store, *(Path(f.split("=", 1)[1]) for f in forecasts)]:
@@ -57,29 +56,35 @@ def main() -> int:
     old = work / "baseline"
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), a.baseline_commit],
                    check=True, capture_output=True)
+    done = {"baseline": 0, "new": 0}
+
+    def baseline() -> float:
+        done["baseline"] += 1
+        return _timed(["evaluate", *common, "--out", str(work / f"old{done['baseline'] - 1}")], old)
+
+    def new() -> float:
+        scores, done["new"] = work / f"new{done['new']}", done["new"] + 1
+        t = _timed(["evaluate", *common, "--spectra", "--out", str(scores)], REPO)
+        t += _timed(["plot", "scorecard", str(scores / "scores.nc"), "--baseline", "dense", "--metrics", "rmse",
+                     "acc", "--out", str(scores / "scorecard")], REPO)
+        return t + _timed(["plot", "spectra", str(scores / "scores.nc"), "--out", str(scores / "spectra")], REPO)
+
+    def progress(r: int, so_far: Rounds) -> None:
+        s = so_far.seconds
+        print(f"round {r + 1}/{a.rounds}: baseline {s['baseline'][-1]:.1f} s, new {s['new'][-1]:.1f} s", flush=True)
+
     try:
-        times: dict[str, list[float]] = {"baseline": [], "new": []}
-        for r in range(a.rounds):
-            times["baseline"].append(_timed(["evaluate", *common, "--out", str(work / f"old{r}")], old))
-            scores = work / f"new{r}"
-            t = _timed(["evaluate", *common, "--spectra", "--out", str(scores)], REPO)
-            t += _timed(["plot", "scorecard", str(scores / "scores.nc"), "--baseline", "dense", "--metrics", "rmse",
-                         "acc", "--out", str(scores / "scorecard")], REPO)
-            t += _timed(["plot", "spectra", str(scores / "scores.nc"), "--out", str(scores / "spectra")], REPO)
-            times["new"].append(t)
-            print(f"round {r + 1}/{a.rounds}: baseline {times['baseline'][-1]:.1f} s, new {t:.1f} s", flush=True)
+        rounds = interleave({"baseline": baseline, "new": new}, a.rounds, alternate=False, on_round=progress)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    result = {"baseline_commit": a.baseline_commit, "rounds": a.rounds, "seconds": times, "median_s": med,
-              "ratio_new_to_baseline": med["new"] / med["baseline"], "target_ratio_at_most": 2.0,
-              "load_average": os.getloadavg()}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    a.out.write_text(
+    med = rounds.medians()
+    result = {"baseline_commit": a.baseline_commit, "rounds": a.rounds, "seconds": rounds.seconds, "median_s": med,
+              "ratio_new_to_baseline": rounds.ratio_of_medians("new", "baseline"), "target_ratio_at_most": 2.0,
+              "load_average": load_average()}
+    text = (
         "# `smoe evaluate` on the demo's forecasts: WeatherBench 2 view against the evaluation before it\n\n"
-        f"Command: `python benchmarks/evaluate_demo_time.py --demo DEMO --out {a.out}` "
+        f"Command: `python -m benchmarks.evaluate_demo_time --demo DEMO --out {a.out}` "
         "(DEMO: an `smoe demo` output, any --steps).\n"
         f"Each command in a child process on one thread, interleaved, {a.rounds} rounds, median; load average "
         f"{result['load_average'][0]:.1f} at the end.\n\n"
@@ -88,7 +93,8 @@ def main() -> int:
         "| new | `smoe evaluate` (global, land, sea) `--spectra` + `plot scorecard` + `plot spectra` | "
         f"{med['new']:.1f} |\n\n"
         f"Ratio new / baseline: **{result['ratio_new_to_baseline']:.2f}** (target ≤ 2).\n")
-    print(a.out.read_text())
+    write_results(a.out, result, text, machine=machine)
+    print(text)
     return 0
 
 

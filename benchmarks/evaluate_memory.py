@@ -5,9 +5,9 @@ a land-sea mask) and an M-member ensemble forecast store with daily inits and 2 
 `smoe evaluate` on them in a child process: default regions (global, land, sea), optionally --spectra,
 and reports wall time, the child's peak resident memory and the sizes of the stores.
 
-    python benchmarks/evaluate_memory.py --resolution 1.0 --members 51 --inits 91 365 \
+    python -m benchmarks.evaluate_memory --resolution 1.0 --members 51 --inits 91 365 \
         --out benchmarks/results/evaluate_memory_1deg.json            # the 1° year (≈ 10 GB) and a quarter of it
-    python benchmarks/evaluate_memory.py --resolution 5.625 --members 51 --inits 365   # ≈ 0.3 GB
+    python -m benchmarks.evaluate_memory --resolution 5.625 --members 51 --inits 365   # ≈ 0.3 GB
 
 Memory is bounded when the peak stays far below the forecast store's size and does not grow in step with the
 number of initialisations (only the truth of one field at the valid times, inits × leads × grid, is held):
@@ -23,12 +23,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import dask.array as da
 import numpy as np
 import xarray as xr
+
+from benchmarks.harness import Machine, Stopwatch, command, timed, write_results
 
 
 def grid(resolution: float) -> tuple[np.ndarray, np.ndarray]:
@@ -75,6 +76,7 @@ def du(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Measure every ``--inits``; print each record and write the report (``--out``)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--resolution", type=float, default=5.625)
     p.add_argument("--members", type=int, default=51)
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="folder for the stores (default: a temporary one)")
     p.add_argument("--out", type=Path, default=None, help="JSON report (printed as well)")
     args = p.parse_args(argv)
+    machine = Machine()
     records = []
     for inits in args.inits:
         record = measure(args, inits)
@@ -96,15 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     given = list(argv if argv is not None else sys.argv[1:])
     if "--work" in given:  # a scratch folder of this machine: not part of the measurement
         del given[given.index("--work"):given.index("--work") + 2]
-    report = {"command": "python benchmarks/evaluate_memory.py " + " ".join(given), "runs": records}
+    report = {"command": command(given), "runs": records}
     if len(records) > 1:
         report["peak_ratio_largest_to_smallest"] = round(
             records[-1]["evaluate_peak_rss_mib"] / records[0]["evaluate_peak_rss_mib"], 3)
         report["forecast_size_ratio_largest_to_smallest"] = round(
             records[-1]["forecast_store_mib"] / records[0]["forecast_store_mib"], 3)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_results(args.out, report, machine=machine)
     return 0
 
 
@@ -114,18 +116,15 @@ def measure(args: argparse.Namespace, inits: int) -> dict | None:
     root = Path(args.work or tempfile.mkdtemp(prefix="evaluate_memory_"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        t0 = time.perf_counter()
-        truth, fc = write_stores(root, args.resolution, args.members, inits, (24, 48))
-        t_write = time.perf_counter() - t0
+        (truth, fc), t_write = timed(write_stores, root, args.resolution, args.members, inits, (24, 48))
         cmd = [sys.executable, "-m", "smoeweather", "evaluate", f"ens={fc}", "--truth", str(truth), "--no-references",
                *([] if args.regions == ["none"] else ["--regions", *args.regions]), "--out", str(root / "scores"),
                *(["--spectra"] if args.spectra else [])]
         log = root / "evaluate.stderr"
-        t0 = time.perf_counter()
-        with log.open("w") as err:
+        with Stopwatch() as watch, log.open("w") as err:
             child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
             _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage, not the maximum over all children
-        wall = time.perf_counter() - t0
+        wall = watch.seconds
         if os.waitstatus_to_exitcode(status):
             print(log.read_text()[-3000:], file=sys.stderr)
             return None

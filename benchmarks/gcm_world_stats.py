@@ -13,7 +13,7 @@ and the CRPS gain of per-grid-point EMOS (N(a + b·mean, c² + d²·var) fitted 
 of inits and applied to another: first half → second half of the first stream (both worlds), and stream 1 →
 stream 2 (2005 → 2006) where two streams are given on both sides.
 
-    python benchmarks/gcm_world_stats.py --world data/gcm_world/gcm_5.625deg_year*.nc \
+    python -m benchmarks.gcm_world_stats --world data/gcm_world/gcm_5.625deg_year*.nc \
         --shared-world ../shared/data/gcm_world/gcm_5.625deg_year1.nc ../shared/data/gcm_world/gcm_5.625deg_year2.nc \
         --ens data/gcm_ens/gcm_ens_2005.nc \
         --shared-ens ../shared/data/gcm_ens/gcm_ens_2005.nc ../shared/data/gcm_ens/gcm_ens_2006.nc \
@@ -23,7 +23,6 @@ stream 2 (2005 → 2006) where two streams are given on both sides.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+
+from benchmarks.harness import Machine, pin_threads, write_results
 
 BANDS = ((-90, -60), (-60, -30), (-30, 30), (30, 60), (60, 90))
 SEASONS = {"DJF": (12, 1, 2), "MAM": (3, 4, 5), "JJA": (6, 7, 8), "SON": (9, 10, 11)}
@@ -154,7 +155,7 @@ def emos_gridpoint(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray,
     CRPS (init, lat, lon) on ``test``."""
     import torch
 
-    torch.set_num_threads(1)
+    pin_threads(1)
     (xm, y), (xm_t, y_t) = train, test
     scale = float(np.std(y)) or 1.0
     t = lambda a: torch.as_tensor(a / scale, dtype=torch.float64)  # noqa: E731
@@ -228,6 +229,7 @@ def _table(title: str, gen: dict[str, float], ref: dict[str, float], label: str,
 
 
 def main() -> None:
+    """The statistics of the generated and the published worlds side by side; write the report."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", nargs="*", type=Path, default=[], help="generated gcm_5.625deg_yearN.nc files")
     ap.add_argument("--shared-world", nargs="*", type=Path, default=[], help="the published world's files")
@@ -241,6 +243,7 @@ def main() -> None:
     ap.add_argument("--note", default="", help="a line saying how the generated files were made")
     ap.add_argument("--out", type=Path, required=True, help="markdown report (a .json beside it)")
     args = ap.parse_args()
+    machine = Machine()
     result: dict[str, Any] = {"note": args.note}
     lines = [f"# Generated GCM worlds beside the published ones ({args.label})", "", args.note, ""]
     if args.world:
@@ -275,9 +278,7 @@ def main() -> None:
                 lines += ["### gcm-ens: the published streams in full", "", "| statistic | published |",
                           "|---|---:|"]
                 lines += [f"| {k} | {v:.5g} |" for k, v in full.items()] + [""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    write_results(args.out, result, lines, machine=machine)
     print("\n".join(lines))
 
 

@@ -12,7 +12,7 @@ blocks) consumes on the same machine. Also counts the store reads and time-chunk
 order (``reads_per_batch``). Writes ``benchmarks/results/loader_<cpu|cuda>.json`` and prints one JSON line.
 A measurement, never an assert.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/loader.py [--days 60] [--batches 20] [--workers 1 4 8]
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.loader [--days 60] [--batches 20] [--workers 1 4 8]
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import dask.array as da
@@ -33,13 +32,11 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader, Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipelines.prepare import write_store  # noqa: E402
-from smoeweather.data.sampling import CountingReader  # noqa: E402
-from smoeweather.data.weather import WeatherBenchDataset  # noqa: E402
-from smoeweather.io import write_json  # noqa: E402
-from smoeweather.training.datamodule import SkippingSampler, TimeBlockSampler  # noqa: E402
+from benchmarks.harness import RESULTS, Machine, Stopwatch, block_seconds, command, warm_up, write_results
+from pipelines.prepare import write_store
+from smoeweather.data.sampling import CountingReader
+from smoeweather.data.weather import WeatherBenchDataset
+from smoeweather.training.datamodule import SkippingSampler, TimeBlockSampler
 
 LEVELS = [50, 250, 500, 600, 700, 850, 925]
 LEVEL_VARS = [
@@ -51,7 +48,6 @@ LEVEL_VARS = [
 ]
 SURFACE_VARS = ["2m_temperature", "toa_incident_solar_radiation", "total_precipitation_6hr"]
 SAMPLERS = ("random", "time_blocks", "random_per_sample")
-RESULTS = Path(__file__).resolve().parent / "results" / f"loader_{'cuda' if torch.cuda.is_available() else 'cpu'}.json"
 
 
 def build_store(path: Path, days: int) -> str:
@@ -92,6 +88,7 @@ def build_store(path: Path, days: int) -> str:
         source="benchmarks/loader.py (random)",
         scheduler="threads",
         progress=False,
+        plausibility_check=False,  # random N(0, 1) fields: the loader's speed, not the data's values
     )
     return str(path)
 
@@ -143,16 +140,16 @@ def loader_samples_per_s(
         pin_memory=torch.cuda.is_available(),
     )
     x, _ = next(iter(loader))  # warm-up: worker start and first reads
-    t0 = time.perf_counter()
     n, epoch = 0, 0
-    while n < batches * batch_size:  # epochs of the small store; persistent workers keep running
-        epoch += 1
-        order.set_epoch(epoch)
-        for xb, _ in loader:
-            n += xb.shape[0]
-            if n >= batches * batch_size:
-                break
-    return n / (time.perf_counter() - t0), int(x.shape[1])
+    with Stopwatch() as watch:
+        while n < batches * batch_size:  # epochs of the small store; persistent workers keep running
+            epoch += 1
+            order.set_epoch(epoch)
+            for xb, _ in loader:
+                n += xb.shape[0]
+                if n >= batches * batch_size:
+                    break
+    return n / watch.seconds, int(x.shape[1])
 
 
 def reads_per_batch(store: str, batch_size: int = 32) -> dict[str, dict[str, float]]:
@@ -174,6 +171,7 @@ def reads_per_batch(store: str, batch_size: int = 32) -> dict[str, dict[str, flo
 
 
 def model_samples_per_s(channels: int, batch: int, steps: int) -> tuple[float, str]:
+    """Samples/s one forward + backward + Adam step of the WeatherBench ResNet consumes (after a warm-up step)."""
     try:
         from smoeweather.models.resnet import WeatherBenchResNet
 
@@ -191,14 +189,12 @@ def model_samples_per_s(channels: int, batch: int, steps: int) -> tuple[float, s
         loss.backward()
         opt.step()
 
-    step()  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return batch * steps / (time.perf_counter() - t0), name
+    warm_up(step, 1)
+    return batch / block_seconds(step, steps), name
 
 
 def main() -> None:
+    """Every sampler, cache and worker setting against the model's consumption; write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=60, help="days in the synthetic store (default 60)")
     parser.add_argument("--batches", type=int, default=20, help="timed loader batches of 32 (default 20)")
@@ -208,6 +204,7 @@ def main() -> None:
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS,
                         help="training orders to time (default: all)")
     args = parser.parse_args()
+    machine = Machine()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -251,12 +248,12 @@ def main() -> None:
         "model": f"{name}, forward+backward+Adam, batch {args.model_batch}, {device}",
         "torch_threads": torch.get_num_threads(),
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
-        "command": "python benchmarks/loader.py " + " ".join(sys.argv[1:]),
+        "command": command(),
         "note": "store on local disk (page cache warm after writing); more workers than cores only add "
                 "contention on a small machine; on a shared machine (other jobs running) rates vary by ~2x "
                 "between runs: compare rows of one run",
     }
-    write_json(RESULTS, result)
+    write_results(RESULTS / f"loader_{device}", result, machine=machine)
     print(json.dumps({"loader": rows, "model_samples_per_s": result["model_samples_per_s"], "reads_per_batch": reads}))
 
 

@@ -11,7 +11,7 @@ Targets: equal within 1e-6 relative; our CRPS ≥ 5× faster than properscoring,
 (peak extra memory of our CRPS call, measured with tracemalloc in a separate call, vs the input size).
 Writes benchmarks/results/scores.json and prints one JSON line of the ratios.
 
-    python benchmarks/score_agreement.py [--times 1460] [--members 50] [--repeats 1]
+    python -m benchmarks.score_agreement [--times 1460] [--members 50] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-RESULTS = Path(__file__).resolve().parent / "results" / "scores.json"
+from benchmarks.harness import RESULTS, Machine, call_seconds, write_results
 
 
 def make_data(n_times: int, members: int, seed: int = 0) -> tuple[xr.DataArray, xr.DataArray]:
@@ -49,14 +48,10 @@ def make_data(n_times: int, members: int, seed: int = 0) -> tuple[xr.DataArray, 
 
 
 def timed(fn: Any, repeats: int) -> tuple[Any, float]:
-    """(result, best wall seconds of ``repeats`` calls)."""
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return out, best
+    """(result, best wall seconds of ``repeats`` calls, each after a ``gc.collect``)."""
+    out: list[Any] = []
+    seconds = call_seconds(lambda: out.append(fn()), repeats, before=gc.collect)
+    return out[-1], min(seconds)
 
 
 def peak_mib(fn: Any) -> float:
@@ -82,14 +77,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--members", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--block", type=int, default=4, help="time steps per properscoring call (its M² memory)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS / "scores.json")
     args = parser.parse_args(argv)
+    machine = Machine()
 
     import properscoring
     from scores.continuous import rmse as scores_rmse
     from scores.probability import crps_for_ensemble
 
-    from smoeweather.io import write_json
     from smoeweather.metrics.deterministic import rmse
     from smoeweather.metrics.probabilistic import crps_ensemble
     from smoeweather.metrics.weights import latitude_weights
@@ -149,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # bounded: the output plus a fixed block of temporaries, far below the input
         "memory_bounded": mem_ours < out_mib + 200.0,
     }
-    write_json(args.out, result)
+    write_results(args.out, result, machine=machine)
     print(json.dumps({"crps_speedup_vs_properscoring": round(c["speedup_vs_properscoring"], 2),
                       "crps_speedup_vs_scores": round(c["speedup_vs_scores"], 2),
                       "max_rel_diff": max(c["max_rel_diff_vs_properscoring"], c["max_rel_diff_vs_scores_ecdf"]),

@@ -8,8 +8,8 @@ the same shapes held in memory (one worker-less DataLoader). real / synthetic is
 the model gets; the gap is the loader's and the framework's. Timing starts after ``--warmup`` steps.
 Writes ``benchmarks/results/train_throughput_<cpu|cuda>.json`` and prints one JSON line.
 
-CPU (small): python benchmarks/train_throughput.py --width 16 --blocks 3 --batch 32 --steps 20
-GPU: python benchmarks/train_throughput.py --width 128 --blocks 19 --batch 64 --precision bf16-mixed \\
+CPU (small): python -m benchmarks.train_throughput --width 16 --blocks 3 --batch 32 --steps 20
+GPU: python -m benchmarks.train_throughput --width 128 --blocks 19 --batch 64 --precision bf16-mixed \\
                   --workers 4 8 --steps 100
 """
 
@@ -20,57 +20,34 @@ import json
 import os
 import platform
 import sys
-import time
-from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import REPO, RESULTS, Machine, command, step_clock, write_results
+from smoeweather.config import read_config
+from smoeweather.training.tasks import build
 
-from smoeweather.config import read_config  # noqa: E402
-from smoeweather.io import write_json  # noqa: E402
-from smoeweather.training.tasks import build  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 MODELS = {"dense": "configs/weatherbench/gcm_dense.yaml",
           "smoe_all_prior": "configs/weatherbench/gcm_smoe_all_prior.yaml"}
 
 
-class StepTimer(L.Callback):
-    """Wall time from the start of batch ``warmup`` to the end of the last batch."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup, self.t0, self.t1, self.timed = warmup, 0.0, 0.0, 0
-
-    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.warmup:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step > self.warmup:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self.t1, self.timed = time.perf_counter(), self.timed + 1
-
-
 def fit_rate(module: L.LightningModule, loader: DataLoader, steps: int, warmup: int, precision: str,
              batch: int) -> float:
-    timer = StepTimer(warmup)
+    """Samples/s of Lightning fitting ``module`` on ``loader``, timed from step ``warmup`` on."""
+    timer = step_clock(warmup, sync_cuda=True)
     # Adam alone: the config's ReduceLROnPlateau needs a val_loss, and no validation runs here
     module.configure_optimizers = lambda: torch.optim.Adam(module.model.parameters(), lr=module.lr)  # type: ignore
     trainer = L.Trainer(max_steps=warmup + steps, limit_val_batches=0, callbacks=[timer], logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         accelerator="auto", devices=1, precision=precision)
     trainer.fit(module, train_dataloaders=loader)
-    return timer.timed * batch / (timer.t1 - timer.t0)
+    return timer.timed * batch / timer.seconds
 
 
 def main() -> None:
+    """Each model on the real loader (every cache and worker setting) and on synthetic batches; write the rows."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", default="runs/data/gcm_world.zarr", help="data.store (created from the "
                         "GCM world sources when missing)")
@@ -83,6 +60,7 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args()
+    machine = Machine()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for name in args.models:
@@ -121,11 +99,11 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "setup": {"store": args.store, "width": args.width, "blocks": args.blocks, "batch": args.batch,
                   "precision": args.precision, "timed_steps": args.steps, "warmup_steps": args.warmup},
-        "command": "python benchmarks/train_throughput.py " + " ".join(sys.argv[1:]),
+        "command": command(),
         "target": "real >= 90 % of synthetic for both 128x19 models on the GPU with <= 8 workers",
         "rows": rows,
     }
-    write_json(Path(__file__).resolve().parent / "results" / f"train_throughput_{device}.json", doc)
+    write_results(RESULTS / f"train_throughput_{device}", doc, machine=machine)
     print(json.dumps(rows))
 
 
