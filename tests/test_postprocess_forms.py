@@ -159,6 +159,32 @@ def test_out_nc_writes_netcdf_in_improver_layout(grid: Path) -> None:
         assert set(back.data_vars) <= {"temperature", "temperature_std", "geopotential", "geopotential_std"}
 
 
+# expected: the stream holds its truth inside the forecast file and has no land-sea mask (evaluate says so)
+@pytest.mark.filterwarnings("ignore:.*truth held inside a forecast file:UserWarning",
+                            "ignore:.*has no land_sea_mask:UserWarning")
+def test_evaluate_scores_the_netcdf_outputs_as_their_stores(grid: Path, tmp_path: Path) -> None:
+    """``smoe evaluate`` on the netCDF files (IMPROVER's names) gives the scores of the zarr stores: CRPS of
+    the μ/σ, the members and the percentiles, and P(Y ≤ t) the Brier score of P(Y > t) (1 − p against 1 − o)."""
+    new, out = grid / "b.nc", tmp_path / "scores"
+    thr = ["--thresholds", "temperature_850=265"]
+    assert main(["evaluate", f"g={grid / 'pp.zarr'}", f"gnc={grid / 'nc' / 'pp.nc'}",
+                 f"ens={grid / 'pp_members.zarr'}", f"ensnc={grid / 'nc' / 'pp_members.nc'}",
+                 f"p={grid / 'pp_probabilities_temperature.zarr'}",
+                 f"pnc={grid / 'nc' / 'pp_probabilities_temperature.nc'}", f"pct={grid / 'nc' / 'pp_percentiles.nc'}",
+                 "--truth", str(new), *thr, "--no-references", "--quiet", "--out", str(out)]) == 0
+    sc = xr.load_dataset(out / "scores.nc").sel(field="temperature_850")
+
+    def score(name: str, method: str) -> np.ndarray:  # {"method": ...}: sel's own `method` is its fill method
+        return sc[name].sel({"method": method}).values
+
+    for zarr, nc in (("g", "gnc"), ("ens", "ensnc")):
+        assert np.isfinite(score("crps", zarr)).all()
+        np.testing.assert_allclose(score("crps", nc), score("crps", zarr), rtol=1e-6)
+    assert np.isfinite(score("brier_score", "p")).all()
+    np.testing.assert_allclose(score("brier_score", "pnc"), score("brier_score", "p"), rtol=0, atol=1e-6)
+    assert np.isfinite(score("quantile_loss", "pct")).all()
+
+
 def _cf_messages(path: Path) -> tuple[list[str], list[str]]:
     """compliance-checker's CF-1.8 test of ``path``, offline (its bundled standard-name table): the messages
     of its failed high-priority checks (errors) and of its failed medium-priority ones (warnings)."""
