@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import difflib
 import inspect
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -73,14 +72,6 @@ def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         merged = deep_merge(merged, read_config(path.parent / parent))
     merged = deep_merge(merged, cfg)
     return apply_overrides(merged, overrides)
-
-
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """Deprecated name of :func:`read_config` (the unvalidated mapping); DeprecationWarning. The typed, validated
-    ``smoe train`` config is :func:`smoeweather.training.load_config`."""
-    warnings.warn("smoeweather.config.load_config is renamed read_config (the YAML mapping); the typed training "
-                  "config is smoeweather.training.load_config", DeprecationWarning, stacklevel=2)
-    return read_config(path, overrides)
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -217,7 +217,7 @@ def test_settings_blocks_refuse_by_name() -> None:
 
 def test_load_config_is_typed_and_read_config_is_the_mapping() -> None:
     """``smoeweather.training.load_config`` returns the validated TrainConfig; ``smoeweather.config.read_config`` the
-    YAML mapping it was read from; the old name ``smoeweather.config.load_config`` still reads it, with a warning."""
+    YAML mapping it was read from; ``smoeweather.config`` has no second ``load_config``."""
     import smoeweather.config as config_module
     from smoeweather.config import parse_settings
     from smoeweather.studies.config import StudyConfig
@@ -226,8 +226,7 @@ def test_load_config_is_typed_and_read_config_is_the_mapping() -> None:
     assert package_load_config is load_config
     cfg = load_config(WORLD, ["seed=3"])
     assert isinstance(cfg, TrainConfig) and cfg.seed == 3 and cfg.to_dict() == read_config(WORLD, ["seed=3"])
-    with pytest.warns(DeprecationWarning, match="read_config"):
-        assert config_module.load_config(WORLD, ["seed=3"]) == read_config(WORLD, ["seed=3"])
+    assert not hasattr(config_module, "load_config")
     with pytest.raises(ConfigError, match=r"config key 'model.widht' \(did you mean 'width'\?\)"):
         load_config(WORLD, ["model.widht=8"])
     # settings at the top level of a file (a study): keys named without a prefix
