@@ -1,7 +1,7 @@
 """Where post-processing helps: per-grid-point CRPS of the post-processing study's arms on its test block, split
 into land and sea (the diagnosis of the SMoE-U-Net against the U-Net and per-grid-point EMOS).
 
-    python benchmarks/studies/postprocess_study_maps.py --study runs/studies/gcm_ens_postprocess \
+    python -m benchmarks.studies.postprocess_study_maps --study runs/studies/gcm_ens_postprocess \
         --out benchmarks/studies/results/gcm_ens_postprocess_maps
 
 For every network arm (best checkpoint of each seed, CRPS averaged over seeds), per-grid-point EMOS (fitted on
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from benchmarks.harness import Machine, write_results
 from smoeweather.config import read_config
 from smoeweather.data.ensembles import open_static
 from smoeweather.metrics import probabilistic
@@ -115,14 +116,15 @@ def plot(maps: dict[str, dict[str, np.ndarray]], land: xr.DataArray, path: Path)
 
 
 def main() -> None:
+    """The CRPS maps, their land and sea means (``OUT.json``) and the figure (``OUT.png``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="output path without suffix")
     args = parser.parse_args()
+    machine = Machine()
     maps, land, sources = crps_maps(args.study)
     result = {"lead_h": LEAD_H, "land": "land fraction ≥ 0.5", "sources": sources, "crps": summary(maps, land)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    write_results(args.out, result, machine=machine)
     plot(maps, land, args.out.with_suffix(".png"))
     print(json.dumps(result["crps"], indent=1))
 

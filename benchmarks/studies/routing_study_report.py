@@ -12,7 +12,7 @@
   off 1 − q by more than 0.1).
 
 Writes ``<study.json stem>_report.md`` and ``_report.json`` beside it.
-    python benchmarks/studies/routing_study_report.py benchmarks/studies/results/gcm_ens_routing.json [more.json ...]
+    python -m benchmarks.studies.routing_study_report benchmarks/studies/results/gcm_ens_routing.json [more.json ...]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness import Machine, write_results
 from smoeweather.config import apply_overrides, read_config
 from smoeweather.data.ensemble_dataset import EnsembleSpec
 from smoeweather.models.weather import build_weather_model
@@ -99,6 +100,8 @@ def fmt(d: dict[str, float] | None) -> str:
 
 
 def report(path: Path) -> dict[str, Any]:
+    """The report of the study at ``path``, written beside it (``_report.{md,json}``); returns its JSON."""
+    machine = Machine()
     study = json.loads(path.read_text())
     runs = study["runs"]
     baseline = study["baseline"]
@@ -152,9 +155,7 @@ def report(path: Path) -> dict[str, Any]:
                   "|---|" + "---:|" * len(metrics)]
         for lev, m in table.items():
             lines.append(f"| {lev} | " + " | ".join(f"{m.get(k, float('nan')):.3f}" for k in metrics) + " |")
-    stem = path.with_name(path.stem + "_report")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
+    write_results(path.with_name(path.stem + "_report"), out, lines, machine=machine)
     return out
 
 
