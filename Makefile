@@ -68,7 +68,7 @@ wheel-smoke: $(STAMP)
 	@echo "wheel-smoke: the wheel, with only its declared dependencies, ran --version, the demo, a built-in config and scored an ensemble"
 
 benchmarks: $(STAMP)
-	$(PY) benchmarks/smoe_layer.py
+	$(PY) -m benchmarks.smoe_layer
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
