@@ -4,7 +4,7 @@ forecast). Each run's ``result.json`` gains ``extra.crps_ecdf`` {lead: {target: 
 checked to be reproduced (the fair CRPS to float64 round-off). Then ``smoe study`` with the same command
 re-summarises the study (every run is finished, so it only rewrites study.json/.md).
 
-    python benchmarks/studies/ensemble_rescore.py runs/studies/gcm_ensembles_cpu
+    python -m benchmarks.studies.ensemble_rescore runs/studies/gcm_ensembles_cpu
     smoe study --config configs/studies/gcm_ensembles_cpu.yaml --out runs/studies/gcm_ensembles_cpu
 """
 

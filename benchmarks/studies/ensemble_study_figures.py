@@ -6,7 +6,7 @@ else the fair CRPS.
 Reads ``<study>/runs/<variant>/seed<k>/result.json`` (written by ``smoe study`` with ``scoring: ensemble``),
 writes ``<out>/<study dir name>_rank_histograms.png`` and ``<out>/<study dir name>_crps_cost.png``.
 
-    python benchmarks/studies/ensemble_study_figures.py [--study runs/studies/gcm_ensembles_cpu]
+    python -m benchmarks.studies.ensemble_study_figures [--study runs/studies/gcm_ensembles_cpu]
         [--out benchmarks/studies/results]
 """
 
