@@ -44,6 +44,7 @@ from benchmarks.harness import (
     Machine,
     command,
     interleave,
+    load_average,
     median_seconds,
     pin_threads,
     warm_up,
@@ -142,7 +143,7 @@ def measure_setup(batch: int, dtype: str, variants: list[str], args: argparse.Na
     """Every variant at one batch size and dtype over the interleaved rounds (one child process per variant and
     round, the order reversed every other round): one entry per routing path."""
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    load = [os.getloadavg()[0]]
+    load = [load_average()[0]]
 
     def run(variant: str) -> float:
         out = run_variant(variant, args.device, batch, dtype, args.repeats, args.threads)
@@ -152,7 +153,7 @@ def measure_setup(batch: int, dtype: str, variants: list[str], args: argparse.Na
         return out["seconds"]
 
     interleave({v: (lambda v=v: run(v)) for v in variants}, args.rounds,
-               on_round=lambda r, _: load.append(os.getloadavg()[0]))
+               on_round=lambda r, _: load.append(load_average()[0]))
     entries = []
     for impl in args.impls:
         layout = LAYOUT[impl]
