@@ -1,6 +1,6 @@
 """A trained or exported smoeweather forecast network as an earth2studio prognostic model.
 
-    smoe export runs/weatherbench/world_smoe_all_prior/checkpoints/last.ckpt --out exports/world_smoe  # a shell
+    smoe export runs/weatherbench/world_smoe_all_prior/checkpoints/last.ckpt --out exports/world_smoe  # in a shell
 
     from earth2studio import run
     from earth2studio.data import DataArrayFile
