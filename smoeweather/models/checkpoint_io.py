@@ -57,6 +57,18 @@ def _unsafe_names(path: Path, err: Exception) -> list[str]:
     return [re.sub(r"^(posix|nt)\.", "os.", n) for n in dict.fromkeys(names)]
 
 
+def file_head(path: Path, folder_error: Exception, missing: str, size: int = 8) -> bytes:
+    """The first ``size`` bytes of the file ``path`` (its magic number), for a reader of one file of a known
+    format (a checkpoint, a post-processing model file): raises ``folder_error`` when ``path`` is a folder (a
+    zarr store?) and FileNotFoundError with ``missing`` when there is nothing at ``path``."""
+    if path.is_dir():
+        raise folder_error
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    with open(path, "rb") as f:
+        return f.read(size)
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file as data (tensors on CPU, plain containers); never runs code from it.
 
@@ -66,12 +78,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     expected = "expected a .ckpt file written by `smoe train`"
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder (a zarr store?), not a checkpoint; {expected}")
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    with open(path, "rb") as f:
-        head = f.read(8)
+    head = file_head(path, ValueError(f"{path} is a folder (a zarr store?), not a checkpoint; {expected}"),
+                     f"checkpoint {path} does not exist")
     if not head.startswith(CHECKPOINT_MAGIC):  # a text, YAML or netCDF file: never hint at --trust for those
         raise ValueError(f"{path} is not a PyTorch/Lightning checkpoint (it starts with {head!r}); {expected}")
     try:

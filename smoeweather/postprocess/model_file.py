@@ -28,6 +28,7 @@ from pipelines.errors import DataError
 from smoeweather.data.ensembles import check_grid
 from smoeweather.data.sites import site_coord_names, station_ids, unicode_strings
 from smoeweather.io import write_netcdf
+from smoeweather.models.checkpoint_io import file_head
 from smoeweather.postprocess.emos import COEFFICIENTS
 from smoeweather.units import units_of
 
@@ -113,12 +114,8 @@ def open_model_file(path: str | Path, option: str, what: str) -> xr.Dataset:
     text or YAML file) or cannot be read (truncated or corrupt)."""
     path = Path(path)
     hint = f"expected the netCDF {what} file of `smoe postprocess fit`"
-    if path.is_dir():
-        raise DataError(f"{option} {path}: a folder (a zarr store?), not a model file; {hint}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{option} {path}: {what} file does not exist")
-    with open(path, "rb") as f:
-        head = f.read(8)
+    head = file_head(path, DataError(f"{option} {path}: a folder (a zarr store?), not a model file; {hint}"),
+                     f"{option} {path}: {what} file does not exist")
     if not any(head.startswith(m) for m in NETCDF_MAGIC):
         raise DataError(f"{option} {path}: not a netCDF file (it starts with {head!r}; a text file?); {hint}")
     try:
