@@ -21,6 +21,7 @@ from smoeweather.data.ensembles import HOUR, check_grid
 from smoeweather.data.weather import DEFAULT_CONSTANTS, DEFAULT_LEAD_CHOICES_H, Field, field_name, parse_fields
 from smoeweather.forecast.output import check_times
 from smoeweather.forecast.sources import check_fields, read_field
+from smoeweather.models.ensemble import model_kind, physical_members
 from smoeweather.models.loader import TrainedNetwork
 
 
@@ -126,6 +127,22 @@ def network_inputs(spec: ModelSpec, ds: xr.Dataset, const: torch.Tensor, inits: 
             bar.update(len(batch))
 
 
+def _members(trained: TrainedNetwork, ds: xr.Dataset, spec: ModelSpec, kind: str, where: str
+             ) -> tuple[np.ndarray | None, int, int]:
+    """(member coords or None, input members walked, outputs per input member) of a network of ``kind``
+    (:func:`~smoeweather.models.ensemble.model_kind`) on the prepared ``ds``."""
+    has_member = any("member" in ds[v].dims for v, _ in spec.variables)
+    if kind == "deterministic":
+        members = ds["member"].values if has_member else None
+        return members, len(members) if members is not None else 1, 1
+    if has_member:
+        name = trained.config["model"]["name"]
+        raise ValueError(f"{where}: the inputs have a member dim; an ensemble network ({name})"
+                         " makes its own members from deterministic initial conditions")
+    n_out = 2 if kind == "gaussian" else int(trained.config["model"].get("members", 4))
+    return np.arange(n_out), 1, n_out
+
+
 def model_forecast(
     trained: TrainedNetwork,
     ds: xr.Dataset,
@@ -139,25 +156,31 @@ def model_forecast(
 ) -> tuple[dict[Field, np.ndarray], np.ndarray | None, np.ndarray, np.ndarray]:
     """Run the model: ({target field: (T, L[, M], H, W) physical units}, member coords or None, lat, lon).
 
-    ``ds``: canonical data (any prepared store / file); ``inits`` datetime64; ``leads_h`` hours.
+    ``ds``: canonical data (any prepared store / file); ``inits`` datetime64; ``leads_h`` hours. A deterministic
+    network forecasts each member of inputs that have a ``member`` dim (their coords; none without); an ensemble
+    network (:func:`~smoeweather.models.ensemble.model_kind` ``ensemble``) makes its own members 0 … M − 1 from
+    deterministic inputs, a ``gaussian`` one μ and σ as members 0 and 1.
     """
+    kind = model_kind(trained.config.get("model", {}))
     spec, ds = prepared_input(trained, ds, inits, leads_h, where, need_truth)
+    members, n_in, n_out = _members(trained, ds, spec, kind, where)
     H, W = len(spec.latitude), len(spec.longitude)
-    has_member = [v for v, _ in spec.variables if "member" in ds[v].dims]
-    members = ds["member"].values if has_member else None
-    n_mem = len(members) if members is not None else 1
     const = constants_tensor(ds, spec, where)
     model = trained.model.to(device).eval()
-    out = {f: np.empty((len(inits), len(leads_h), n_mem, H, W), np.float32) for f in spec.targets}
-    bar = progress_bar(len(inits) * n_mem, "smoe forecast", unit="init", enabled=progress)
-    with torch.no_grad():
-        for rows, j, m, x in network_inputs(spec, ds, const, inits, leads_h, n_mem, batch_size, bar):
-            y = model(x.to(device)).float().cpu().numpy()  # (B, C_out, H, W) physical units
-            for c, f in enumerate(spec.targets):
-                out[f][rows, j, m] = y[:, c]
+    out = np.empty((len(spec.targets), len(inits), len(leads_h), n_in * n_out, H, W), np.float32)
+    label = "smoe forecast" if kind == "deterministic" else "smoe forecast (members)"
+    bar = progress_bar(len(inits) * n_in, label, unit="init", enabled=progress)
+    # mc_dropout members are dropout draws: seeded (0) in a forked RNG, so a forecast is reproducible
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for rows, j, m, x in network_inputs(spec, ds, const, inits, leads_h, n_in, batch_size, bar):
+            x = x.to(device)
+            y = model(x)[:, None] if kind == "deterministic" else physical_members(model, x, kind)
+            # (B, n_out, C_out, H, W) physical units → the n_out members of input member m
+            out[:, rows, j, m * n_out : (m + 1) * n_out] = y.float().cpu().numpy().transpose(2, 0, 1, 3, 4)
     bar.close()
-    result = {f: (a if members is not None else a[:, :, 0]) for f, a in out.items()}
-    return result, members, spec.latitude, spec.longitude
+    arrays = {f: (out[c] if members is not None else out[c, :, :, 0]) for c, f in enumerate(spec.targets)}
+    return arrays, members, spec.latitude, spec.longitude
 
 
 def model_metadata(trained: TrainedNetwork) -> dict[str, Any]:
