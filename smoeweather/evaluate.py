@@ -19,10 +19,9 @@ pinball loss by forecast kind (:mod:`smoeweather.metrics.scores`), plus the per-
 
 from __future__ import annotations
 
-import contextlib
 import json
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from smoeweather.evaluate_assemble import (
     ordered,
     tidy,
 )
+from smoeweather.evaluate_cluster import map_on_cluster, on_scheduler
 from smoeweather.evaluate_files import (
     ESTIMATORS,
     HEADLINE_REGION,
@@ -209,13 +209,25 @@ def _contexts(inp: Inputs, base: FieldContext, clim: tuple[dict, dict], events: 
     return out
 
 
-def _score_all(inp: Inputs, contexts: dict[Field, FieldContext], allow_missing: bool, progress: bool
-               ) -> tuple[list[xr.Dataset], dict]:
-    """Score every (method, field): (per-pair Datasets, {(method, field name): n missing})."""
+def _score_all(inp: Inputs, contexts: dict[Field, FieldContext], allow_missing: bool, progress: bool,
+               client: Any = None) -> tuple[list[xr.Dataset], dict]:
+    """Score every (method, field): (per-pair Datasets, {(method, field name): n missing}); each pair one task
+    on the cluster of ``client`` when given (:func:`smoeweather.evaluate_cluster.map_on_cluster`)."""
     from smoeweather.forecast.output import forecast_fields
 
     parts, missing = [], {}
     has = {m: forecast_fields(ds) for m, ds in inp.forecasts.items()}
+    if client is not None:
+        pairs = [(m, f) for f in contexts for m in inp.forecasts if f in has[m]]
+        jobs = [(inp.forecasts[m], inp.kinds[m], f, contexts[f], inp.inits, inp.leads, allow_missing,
+                 inp.paths.get(m, m)) for m, f in pairs]
+        bar = progress_bar(len(jobs), "evaluate: scoring on the cluster", unit="fields", enabled=progress)
+        with bar:
+            scored = map_on_cluster(client, score_field, jobs, lambda: bar.update(1))
+        for (m, f), fs in zip(pairs, scored):
+            missing[m, field_name(f)] = fs.n_missing
+            parts.append(tidy(fs, m, field_name(f)))
+        return parts, missing
     bar = progress_bar(len(inp.forecasts) * len(inp.fields), "evaluate: scoring", unit="fields",
                        enabled=progress)
     with bar:
@@ -304,8 +316,8 @@ def evaluate(
     ``table``; CF timeSeries files; ``smoe postprocess apply`` stores on sites) are scored by
     :func:`smoeweather.evaluate_sites.evaluate_sites` (grid-only options refused). ``plausibility_check``: refuse
     gridded forecasts or truth with implausible values (:func:`pipelines.plausibility.check_plausible`).
-    ``scheduler``: where dask computes the gridded scores (:func:`on_scheduler`; None: threads in this process);
-    the scores are the same on every scheduler.
+    ``scheduler``: where the gridded scores are computed (:func:`smoeweather.evaluate_cluster.on_scheduler`:
+    None for threads in this process, ``"local"`` or a dask.distributed scheduler address); the same bits on each.
     """
     from smoeweather.evaluate_sites import evaluate_sites, is_site_run
 
@@ -323,13 +335,14 @@ def evaluate(
         masks = [r.split("=", 1)[1] for r in ([regions] if isinstance(regions, str) else regions or [])
                  if isinstance(r, str) and "=" in r and r.endswith(".nc")]  # region mask files NAME=PATH.nc
         check_output(out_dir, overwrite, inputs=[forecasts, truth, climatology, land_sea_mask, masks])
-    with on_scheduler(scheduler):
+    with on_scheduler(scheduler) as client:
         scores = _grid_scores(forecasts, truth, climatology, references=references,
                               climatology_years=climatology_years, regions=regions, land_sea_mask=land_sea_mask,
                               land_threshold=land_threshold, band=(spectra_band, spectra_recipe) if spectra else None,
                               storage_options=storage_options, ensemble_dim=ensemble_dim,
                               binary_quantiles=binary_quantiles, allow_missing=allow_missing, thresholds=thresholds,
-                              bss_reference=bss_reference, progress=progress, plausibility_check=plausibility_check)
+                              bss_reference=bss_reference, progress=progress, plausibility_check=plausibility_check,
+                              client=client)
     if out_dir is not None:
         write_scores(scores, out_dir, overwrite=overwrite)
     return scores
@@ -341,9 +354,10 @@ def _grid_scores(forecasts: Mapping[str, Source] | Source | Sequence[Source], tr
                  land_threshold: float | None, band: tuple[tuple[float, float], str] | None,
                  storage_options: dict[str, Any] | None, ensemble_dim: str | None, binary_quantiles: Sequence[float],
                  allow_missing: bool, thresholds: Mapping[str, Sequence[float]] | None, bss_reference: str | None,
-                 progress: bool, plausibility_check: bool) -> xr.Dataset:
+                 progress: bool, plausibility_check: bool, client: Any = None) -> xr.Dataset:
     """The scores Dataset of gridded forecasts (:func:`evaluate`'s arguments; ``band``: the spectra's
-    ((lat0, lat1), recipe), None without spectra), on the dask scheduler that is active."""
+    ((lat0, lat1), recipe), None without spectra); each (method, field) scored on the cluster of ``client``
+    (:func:`smoeweather.evaluate_cluster.map_on_cluster`), else here."""
     inp = open_inputs(forecasts, truth, storage_options, ensemble_dim, plausibility_check)
     if inp.truth_in_file and references:
         warnings.warn(f"{inp.where_truth}: truth held inside a forecast file; no persistence/climatology "
@@ -365,7 +379,7 @@ def _grid_scores(forecasts: Mapping[str, Source] | Source | Sequence[Source], tr
                                              clim_kind, {f[0]: units_of(inp.truth[f[0]]) for f in inp.fields})
     contexts = _contexts(inp, FieldContext(xr.DataArray(), weights, rw, spectra_band=band),
                          (clim_means, clim_thresholds), events, clim_prob)
-    parts, missing = _score_all(inp, contexts, allow_missing, progress)
+    parts, missing = _score_all(inp, contexts, allow_missing, progress, client)
     rdims = ("region",) if rw is not None else ()
     methods, fields = list(inp.forecasts), [field_name(f) for f in inp.fields]
     scores = assemble(parts, methods, fields, rdims)
@@ -381,29 +395,6 @@ def _grid_scores(forecasts: Mapping[str, Source] | Source | Sequence[Source], tr
 
     describe_scores(scores, band[0] if band is not None else DEFAULT_BAND)
     return scores
-
-
-LOCAL_CLUSTER = "local"
-"""The ``--scheduler`` keyword of a local ``dask.distributed`` cluster (the default of ``smoe postprocess``)."""
-
-
-@contextlib.contextmanager
-def on_scheduler(scheduler: str | None) -> Iterator[Any]:
-    """Where the scores are computed: None → dask's default, threads in this process; ``"local"`` → a local
-    ``dask.distributed`` cluster; else what ``smoe data prepare --scheduler`` takes
-    (:func:`pipelines.compute.dask_client`: ``threads``, ``synchronous`` or a scheduler address tcp://host:port).
-
-    A cluster computes the same task graph as threads (the forecast's own chunks, one or a few initialisations
-    each; per-initialisation area means gathered and averaged over the initialisations here, in init order), so
-    the scores are bit for bit the same; only where the tasks run changes. Yields the client (None: no cluster).
-    Its workers must read the stores at the same paths."""
-    if scheduler is None:
-        yield None
-        return
-    from pipelines.compute import dask_client
-
-    with dask_client(None if scheduler == LOCAL_CLUSTER else scheduler) as client:
-        yield client
 
 
 def _default_reference(inp: Inputs, events: dict) -> str | None:
@@ -434,6 +425,5 @@ def _finish(scores: xr.Dataset, inp: Inputs, truths: dict[str, xr.DataArray], ba
 
 
 __all__ = ["add_climatology_reference", "add_persistence", "assemble", "climatology_inputs", "evaluate", "headline",
-           "land_sea_mask_of", "on_scheduler", "open_inputs", "open_truth_source", "score_field", "scores_json",
-           "scores_markdown", "wb2_results", "wb2_terms", "write_scores", "ESTIMATORS", "LOCAL_CLUSTER", "PER_INIT",
-           "HEADLINE_REGION"]
+           "land_sea_mask_of", "open_inputs", "open_truth_source", "score_field", "scores_json", "scores_markdown",
+           "wb2_results", "wb2_terms", "write_scores", "ESTIMATORS", "PER_INIT", "HEADLINE_REGION"]

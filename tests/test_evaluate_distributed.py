@@ -1,6 +1,7 @@
-"""``smoe evaluate --scheduler``: the scores computed on a ``dask.distributed`` cluster (two workers, the forecast
-chunked by initialisation and scored block by block) are the threaded run's bit for bit: scores.nc, every WB2
-file and scores.json / scores.md; the workers do the work; sites refuse the option by name."""
+"""``smoe evaluate --scheduler``: the scores computed on a ``dask.distributed`` cluster (two workers, each
+(method, field) one task, the forecast read there by chunks of initialisations and scored block by block) are
+the threaded run's bit for bit: scores.nc, every WB2 file and scores.json / scores.md; the workers do the work;
+arrays travel between processes with their strides; sites refuse the option by name."""
 
 from __future__ import annotations
 
@@ -74,19 +75,38 @@ def _assert_same_outputs(a: Path, b: Path) -> None:
             assert (a / f).read_text() == (b / f).read_text(), f
 
 
+def test_arrays_travel_with_their_strides() -> None:
+    """A view with gaps and permuted axes comes back with the same strides (a contiguous copy sums in another
+    order), its values equal; a contiguous array, a Fortran-ordered one and a broadcast one come back equal."""
+    from smoeweather.evaluate_cluster import Packed
+
+    base = np.random.default_rng(0).standard_normal((6, 8, 130))
+    view = base.transpose(2, 0, 1)[:, ::2, 1:]
+    assert not view.flags.c_contiguous and not view.flags.f_contiguous
+    for x in (view, base, np.asfortranarray(base), np.broadcast_to(base[0, 0], (4, 130)), np.float64(2.5)):
+        y = Packed({"x": x, "da": xr.DataArray(x)}).load()
+        np.testing.assert_array_equal(y["x"], x)
+        np.testing.assert_array_equal(y["da"].values, x)
+        assert np.shape(x) == () or y["x"].strides == x.strides
+    got = Packed(view).load()
+    assert got.sum(axis=0).tobytes() == view.sum(axis=0).tobytes()  # the same order of the sums
+
+
 def test_scores_on_a_cluster_equal_the_threaded_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two workers of one thread each; blocks of one chunk (2 inits) so that the per-initialisation terms of
-    every block are computed on the cluster and the scores reduce them here: the files are the same bytes'
-    values as the threaded run's, with persistence, the climatology reference, ACC, binary and Brier scores."""
+    """Two workers of one thread each score the (method, field) pairs, every field lazy and scored one chunk of
+    2 initialisations at a time: the files hold the threaded run's values bit for bit, with persistence, the
+    climatology reference, ACC, binary and Brier scores, the reliability table and the rank histogram."""
     from distributed import LocalCluster
 
     import smoeweather.evaluate as E
     import smoeweather.metrics.scores as S
+    from smoeweather.data import ensembles
 
     store = _store(tmp_path / "truth.zarr")
     ens = _ensemble(store, tmp_path / "ens.zarr")
     monkeypatch.setattr(E, "BLOCK_BYTES", 1.0)  # every field lazy, not read into this process first
     monkeypatch.setattr(S, "BLOCK_BYTES", 1.0)  # and scored one chunk of initialisations at a time
+    monkeypatch.setattr(ensembles, "code_version", lambda: "0+test")  # others may commit between the runs
     args = ["evaluate", f"ens={ens}", "--truth", str(store), "--climatology", str(store), "--climatology-years",
             "2001", "2001", "--regions", "global", "tropics", "--thresholds", "temperature_850=268",
             "--quiet", "--out"]
