@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NamedTuple
 
 NAME = "data"
 GCM_VERBS = ("gcm-world", "gcm-ens")
@@ -18,58 +19,81 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _add_gcm_verbs(verbs)
 
 
+class PublishedConfig(NamedTuple):
+    """A published GCM configuration, the defaults of its verb: its name, spectral truncation T, time step, and
+    what its 200 days of spin-up come before."""
+
+    name: str
+    truncation: int
+    dt_minutes: float
+    before: str
+
+
+GCM_WORLD = PublishedConfig("gcm_world", 31, 20.0, "output: about 25 min on one core before anything is written")
+GCM_ENS = PublishedConfig("gcm_ens", 21, 30.0, "forecast")
+PREVIEW_SPIN_UP_DAYS = 5.0
+
+
 def _add_gcm_verbs(verbs: argparse._SubParsersAction) -> None:
-    world = verbs.add_parser(
-        "gcm-world",
-        help="simulate the GCM world (dry primitive equations, land-sea/seasonal/mountain forcing; needs .[gcm])",
-        description="Simulate the GCM world with the dinosaur-torch spectral core and write "
-        "OUT/gcm_5.625deg_yearN.nc (the layout the configs read: 6-hourly Z and T on 250-925 hPa, surface "
-        "pressure, land-sea mask, orography). The defaults make the published gcm_world configuration (T31, "
-        "20-minute step, 200 days of spin-up before the first output: about 25 min on one core before anything "
-        "is written; --preview skips most of it). An interrupted run resumes where it stopped when the same command "
-        "is run again (a restart file every 10 simulated days). Times: docs/guide/gcm-worlds.md.",
-    )
-    world.add_argument("--out", required=True, type=Path, help="output folder")
+    world = _gcm_parser(
+        verbs, "gcm-world", GCM_WORLD,
+        "simulate the GCM world (dry primitive equations, land-sea/seasonal/mountain forcing; needs .[gcm])",
+        "Simulate the GCM world with the dinosaur-torch spectral core and write OUT/gcm_5.625deg_yearN.nc (the "
+        "layout the configs read: 6-hourly Z and T on 250-925 hPa, surface pressure, land-sea mask, orography).",
+        restarts=" (a restart file every 10 simulated days)")
     world.add_argument("--years", type=int, default=2, help="model years, one file each (default 2)")
     world.add_argument("--days", type=int, default=365, help="days per file (default 365; fewer for a preview)")
     world.add_argument("--seed", type=int, default=0, help="random seed of the initial state (default 0)")
-    world.add_argument("--truncation", type=int, default=31, choices=(21, 31, 42),
-                       help="spectral truncation T (default 31, as the published gcm_world)")
-    world.add_argument("--dt-minutes", type=float, default=20.0, help="time step in minutes (default 20)")
-    _spin_up_args(world)
+    _model_args(world, GCM_WORLD)
     world.add_argument("--start", default="2001-01-01", help="date label of the first output (default 2001-01-01)")
-    world.add_argument("--overwrite", action="store_true", help="replace existing files")
-    world.add_argument("--threads", type=int, default=1,
-                       help="intra-op threads (default 1: the transforms are too small to gain from more)")
-    world.add_argument("--quiet", action="store_true", help="no progress bars")
+    _run_args(world, replaces="existing files", transforms="the transforms")
 
-    ens = verbs.add_parser(
-        "gcm-ens",
-        help="ensemble reforecasts of the GCM world by an imperfect model, with truth (needs .[gcm])",
-        description="A truth run of the GCM world and, every --every-days days, a --members-member "
-        "ensemble of an imperfect forecast model (almost no land coupling) at 24 h and 48 h lead, written "
-        "as OUT/gcm_ens_YEAR.nc in the layout the post-processing configs read. The defaults make the published "
-        "gcm_ens configuration (T21, 30-minute step, 200 days of spin-up before the first forecast; --preview "
-        "skips most of it). An interrupted run resumes where it stopped when the same command is run again. "
-        "Times: docs/guide/gcm-worlds.md.",
-    )
-    ens.add_argument("--out", required=True, type=Path, help="output folder")
+    ens = _gcm_parser(
+        verbs, "gcm-ens", GCM_ENS,
+        "ensemble reforecasts of the GCM world by an imperfect model, with truth (needs .[gcm])",
+        "A truth run of the GCM world and, every --every-days days, a --members-member ensemble of an imperfect "
+        "forecast model (almost no land coupling) at 24 h and 48 h lead, written as OUT/gcm_ens_YEAR.nc in the "
+        "layout the post-processing configs read.")
     ens.add_argument("--year", type=int, default=2005, help="calendar label of the stream (default 2005)")
     ens.add_argument("--days", type=int, default=300, help="days of initialisations (default 300)")
     ens.add_argument("--seed", type=int, default=2, help="seed of the truth run and perturbations (default 2)")
     ens.add_argument("--members", type=int, default=10, help="ensemble members (default 10)")
     ens.add_argument("--every-days", type=int, default=2, help="days between initialisations (default 2)")
-    ens.add_argument("--truncation", type=int, default=21, choices=(21, 31, 42),
-                     help="spectral truncation T (default 21, as the published gcm_ens)")
-    ens.add_argument("--dt-minutes", type=float, default=30.0, help="time step in minutes (default 30)")
-    _spin_up_args(ens)
-    ens.add_argument("--overwrite", action="store_true", help="replace an existing file")
-    ens.add_argument("--threads", type=int, default=1,
-                     help="intra-op threads (default 1: the T21 transforms are too small to gain from more)")
-    ens.add_argument("--quiet", action="store_true", help="no progress bars")
+    _model_args(ens, GCM_ENS)
+    _run_args(ens, replaces="an existing file", transforms="the T21 transforms")
 
 
-PREVIEW_SPIN_UP_DAYS = 5.0
+def _gcm_parser(verbs: argparse._SubParsersAction, name: str, published: PublishedConfig, summary: str, what: str,
+                restarts: str = "") -> argparse.ArgumentParser:
+    """The parser of the GCM verb ``name`` (help ``summary``; its description says ``what`` it writes, then the
+    ``published`` defaults and the resumption, with ``restarts``), with its --out folder."""
+    description = (f"{what} The defaults make the published {published.name} configuration (T{published.truncation}, "
+                   f"{published.dt_minutes:g}-minute step, 200 days of spin-up before the first {published.before}; "
+                   "--preview skips most of it). An interrupted run resumes where it stopped when the same command "
+                   f"is run again{restarts}. Times: docs/guide/gcm-worlds.md.")
+    parser = verbs.add_parser(name, help=summary, description=description)
+    parser.add_argument("--out", required=True, type=Path, help="output folder")
+    return parser
+
+
+def _model_args(parser: argparse.ArgumentParser, published: PublishedConfig) -> None:
+    """--truncation, --dt-minutes and the spin-up options of a GCM verb, defaulting to the ``published``
+    configuration's resolution and step."""
+    parser.add_argument("--truncation", type=int, default=published.truncation, choices=(21, 31, 42),
+                        help=f"spectral truncation T (default {published.truncation}, as the published "
+                        f"{published.name})")
+    parser.add_argument("--dt-minutes", type=float, default=published.dt_minutes,
+                        help=f"time step in minutes (default {published.dt_minutes:g})")
+    _spin_up_args(parser)
+
+
+def _run_args(parser: argparse.ArgumentParser, replaces: str, transforms: str) -> None:
+    """--overwrite (help: replace ``replaces``), --threads (one by default: ``transforms`` are too small to gain
+    from more) and --quiet of a GCM verb."""
+    parser.add_argument("--overwrite", action="store_true", help=f"replace {replaces}")
+    parser.add_argument("--threads", type=int, default=1,
+                        help=f"intra-op threads (default 1: {transforms} are too small to gain from more)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _spin_up_args(parser: argparse.ArgumentParser) -> None:
