@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from smoeweather.commands.options import benchmark_rows, benchmark_verb
+
 NAME = "heat"
 
 
@@ -26,14 +28,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="region map .npy (S×S ints 0..R-1, e.g. the reference heat/mask.npy); overrides --size")
     gen.add_argument("--diffusivities", type=float, nargs="+", default=None,
                      help="one per region type (default 0.25 0.025 0.0025; reference: 0.0025 0.025 0.25)")
-    bench = verbs.add_parser("benchmark", help="train SMoE, baselines and ablations; write the results table")
-    bench.add_argument("--out", required=True, type=Path, help="output directory")
-    bench.add_argument("--quick", action="store_true", help="small data, few epochs (< 10 min on 2 cores)")
+    bench = benchmark_verb(verbs, "train SMoE, baselines and ablations; write the results table",
+                           quick="small data, few epochs (< 10 min on 2 cores)")
     bench.add_argument("--protocol", choices=("reference", "project"), default=None,
                        help="reference (default: the reference code's selection, generator and init) or project")
-    bench.add_argument("--config", type=Path, default=None, help="benchmark YAML (default configs/heat/benchmark.yaml)")
-    bench.add_argument("--only", default=None, type=lambda s: [r for r in s.split(",") if r],
-                       help="comma-separated rows to run (e.g. smoe,conv)")
+    benchmark_rows(bench, "heat", only="comma-separated rows to run (e.g. smoe,conv)")
     bench.add_argument("--data", type=Path, default=None, help="existing heat store to use instead of generating")
     bench.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
 

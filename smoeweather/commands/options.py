@@ -1,9 +1,37 @@
 """Checks of command-line option values that argparse's types cannot express, each a one-line ValueError naming
 the option, what was expected and how to fix it (``smoeweather.cli`` prints it and exits 2): counts that must be
 at least 1 and torch devices. Lead times and durations are parsed by :func:`smoeweather.data.ensembles.parse_lead`
-and :func:`smoeweather.forecast.output.init_times`, which name their options too."""
+and :func:`smoeweather.forecast.output.init_times`, which name their options too.
+
+Also the options more than one verb declares: the ``benchmark`` verb of the task commands (``smoe heat``, ``smoe
+vision``) and its ``--only`` list of rows."""
 
 from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def comma_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated option value (``--only smoe,conv`` → ["smoe", "conv"])."""
+    return [item for item in text.split(",") if item]
+
+
+def benchmark_verb(verbs: argparse._SubParsersAction, summary: str, quick: str) -> argparse.ArgumentParser:
+    """The ``benchmark`` verb of a task command (help ``summary``) with its --out folder and --quick (help
+    ``quick``); the command adds the rest (:func:`benchmark_rows` for --config and --only)."""
+    bench = verbs.add_parser("benchmark", help=summary)
+    bench.add_argument("--out", required=True, type=Path, help="output directory")
+    bench.add_argument("--quick", action="store_true", help=quick)
+    return bench
+
+
+def benchmark_rows(bench: argparse.ArgumentParser, task: str, only: str) -> None:
+    """--config (default ``configs/TASK/benchmark.yaml``) and --only (help ``only``: which rows, an example) of a
+    ``benchmark`` verb."""
+    bench.add_argument("--config", type=Path, default=None,
+                       help=f"benchmark YAML (default configs/{task}/benchmark.yaml)")
+    bench.add_argument("--only", default=None, type=comma_list, help=only)
 
 
 def check_count(value: int, option: str, minimum: int = 1, example: int | None = None) -> int:

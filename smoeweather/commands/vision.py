@@ -5,19 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from smoeweather.commands.options import benchmark_rows, benchmark_verb
+
 NAME = "vision"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     vision = sub.add_parser("vision", help="vision MoE baselines on images (V-MoE, E³, ResBlock-MoE, EMoE, SMoE)")
     verbs = vision.add_subparsers(dest="vision_verb", required=True)
-    bench = verbs.add_parser("benchmark", help="train every row with one step budget; write the results table")
-    bench.add_argument("--out", required=True, type=Path, help="output directory")
-    bench.add_argument("--quick", action="store_true", help="fewer steps and smaller models (< 15 min on 2 cores)")
-    bench.add_argument("--config", type=Path, default=None,
-                       help="benchmark YAML (default configs/vision/benchmark.yaml)")
-    bench.add_argument("--only", default=None, type=lambda s: [r for r in s.split(",") if r],
-                       help="comma-separated rows (e.g. vit,vmoe_k2,e3)")
+    bench = benchmark_verb(verbs, "train every row with one step budget; write the results table",
+                           quick="fewer steps and smaller models (< 15 min on 2 cores)")
+    benchmark_rows(bench, "vision", only="comma-separated rows (e.g. vit,vmoe_k2,e3)")
     bench.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     bench.add_argument("overrides", nargs="*", help="config overrides key.sub=value (e.g. steps=100)")
 
