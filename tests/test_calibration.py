@@ -14,7 +14,7 @@ from scipy import stats
 
 from pipelines.prepare import write_store
 from smoeweather.cli import main
-from smoeweather.evaluate import evaluate
+from smoeweather.evaluate.run import evaluate
 from smoeweather.metrics import calibration as cal
 from smoeweather.metrics.weights import cell_area_weights
 

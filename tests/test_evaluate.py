@@ -11,7 +11,7 @@ import scores.continuous
 import xarray as xr
 
 from pipelines.prepare import write_store
-from smoeweather.evaluate import evaluate, scores_json
+from smoeweather.evaluate.run import evaluate, scores_json
 from smoeweather.forecast import make_forecast, run_forecast
 from smoeweather.forecast.climatology import climatology_at, day_of_year, doy_climatology
 from smoeweather.metrics import deterministic as det
@@ -232,7 +232,7 @@ def test_field_read_once_scores_equal_the_lazy_blocked_scores(linear_store: Path
     """A field small enough is read into memory once before it is scored (the completeness check, calibration,
     our scores and the WB2 terms each read the store otherwise); a larger one stays lazy. Every score of the two
     paths is the same, up to float64 re-association of the same sums."""
-    import smoeweather.evaluate as E
+    import smoeweather.evaluate.run as E
 
     base = make_forecast(linear_store, method="persistence", init=("2000-01-03", "2000-01-12"), every="12h",
                          leads_h=(24, 48), fields=["geopotential_500"], progress=False)

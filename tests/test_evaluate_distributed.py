@@ -78,7 +78,7 @@ def _assert_same_outputs(a: Path, b: Path) -> None:
 def test_arrays_travel_with_their_strides() -> None:
     """A view with gaps and permuted axes comes back with the same strides (a contiguous copy sums in another
     order), its values equal; a contiguous array, a Fortran-ordered one and a broadcast one come back equal."""
-    from smoeweather.evaluate_cluster import Packed
+    from smoeweather.evaluate.cluster import Packed
 
     base = np.random.default_rng(0).standard_normal((6, 8, 130))
     view = base.transpose(2, 0, 1)[:, ::2, 1:]
@@ -98,7 +98,7 @@ def test_scores_on_a_cluster_equal_the_threaded_scores(tmp_path: Path, monkeypat
     climatology reference, ACC, binary and Brier scores, the reliability table and the rank histogram."""
     from distributed import LocalCluster
 
-    import smoeweather.evaluate as E
+    import smoeweather.evaluate.run as E
     import smoeweather.metrics.scores as S
     from smoeweather.data import ensembles
 

@@ -15,7 +15,7 @@ import xarray as xr
 
 from pipelines.prepare import write_store
 from smoeweather.cli import main
-from smoeweather.evaluate import evaluate, scores_json
+from smoeweather.evaluate.run import evaluate, scores_json
 from smoeweather.forecast import run_forecast
 from smoeweather.metrics import probabilistic as P
 from smoeweather.metrics.regions import WB2_REGIONS, parse_region, parse_regions, region_weights

@@ -20,7 +20,7 @@ from conftest import REPO
 from smoeweather.cli import main
 from smoeweather.data.ensembles import gaussian_dataset, write_store
 from smoeweather.data.sites import read_site_table, write_sites
-from smoeweather.evaluate import evaluate
+from smoeweather.evaluate.run import evaluate
 
 MEMBERS = ["CMCG", "ETA", "GFS", "UKMO"]
 VAR = "2m_temperature"

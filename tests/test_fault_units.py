@@ -161,7 +161,7 @@ def test_crossval_degc_forecast_against_k_truth(tmp_path: Path) -> None:
 
 
 def test_evaluate_degc_forecast_against_k_truth(tmp_path: Path) -> None:
-    from smoeweather.evaluate import evaluate
+    from smoeweather.evaluate.run import evaluate
 
     truth = tiny_ens(tmp_path / "truth_k.nc", "K")
     rmse_k = evaluate({"ens": str(truth)}, str(truth), references=False)["rmse"]
@@ -196,7 +196,7 @@ def test_thresholds_with_units_on_a_k_field(tmp_path: Path) -> None:
 
 def test_evaluate_thresholds_with_units(tmp_path: Path) -> None:
     from smoeweather.commands.evaluate import parse_thresholds
-    from smoeweather.evaluate import evaluate
+    from smoeweather.evaluate.run import evaluate
 
     truth = tiny_ens(tmp_path / "truth.nc", "K")
     s = evaluate({"ens": str(truth)}, str(truth), references=False,

@@ -18,7 +18,7 @@ from pipelines.prepare import write_store
 from pipelines.world import simulate_world
 from smoeweather.config import apply_overrides, read_config
 from smoeweather.data.weather import WeatherBenchDataset
-from smoeweather.evaluate import evaluate
+from smoeweather.evaluate.run import evaluate
 from smoeweather.forecast import make_forecast, run_forecast
 from smoeweather.training.checkpoint import load_trained
 from smoeweather.training.run import train

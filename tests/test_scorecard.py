@@ -12,7 +12,7 @@ from scipy import stats
 
 from pipelines.prepare import write_store
 from smoeweather.cli import main
-from smoeweather.evaluate import evaluate
+from smoeweather.evaluate.run import evaluate
 from smoeweather.metrics.significance import effective_sample_size, paired_difference_test
 from smoeweather.plotting.scorecard import scorecard_table
 

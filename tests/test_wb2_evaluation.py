@@ -16,7 +16,7 @@ import xarray as xr
 
 from pipelines.prepare import write_store
 from smoeweather.cli import main
-from smoeweather.evaluate import evaluate
+from smoeweather.evaluate.run import evaluate
 from smoeweather.metrics.weights import cell_area_weights
 
 EPS64 = float(np.finfo(np.float64).eps)

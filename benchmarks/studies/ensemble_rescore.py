@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from smoeweather.evaluate import evaluate
+from smoeweather.evaluate.run import evaluate
 from smoeweather.io import write_json
 
 

@@ -3,7 +3,7 @@ RMSE, bias, ACC (and CRPS, spread–skill, debiased ensemble-mean MSE, energy sc
 forecasts) per region → DIR/scores.{nc,json,md} and DIR/wb2/METHOD/EVALUATION.nc (WeatherBench 2's evaluation
 files: deterministic, deterministic_temporal, probabilistic, ensemble_binary, gaussian_*). Site (station)
 forecasts (site tables, CF timeSeries files, ``smoe postprocess apply`` outputs on sites) are scored against a
-site table/file's observations (:mod:`smoeweather.evaluate_sites`): DIR/scores.{nc,json,md}, no WB2 files."""
+site table/file's observations (:mod:`smoeweather.evaluate.sites`): DIR/scores.{nc,json,md}, no WB2 files."""
 
 from __future__ import annotations
 
@@ -117,8 +117,8 @@ def check_method_names(named: list[list[str]]) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.cli import storage_options as json_storage_options
     from pipelines.readers._files import decoding_errors
-    from smoeweather.evaluate import evaluate
-    from smoeweather.evaluate_sites import is_site_run
+    from smoeweather.evaluate.run import evaluate
+    from smoeweather.evaluate.sites import is_site_run
 
     forecasts: dict[str, str] | list[str] = [p for p in args.forecasts if "=" not in p]
     named = [p.split("=", 1) for p in args.forecasts if "=" in p]
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 def _summary(scores: Any, where: str = "sqrt after the time mean, global") -> None:
     """A short printout: the headline RMSE table (the rest is in scores.md)."""
     from smoeweather.data.ensembles import lead_label
-    from smoeweather.evaluate_files import headline
+    from smoeweather.evaluate.files import headline
 
     h = headline(scores)
     leads = [lead_label(td) for td in h["prediction_timedelta"].values]

@@ -169,7 +169,7 @@ def forecast_scores(forecast: xr.DataArray, kind: str, truth: xr.DataArray, weig
     (debiased ensemble-mean MSE: squared), ACC, spread–skill and diversity ratio dimensionless.
     ``rank_histogram`` (ensembles) is over ``weights`` only (the global one with ``regions``). ``space``: the
     dims of ``dims`` averaged first with the weights (default: latitude and longitude; site forecasts: their
-    case dim, :mod:`smoeweather.evaluate_sites`); the other dims of ``dims`` are averaged after, plainly.
+    case dim, :mod:`smoeweather.evaluate.sites`); the other dims of ``dims`` are averaged after, plainly.
     """
     truth = truth.astype(np.float64)
     space = [d for d in dims if (d in space if space is not None else d in SPATIAL_DIMS) and d in truth.dims]

@@ -2,7 +2,7 @@
 
 Every run's best checkpoint forecasts the test period with :func:`smoeweather.forecast.run_forecast` (members of
 ``e3``/``deep_ensemble``, μ and σ of ``gaussian``, one field of a deterministic network), and
-:func:`smoeweather.evaluate.evaluate` scores it against the data store: the fair CRPS (closed form for
+:func:`smoeweather.evaluate.run.evaluate` scores it against the data store: the fair CRPS (closed form for
 ``gaussian``; a deterministic forecast is a one-member ensemble, its CRPS its MAE), the spread/skill ratio with
 √((M+1)/M), the RMSE of the ensemble mean (or μ), the rank histogram and the member diversity. The study's
 main score is the CRPS; :func:`ensemble_summary` adds the other metrics and the training cost, each paired
@@ -43,7 +43,7 @@ def score_ensemble_run(checkpoint: str | Path, cfg: dict[str, Any], leads_h: lis
     ``scores.{nc,json,md}`` (with rank histograms) stay in ``work``. ``extra`` holds :data:`EXTRA_METRICS`
     (those the forecast kind has), ``rank_histogram`` {lead: {target: [frequencies]}} and
     ``forecast_seconds`` (wall time of the test forecast)."""
-    from smoeweather.evaluate import evaluate
+    from smoeweather.evaluate.run import evaluate
 
     dcfg = cfg["data"]
     t0 = time.perf_counter()

@@ -135,12 +135,12 @@ def environment(threads: dict[str, int]) -> dict[str, Any]:
 def score_with_forecast(checkpoint: str | Path, cfg: dict[str, Any], leads_h: list[int], targets: list[str],
                         work: Path) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
     """RMSE (physical units) via :func:`smoeweather.forecast.run_forecast` (initialisations every 12 h of the
-    test period whose longest lead verifies inside it) and :func:`smoeweather.evaluate.evaluate`
+    test period whose longest lead verifies inside it) and :func:`smoeweather.evaluate.run.evaluate`
     against the data store; returns ({"72h": {target: rmse}}, {"persistence": {"72h": {target: rmse}}}).
     When the store has a ``land_sea_mask`` the scores also hold ``TARGET/land`` and ``TARGET/sea`` (land and
     sea regions weighted by the land fraction, :mod:`smoeweather.metrics.regions`): what a land-sea routed
     SMoE claims to learn. The forecast and ``scores.{nc,json,md}`` stay in ``work``."""
-    from smoeweather.evaluate import evaluate
+    from smoeweather.evaluate.run import evaluate
     from smoeweather.studies.ensembles import forecast_test_period
 
     dcfg = cfg["data"]

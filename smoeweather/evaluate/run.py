@@ -5,7 +5,7 @@ Orchestration above :mod:`smoeweather.metrics` (pure xarray), in small steps: op
 (:func:`climatology_inputs`), score every (method, field) (:func:`score_field`), and join the results with
 xarray (:func:`assemble`) into ONE tidy ``xarray.Dataset`` over (method, field, prediction_timedelta [, region])
 with one variable per metric. scores.json, scores.md and WeatherBench 2's evaluation files are rendered from it
-(:mod:`smoeweather.evaluate_files`).
+(:mod:`smoeweather.evaluate.files`).
 
 Every forecast is matched with the truth at its VALID time ``time + prediction_timedelta``; all methods are scored
 on the same initialisations (those common to every forecast). Weights are WeatherBench 2's cell areas
@@ -36,7 +36,7 @@ from smoeweather.data.ensembles import (
     truth_at_valid_times,
 )
 from smoeweather.data.weather import Field, field_name
-from smoeweather.evaluate_assemble import (
+from smoeweather.evaluate.assemble import (
     FieldContext,
     FieldScores,
     assemble,
@@ -44,8 +44,8 @@ from smoeweather.evaluate_assemble import (
     ordered,
     tidy,
 )
-from smoeweather.evaluate_cluster import map_on_cluster, on_scheduler
-from smoeweather.evaluate_files import (
+from smoeweather.evaluate.cluster import map_on_cluster, on_scheduler
+from smoeweather.evaluate.files import (
     ESTIMATORS,
     HEADLINE_REGION,
     headline,
@@ -54,7 +54,7 @@ from smoeweather.evaluate_files import (
     wb2_results,
     write_scores,
 )
-from smoeweather.evaluate_inputs import (
+from smoeweather.evaluate.inputs import (
     Inputs,
     Source,
     _regions_for,
@@ -212,7 +212,7 @@ def _contexts(inp: Inputs, base: FieldContext, clim: tuple[dict, dict], events: 
 def _score_all(inp: Inputs, contexts: dict[Field, FieldContext], allow_missing: bool, progress: bool,
                client: Any = None) -> tuple[list[xr.Dataset], dict]:
     """Score every (method, field): (per-pair Datasets, {(method, field name): n missing}); each pair one task
-    on the cluster of ``client`` when given (:func:`smoeweather.evaluate_cluster.map_on_cluster`)."""
+    on the cluster of ``client`` when given (:func:`smoeweather.evaluate.cluster.map_on_cluster`)."""
     from smoeweather.forecast.output import forecast_fields
 
     parts, missing = [], {}
@@ -314,12 +314,12 @@ def evaluate(
     ``bss_reference``, by default the first ensemble) are computed. ``progress``: a bar on a terminal, stage
     lines when piped. Site (station) forecasts and observations (site tables, read with the column options
     ``table``; CF timeSeries files; ``smoe postprocess apply`` stores on sites) are scored by
-    :func:`smoeweather.evaluate_sites.evaluate_sites` (grid-only options refused). ``plausibility_check``: refuse
+    :func:`smoeweather.evaluate.sites.evaluate_sites` (grid-only options refused). ``plausibility_check``: refuse
     gridded forecasts or truth with implausible values (:func:`pipelines.plausibility.check_plausible`).
-    ``scheduler``: where the gridded scores are computed (:func:`smoeweather.evaluate_cluster.on_scheduler`:
+    ``scheduler``: where the gridded scores are computed (:func:`smoeweather.evaluate.cluster.on_scheduler`:
     None for threads in this process, ``"local"`` or a dask.distributed scheduler address); the same bits on each.
     """
-    from smoeweather.evaluate_sites import evaluate_sites, is_site_run
+    from smoeweather.evaluate.sites import evaluate_sites, is_site_run
 
     if is_site_run(forecasts, truth):
         grid = {"--climatology": climatology, "--climatology-years": climatology_years, "--regions": regions,
@@ -357,7 +357,7 @@ def _grid_scores(forecasts: Mapping[str, Source] | Source | Sequence[Source], tr
                  progress: bool, plausibility_check: bool, client: Any = None) -> xr.Dataset:
     """The scores Dataset of gridded forecasts (:func:`evaluate`'s arguments; ``band``: the spectra's
     ((lat0, lat1), recipe), None without spectra); each (method, field) scored on the cluster of ``client``
-    (:func:`smoeweather.evaluate_cluster.map_on_cluster`), else here."""
+    (:func:`smoeweather.evaluate.cluster.map_on_cluster`), else here."""
     inp = open_inputs(forecasts, truth, storage_options, ensemble_dim, plausibility_check)
     if inp.truth_in_file and references:
         warnings.warn(f"{inp.where_truth}: truth held inside a forecast file; no persistence/climatology "
@@ -391,7 +391,7 @@ def _grid_scores(forecasts: Mapping[str, Source] | Source | Sequence[Source], tr
     prov = _provenance(inp, truth, climatology, clim_kind, region_list, land_threshold, lsm_from, band,
                        binary_quantiles, missing)
     scores.attrs = {"provenance": json.dumps(prov)}
-    from smoeweather.evaluate_files import describe_scores
+    from smoeweather.evaluate.files import describe_scores
 
     describe_scores(scores, band[0] if band is not None else DEFAULT_BAND)
     return scores

@@ -2,7 +2,7 @@
 (:class:`FieldScores`, against a :class:`FieldContext`) with length-1 ``method``/``field`` dims (:func:`tidy`),
 merged with xarray in the order given (:func:`assemble`, :func:`ordered`), and the Brier skill scores added
 (:func:`brier_skill_scores`). Shared by the gridded (:mod:`smoeweather.evaluate`) and the site
-(:mod:`smoeweather.evaluate_sites`) evaluations."""
+(:mod:`smoeweather.evaluate.sites`) evaluations."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.data.weather import Field, field_name
-from smoeweather.evaluate_files import HEADLINE_REGION
+from smoeweather.evaluate.files import HEADLINE_REGION
 from smoeweather.metrics.scores import METRICS
 
 

@@ -29,7 +29,7 @@ import xarray as xr
 from pipelines.readers._files import open_data
 from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian, store_names
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
-from smoeweather.evaluate_inputs import (
+from smoeweather.evaluate.inputs import (
     add_thresholds,
     align_forecast,
     at_thresholds,
@@ -336,7 +336,7 @@ def _score_all(inp: SiteInputs, events: dict[str, xr.DataArray], allow_missing: 
                ) -> tuple[list[xr.Dataset], dict[str, xr.DataArray], dict[tuple[str, str], int]]:
     """(per-(method, field) score Datasets, {field: scored cases (time, lead, site)}, {(method, field): cases
     missing})."""
-    from smoeweather.evaluate_assemble import FieldScores, tidy
+    from smoeweather.evaluate.assemble import FieldScores, tidy
 
     parts, masks, missing = [], {}, {}
     for name in inp.fields:
@@ -366,7 +366,7 @@ def _finish(scores: xr.Dataset, inp: SiteInputs, masks: dict[str, xr.DataArray])
              for m in methods]
     scores = scores.assign_coords(units=("field", units), ensemble_size=("method", np.asarray(sizes, np.int64)),
                                   kind=("method", [inp.kinds[m] for m in methods]))
-    from smoeweather.evaluate_files import describe_scores
+    from smoeweather.evaluate.files import describe_scores
     from smoeweather.metrics.spectra import DEFAULT_BAND
 
     describe_scores(scores, DEFAULT_BAND)
@@ -419,7 +419,7 @@ def _provenance(inp: SiteInputs, truth: Any, masks: dict[str, xr.DataArray], mis
 
 
 def _markdown(scores: xr.Dataset) -> str:
-    from smoeweather.evaluate_files import scores_markdown
+    from smoeweather.evaluate.files import scores_markdown
 
     prov = json.loads(scores.attrs.get("provenance", "{}"))
     dropped = {k: v for k, v in prov.get("sites", {}).get("dropped_not_common", {}).items() if v}
@@ -437,7 +437,7 @@ def write_site_scores(scores: xr.Dataset, out_dir: Source, overwrite: bool = Tru
     """``out_dir``/scores.nc, scores.json and scores.md (no WB2 files: they are for grids), written into a
     staging folder and moved into place as a whole (a failed run leaves nothing)."""
     from pipelines.atomic import atomic_output
-    from smoeweather.evaluate_files import scores_json
+    from smoeweather.evaluate.files import scores_json
     from smoeweather.io import write_netcdf
 
     out_dir = Path(out_dir)
@@ -467,7 +467,7 @@ def evaluate_sites(forecasts: Mapping[str, Source] | Source | Sequence[Source], 
         from pipelines.atomic import check_output
 
         check_output(out_dir, overwrite, inputs=[forecasts, truth])  # before anything is computed, never over an input
-    from smoeweather.evaluate_assemble import assemble, brier_skill_scores
+    from smoeweather.evaluate.assemble import assemble, brier_skill_scores
 
     inp = open_site_inputs(forecasts, truth, table, ensemble_dim)
     events = event_thresholds(inp, thresholds)
