@@ -1,6 +1,6 @@
 """One row of the paper's heat-diffusion table (§3.1, Tables 1–2) at paper size on a GPU, within a wall-clock budget.
 
-Runs ``smoeweather.experiments.heat.train_row`` (the ``smoe heat benchmark`` protocol of
+Runs ``smoeweather.heat.table.train_row`` (the ``smoe heat benchmark`` protocol of
 ``configs/heat/benchmark.yaml``, reference block: selection on validation % within 1 %, reference init,
 damping factor 0.0) for one row and seed on an existing heat store, with two changes for the device call:
 
@@ -30,7 +30,7 @@ from unittest import mock
 import lightning as L
 import torch
 
-from smoeweather.experiments import heat
+from smoeweather.heat import table as heat
 from smoeweather.models import registry
 
 

@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smoeweather.experiments.study import load_study  # noqa: E402
 from smoeweather.io import write_json  # noqa: E402
+from smoeweather.studies.run import load_study  # noqa: E402
 from smoeweather.training.run import train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from smoeweather.experiments.vision import collapse_study, collapse_summary  # noqa: E402
+from smoeweather.vision.table import collapse_study, collapse_summary  # noqa: E402
 
 
 def main() -> None:

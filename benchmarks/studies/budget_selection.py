@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.experiments.study import reference_mismatch, run_score
 from smoeweather.metrics.significance import t_interval
+from smoeweather.studies.run import reference_mismatch, run_score
 
 
 def _step_ratios(studies: list[dict[str, Any]]) -> dict[str, float]:

@@ -11,7 +11,7 @@ Dry run (one study, 1 round; numbers mean nothing): ``--studies gcm_frontier_pre
 For each study with a frontier figure under ``benchmarks/studies/results/`` (its committed study JSON holds the
 finished runs, so no training is repeated):
 
-1. every arm's cost as ``smoe study --cost-only`` measures it (:func:`smoeweather.experiments.cost.measure_costs`:
+1. every arm's cost as ``smoe study --cost-only`` measures it (:func:`smoeweather.studies.cost.measure_costs`:
    parameters, training-step FLOPs, training-step and inference time as ratios to the study's reference arm, on
    the study's threads, interleaved rounds), each SMoE arm twice: as ``smoe train`` runs it
    (``expert_compute="auto"``, which is ``used`` on CPU) and with ``expert_compute="selected"``
@@ -75,8 +75,8 @@ def use_selected(module: Any) -> None:
 
 def measure(name: str, rounds: int | None) -> dict[str, Any]:
     """The re-measured ``cost`` block of study ``name`` with a ``+selected`` twin of each SMoE arm."""
-    from smoeweather.experiments.cost import CostOptions, measure_costs
-    from smoeweather.experiments.study import environment, load_study, pin_threads
+    from smoeweather.studies.cost import CostOptions, measure_costs
+    from smoeweather.studies.run import environment, load_study, pin_threads
 
     committed = json.loads((STUDIES / f"{name}.json").read_text())
     study = load_study(REPO / "configs" / "studies" / f"{name}.yaml")

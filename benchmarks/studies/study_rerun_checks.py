@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from smoeweather.experiments.study import run_score
 from smoeweather.metrics.significance import t_interval
+from smoeweather.studies.run import run_score
 
 
 def _runs(study: dict[str, Any], arm: str) -> dict[int, dict[str, Any]]:
