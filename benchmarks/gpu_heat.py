@@ -13,15 +13,14 @@ After every validation the epoch, validation % within 1 % and loss and the elaps
 ``OUT/heat_<row>_seed<k>_progress.jsonl``, so a kill still leaves the curve; the final row (test score, the
 paper's number, epochs, steps, routing accuracy) goes to ``OUT/heat_<row>_seed<k>.json``.
 
-    python benchmarks/gpu_heat.py --row smoe --store /tmp/heat.zarr --out /tmp/heat --minutes 3
-    python benchmarks/gpu_heat.py --summary /tmp/heat   # heat_gpu.md: the rows found there against the paper
+    python -m benchmarks.gpu_heat --row smoe --store /tmp/heat.zarr --out /tmp/heat --minutes 3
+    python -m benchmarks.gpu_heat --summary /tmp/heat   # heat_gpu.md: the rows found there against the paper
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 import types
 from pathlib import Path
 from typing import Any
@@ -30,16 +29,17 @@ from unittest import mock
 import lightning as L
 import torch
 
+from benchmarks.harness import Machine, clock, write_results
 from smoeweather.heat import table as heat
 from smoeweather.models import registry
 
 
 class Deadline(L.Callback):
-    """Stop at the epoch end after which another epoch as long as the last would pass ``deadline``
-    (``time.monotonic``); log each validation to ``path``."""
+    """Stop at the epoch end after which another epoch as long as the last would pass ``deadline`` (the harness's
+    ``clock``); log each validation to ``path``."""
 
     def __init__(self, deadline: float, path: Path) -> None:
-        self.deadline, self.path, self.start, self.stopped = deadline, path, time.monotonic(), False
+        self.deadline, self.path, self.start, self.stopped = deadline, path, clock(), False
 
     def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -47,20 +47,22 @@ class Deadline(L.Callback):
         m = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")}
         with self.path.open("a") as f:
             f.write(json.dumps({"epoch": trainer.current_epoch, "step": trainer.global_step,
-                                "seconds": round(time.monotonic() - self.start, 1), **m}) + "\n")
+                                "seconds": round(clock() - self.start, 1), **m}) + "\n")
 
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self.epoch_start = time.monotonic()
+        self.epoch_start = clock()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.sanity_checking or not hasattr(self, "epoch_start"):
             return
-        now = time.monotonic()  # stop unless another epoch as long as this one ends before the deadline
+        now = clock()  # stop unless another epoch as long as this one ends before the deadline
         if now + (now - self.epoch_start) > self.deadline:
             trainer.should_stop, self.stopped = True, True
 
 
 def run_row(row: str, seed: int, store: Path, out: Path, minutes: float, max_epochs: int | None) -> dict[str, Any]:
+    """Train and score one row within ``minutes``; its result goes to ``OUT/heat_<row>_seed<k>.json``."""
+    machine = Machine()
     cfg = heat.resolve_config(protocol="reference")
     training = {**cfg["training"], **(cfg.get("row_training", {}).get(row) or {}), "progress": False,
                 "accelerator": "gpu" if torch.cuda.is_available() else "cpu"}
@@ -69,7 +71,7 @@ def run_row(row: str, seed: int, store: Path, out: Path, minutes: float, max_epo
     out.mkdir(parents=True, exist_ok=True)
     progress = out / f"heat_{row}_seed{seed}_progress.jsonl"
     progress.unlink(missing_ok=True)
-    stopper = Deadline(time.monotonic() + 60 * minutes, progress)
+    stopper = Deadline(clock() + 60 * minutes, progress)
 
     class Trainer(L.Trainer):  # the benchmark's Trainer with the deadline and without determinism
         def __init__(self, *args: Any, callbacks: list | None = None, **kwargs: Any) -> None:
@@ -85,7 +87,7 @@ def run_row(row: str, seed: int, store: Path, out: Path, minutes: float, max_epo
     result |= {"paper": cfg.get("paper", {}).get(row), "stopped_by_deadline": stopper.stopped,
                "minutes": minutes, "size": size, "protocol": cfg["protocol"],
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-    (out / f"heat_{row}_seed{seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_results(out / f"heat_{row}_seed{seed}.json", result, machine=machine)
     return result
 
 
@@ -110,6 +112,7 @@ def summary(folder: Path) -> str:
 
 
 def main() -> None:
+    """One row (``--row``), or the summary of a folder of rows (``--summary``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summary", type=Path, default=None, help="only write DIR/heat_gpu.md from DIR's results")
     parser.add_argument("--row", choices=sorted(registry.names("heat")), help="benchmark row")
@@ -120,7 +123,7 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, default=None, help="override the config's max_epochs")
     args = parser.parse_args()
     if args.summary:
-        (args.summary / "heat_gpu.md").write_text(summary(args.summary))
+        write_results(args.summary / "heat_gpu.md", None, summary(args.summary))
         print(f"wrote {args.summary / 'heat_gpu.md'}")
         return
     if args.row is None or args.store is None or args.out is None:

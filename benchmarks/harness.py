@@ -15,7 +15,8 @@ clock is :func:`time.perf_counter`; ``sync`` (e.g. ``torch.cuda.synchronize``) r
 before it stops.
 
 Threads. :func:`pin_threads` sets torch's intra-op threads (and, where asked, ``OMP/MKL/OPENBLAS_NUM_THREADS`` for
-processes started later); :func:`thread_env` is the environment of a child process with its threads pinned.
+processes started later); :func:`thread_defaults` sets those variables where unset, before torch and numpy load;
+:func:`thread_env` is the environment of a child process with its threads pinned.
 
 Machine and results. :class:`Machine` records the load average when created and again when recorded, with the CPU
 model, core count, torch version and threads, the GPU, the git commit and the command; :func:`write_results` writes
@@ -199,6 +200,13 @@ def thread_env(threads: int, variables: Sequence[str] = THREAD_ENV, base: Mappin
                ) -> dict[str, str]:
     """The environment of a child process (``base``, default this one's) with ``variables`` set to ``threads``."""
     return {**(os.environ if base is None else base), **{v: str(threads) for v in variables}}
+
+
+def thread_defaults(threads: int, variables: Sequence[str] = THREAD_ENV) -> None:
+    """Set those of ``variables`` not set yet to ``threads``: called before torch and numpy load, it sizes their
+    thread pools (a value the caller set is kept)."""
+    for name in variables:
+        os.environ.setdefault(name, str(threads))
 
 
 def pin_threads(threads: int | None, env: Sequence[str] = ()) -> int:

@@ -9,7 +9,7 @@ training cost of the chosen runs in step units (training-step time relative to t
 optimizer steps, mean over seeds). Paired differences (same seed) of the chosen runs' scores to a baseline arm and
 for named pairs: mean [95 % Student-t interval, n − 1 dof].
 
-    python benchmarks/studies/budget_selection.py --study runs/a400/study.json --study runs/b1200/study.json \
+    python -m benchmarks.studies.budget_selection --study runs/a400/study.json --study runs/b1200/study.json \
         --study runs/c3000/study.json --baseline unet_16_32_64 --pair smoe_8_16_32 unet_16_32_64 \
         --out benchmarks/studies/results/gcm_ens_budget_selection.md
 """
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness import Machine, write_results
 from smoeweather.metrics.significance import t_interval
 from smoeweather.studies.run import reference_mismatch, run_score
 
@@ -130,6 +131,7 @@ def markdown(c: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    """Select on the studies given and write the report (markdown and JSON)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--study", type=Path, action="append", required=True,
                    help="study.json of one step budget (repeat, one per budget)")
@@ -139,6 +141,7 @@ def main() -> None:
                    help="a further pair of arms (first − second)")
     p.add_argument("--out", type=Path, required=True, help="markdown file (a .json is written beside it)")
     a = p.parse_args()
+    machine = Machine()
     studies = []
     for path in a.study:
         if not path.is_file():
@@ -148,8 +151,7 @@ def main() -> None:
         c = select(studies, a.metric, a.baseline, [tuple(x) for x in a.pair])
     except ValueError as err:
         raise SystemExit(f"--metric {a.metric}: {err}") from err
-    a.out.write_text(markdown(c))
-    a.out.with_suffix(".json").write_text(json.dumps(c, indent=2) + "\n")
+    write_results(a.out, c, markdown(c), machine=machine)
     print(markdown(c))
 
 

@@ -4,7 +4,7 @@ computations, and every frontier figure re-drawn on the new costs. A benchmark, 
 Quiet-machine command (about 20 min on 2 cores; the studies read their data under ``data/``: ``data/gcm_world/``
 from ``smoe data gcm-world`` and ``data/gcm_ens/`` from ``smoe data gcm-ens``, or links to those folders):
 
-    .venv/bin/python benchmarks/studies/frontier_costs.py
+    .venv/bin/python -m benchmarks.studies.frontier_costs
 
 Dry run (one study, 1 round; numbers mean nothing): ``--studies gcm_frontier_preview --rounds 1 --no-write``.
 
@@ -31,13 +31,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks.harness import REPO, Machine, Stopwatch, command, load_average, write_results
+
 STUDIES = REPO / "benchmarks" / "studies" / "results"
 RESULTS = STUDIES
 SMOE_FAMILIES = ("smoe", "smoe_ensemble")
@@ -95,11 +94,11 @@ def measure(name: str, rounds: int | None) -> dict[str, Any]:
             if committed["variants"].get(v.name, {}).get("family") in SMOE_FAMILIES:
                 configs[v.name + SELECTED] = cfg
                 prepare[v.name + SELECTED] = use_selected
-        t0 = time.perf_counter()
-        cost = measure_costs(configs, options, log=lambda m: print(f"{name}: {m}", flush=True), prepare=prepare)
+        with Stopwatch() as watch:
+            cost = measure_costs(configs, options, log=lambda m: print(f"{name}: {m}", flush=True), prepare=prepare)
     cost["environment"] = environment({"threads": options.threads})
-    cost["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    cost["seconds"] = round(time.perf_counter() - t0, 1)
+    cost["load_average_after"] = load_average()
+    cost["seconds"] = round(watch.seconds, 1)
     return cost
 
 
@@ -205,12 +204,13 @@ def study_report(name: str, measured: dict[str, Any] | None, write: bool) -> dic
                     "path": row["path"], "verdict_before": before.get(arm, {}), "verdict_now": now.get(arm, {})}
     drawn = []
     if write and measured is not None:
-        path.write_text(json.dumps(new, indent=2, default=str) + "\n")
+        write_results(path, new)
         drawn = redraw(name, path)
     return {"rows": rows, "figures": drawn, "seconds": (measured or new["cost"]).get("seconds")}
 
 
 def main() -> None:
+    """Re-measure every frontier study (or rebuild the report only) and write the report."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--studies", nargs="*", default=None, help="study names (default: every frontier study)")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default: each study's own)")
@@ -219,25 +219,23 @@ def main() -> None:
                     help="measure nothing: rebuild the report from the study JSONs' cost and cost_previous "
                          "(written by an earlier run)")
     args = ap.parse_args()
+    machine = Machine()
     if args.report_only:
         old = json.loads((RESULTS / "frontier_costs.json").read_text())
         report = {**old, "studies": {name: study_report(name, None, False) for name in old["studies"]}}
-        (RESULTS / "frontier_costs.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-        (RESULTS / "frontier_costs.md").write_text(markdown(report))
+        write_results(RESULTS / "frontier_costs", report, markdown(report), machine=machine)
         print(markdown(report))
         return
-    report: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "load_at_start": [round(x, 2) for x in
-                                                                                     os.getloadavg()],
-                              "command": " ".join(sys.argv), "studies": {}}
+    report: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "load_at_start": machine.load_start,
+                              "command": command(), "studies": {}}
     for name in args.studies or frontier_studies():
         print(f"== {name}", flush=True)
         report["studies"][name] = study_report(name, measure(name, args.rounds), not args.no_write)
-    report["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    report["load_at_end"] = load_average()
     text = markdown(report)
     print(text)
     if not args.no_write:
-        (RESULTS / "frontier_costs.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-        (RESULTS / "frontier_costs.md").write_text(text)
+        write_results(RESULTS / "frontier_costs", report, text, machine=machine)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ gcm_ens_thread_spread.yaml):
   validation loss of each run, paired by seed, 95 % Student-t interval); test scores are not used.
 
 Writes one markdown file (and a JSON beside it).
-    python benchmarks/studies/study_rerun_checks.py --study P.json --rerun S.json --threads T.json --arm unet_16_32_64 \
+    python -m benchmarks.studies.study_rerun_checks --study P.json --rerun S.json --threads T.json --arm unet_16_32_64 \
         --schedule S.json --constant unet_16_32_64_constant --out benchmarks/studies/results/gcm_ens_rerun_checks.md
 """
 
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness import Machine, write_results
 from smoeweather.metrics.significance import t_interval
 from smoeweather.studies.run import run_score
 
@@ -103,6 +104,7 @@ def markdown(c: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    """The checks of the study files given; write the report (markdown and JSON)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--study", type=Path, required=True, help="study.json of the reference runs")
     p.add_argument("--rerun", type=Path, default=None, help="study.json with the same arm re-run, same threads")
@@ -113,13 +115,13 @@ def main() -> None:
     p.add_argument("--metric", default="geopotential_500@48h", help="TARGET@LEAD scored on the test block")
     p.add_argument("--out", type=Path, required=True, help="markdown file (a .json is written beside it)")
     a = p.parse_args()
+    machine = Machine()
     load = lambda path: None if path is None else json.loads(path.read_text())  # noqa: E731
     try:
         c = checks(load(a.study), load(a.rerun), load(a.threads), load(a.schedule), a.arm, a.constant, a.metric)
     except ValueError as err:
         raise SystemExit(f"--metric {a.metric}: {err}") from err
-    a.out.write_text(markdown(c))
-    a.out.with_suffix(".json").write_text(json.dumps(c, indent=2) + "\n")
+    write_results(a.out, c, markdown(c), machine=machine)
     print(markdown(c))
 
 
