@@ -151,17 +151,30 @@ _BOUND_TESTS: dict[str, Callable[[Any, Any], bool]] = {
     "gt": lambda v, b: v > b, "ge": lambda v, b: v >= b, "lt": lambda v, b: v < b, "le": lambda v, b: v <= b}
 
 
+def _subject(path: str) -> str:
+    """How a message names a setting: a command-line option (``path`` starting with ``-``) by itself, a config
+    key as ``config key 'a.b'``."""
+    return path if path.startswith("-") else f"config key {path!r}"
+
+
+def _fix(path: str, example: Any) -> str:
+    """``; set e.g. a.b=1`` (a config key) or ``; set e.g. --a-b 1`` (an option); empty without an example."""
+    if example is None:
+        return ""
+    return f"; set e.g. {path} {example}" if path.startswith("-") else f"; set e.g. {path}={example}"
+
+
 def check_bounds(path: str, value: Any, bounds: Mapping[str, Any], example: Any = None) -> None:
     """ConfigError naming ``path`` when the number ``value`` breaks one of ``bounds`` (``gt``, ``ge``, ``lt``,
-    ``le``: bound), e.g. ``config key 'training.lr' must be > 0, got -1; set e.g. training.lr=0.001``.
-    Values that are not numbers (null, a list) are left to the type checks."""
+    ``le``: bound), e.g. ``config key 'training.lr' must be > 0, got -1; set e.g. training.lr=0.001``; a
+    ``path`` that is a command-line option is named as one (``--drn-hidden must be >= 1, got 0; set e.g.
+    --drn-hidden 32``). Values that are not numbers (null, a list) are left to the type checks."""
     if not _is_number(value):
         return
     broken = [k for k, b in bounds.items() if b is not None and not _BOUND_TESTS[k](value, b)]
     if broken:
         rule = " and ".join(f"{_BOUND_WORDS[k]} {b}" for k, b in bounds.items() if b is not None)
-        fix = f"; set e.g. {path}={example}" if example is not None else ""
-        raise ConfigError(f"config key {path!r} must be {rule}, got {value!r}{fix}")
+        raise ConfigError(f"{_subject(path)} must be {rule}, got {value!r}{_fix(path, example)}")
 
 
 class Bounded:
@@ -391,14 +404,19 @@ class Arguments:
 
 
 # ---- typed settings: a dataclass per block, each default and bound in its field -----------------------
-def setting(default: Any = dataclasses.MISSING, *, example: Any = None, doc: str = "", **bounds: Any) -> Any:
+def setting(default: Any = dataclasses.MISSING, *, example: Any = None, doc: str = "",
+            option: str | tuple[str, ...] | None = None, metavar: str | tuple[str, ...] | None = None,
+            **bounds: Any) -> Any:
     """A dataclass field of a typed config block: its default (the ONE place it is set), bounds (``gt``,
-    ``ge``, ``lt``, ``le``, checked by :func:`parse_settings`) and a one-line ``doc``. Mutable defaults
+    ``ge``, ``lt``, ``le``, checked by :func:`parse_settings`) and a one-line ``doc``; ``option``: the
+    command-line option(s) that set it where a command takes it (``--drn-hidden``; the first names it in
+    messages, :func:`parse_settings` ``by_option``), ``metavar`` its argparse metavar. Mutable defaults
     (lists, mappings) are copied per instance."""
     unknown = set(bounds) - set(_BOUND_WORDS)
     if unknown:
         raise TypeError(f"unknown bounds {sorted(unknown)}; expected {sorted(_BOUND_WORDS)}")
-    metadata = {"bounds": bounds, "example": example, "doc": doc}
+    options = (option,) if isinstance(option, str) else tuple(option or ())
+    metadata = {"bounds": bounds, "example": example, "doc": doc, "option": options, "metavar": metavar}
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -419,9 +437,8 @@ class SettingSpec:
         if example is None and self.field.default is not dataclasses.MISSING:
             example = self.field.default
         if _check_hint(value, self.hint) is False:
-            fix = f"; set e.g. {path}={example}" if example is not None else ""
-            raise ConfigError(f"config key {path!r} must be {describe_hint(self.hint)}, got "
-                              f"{type(value).__name__} {value!r}{fix}")
+            raise ConfigError(f"{_subject(path)} must be {describe_hint(self.hint)}, got "
+                              f"{type(value).__name__} {value!r}{_fix(path, example)}")
         check_bounds(path, value, self.field.metadata.get("bounds", {}), example)
 
 
@@ -444,11 +461,20 @@ def _coerce(value: Any, hint: Any) -> Any:
     return float(value) if hint is float and _is_number(value) else value
 
 
-def parse_settings(cls: type[Any], values: Mapping[str, Any] | None, where: str) -> Any:
+def option_of(f: dataclasses.Field) -> str | None:
+    """The command-line option that names the field ``f`` of a settings dataclass (:func:`setting`'s first
+    ``option``), or None."""
+    options = f.metadata.get("option") or ()
+    return options[0] if options else None
+
+
+def parse_settings(cls: type[Any], values: Mapping[str, Any] | None, where: str, by_option: bool = False) -> Any:
     """An instance of the dataclass ``cls`` from the config block ``values`` at dotted path ``where``,
     validated: an unknown key (with did-you-mean), a value of the wrong type or out of its field's bounds is
     a ConfigError naming the key, what was expected and a value that fits. Missing keys take the field
-    defaults; null ``values`` is an empty block. ``where=""``: the keys are at the top level of a file."""
+    defaults; null ``values`` is an empty block. ``where=""``: the keys are at the top level of a file.
+    ``by_option``: the values came from a command line; a field with an ``option`` is named by it
+    (``--drn-hidden must be >= 1, got 0; set e.g. --drn-hidden 32``)."""
     import typing
 
     if values is None:
@@ -463,6 +489,8 @@ def parse_settings(cls: type[Any], values: Mapping[str, Any] | None, where: str)
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
             raise ConfigError(unknown_key_message(path, fields, where))
+        if by_option:
+            path = option_of(fields[key]) or path
         SettingSpec(cls, key).check(value, path)
         kwargs[key] = _coerce(value, hints[key])
     missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING

@@ -234,7 +234,8 @@ def test_iterations_below_one_are_refused(ens: Path, tmp_path: Path, capsys: pyt
     for verb in ("fit", "crossval"):
         out = tmp_path / f"{verb}.out"
         _fails(["postprocess", verb, "--forecast", str(ens), "--iterations", n, "--out", str(out),
-                *(FAST if verb == "fit" else [])], capsys, f"--iterations {n}", "at least 1")
+                *(FAST if verb == "fit" else [])], capsys, f"--iterations must be >= 1, got {n}",
+               "set e.g. --iterations 50")
         assert not out.exists()
 
 

@@ -33,9 +33,30 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from smoeweather.postprocess.options import add_arguments as add_scale_arguments
+from smoeweather.commands.options import add_settings, settings_of_args
+from smoeweather.postprocess.options import DRNSettings, EMOSSettings, NetworkSettings, add_table_arguments
 
 NAME = "postprocess"
+FIT_METHODS = ("emos", "drn")
+"""``smoe postprocess fit --method``: the post-processing models fitted here (networks: ``smoe train``)."""
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """Where dask runs, progress and the site-table columns: every ``fit`` and ``apply``."""
+    p.add_argument("--scheduler", default=None,
+                   help="dask.distributed scheduler address tcp://host:port (default: a local cluster; "
+                        "'threads' for no cluster)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_table_arguments(p)
+
+
+def _window_arguments(p: argparse.ArgumentParser) -> None:
+    """Rolling training windows of a fit (EMOS and DRN, :mod:`smoeweather.postprocess.rolling`)."""
+    p.add_argument("--window", help="rolling training window, e.g. 25D: one fit per forecast date")
+    p.add_argument("--lag", default=None,
+                   help="with --window: the window ends this long before each date (default: the longest lead)")
+    p.add_argument("--dates", nargs=2, metavar=("START", "END"),
+                   help="with --window: forecast dates to fit (default: every date with a full window)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,20 +67,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common.add_argument("--overwrite", action="store_true", help="replace existing outputs")
 
     f = verbs.add_parser("fit", parents=[common], help="fit EMOS coefficients → CF netCDF model file")
-    f.add_argument("--method", choices=["emos", "drn"], default="emos",
+    f.add_argument("--method", choices=FIT_METHODS, default=FIT_METHODS[0],
                    help="emos (default) or drn: a distributional regression network with a location embedding")
-    f.add_argument("--per-gridpoint", action="store_true", help="one fit per grid point (default: global)")
     f.add_argument("--forecast", type=Path, nargs="+", required=True,
                    help="training ensemble: store(s) or forecast file(s), concatenated along init time")
     f.add_argument("--truth", type=Path, help="truth store (valid times); default: the truth inside --forecast")
     f.add_argument("--train-period", nargs=2, metavar=("A", "B"),
                    help="init times used for fitting (dates or years, inclusive; default: all)")
     f.add_argument("--variables", nargs="+", help="ensemble variables to fit (default: all)")
-    f.add_argument("--iterations", type=int, default=None, help="max Newton iterations per fit (default 50)")
     f.add_argument("--out", type=Path, required=True, help="model file (netCDF, e.g. emos.nc)")
     f.add_argument("--no-plausibility-check", action="store_true",
                    help="do not refuse ensemble/truth values outside the plausible range of a known variable")
-    add_scale_arguments(f, "fit")  # --scheduler, site tables, --predictors, --per-site, --window/--lag
+    add_settings(f, EMOSSettings)  # --per-gridpoint/--per-site, --predictors, --distribution, --iterations
+    _window_arguments(f)
+    _run_arguments(f)
+    add_settings(f.add_argument_group("DRN (--method drn): distributional regression network"), DRNSettings)
 
     a = verbs.add_parser("apply", parents=[common], help="calibrate a forecast with EMOS or a network")
     which = a.add_mutually_exclusive_group()
@@ -96,8 +118,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--netcdf", action="store_true",
                    help="also write every .zarr output as CF netCDF beside it (<name>.nc, IMPROVER's layout: time = "
                         "validity, forecast_reference_time, forecast_period); an output named .nc is netCDF already")
-    a.add_argument("--batch-size", type=int, default=8, help="checkpoints: samples per network batch")
-    add_scale_arguments(a, "apply")
+    add_settings(a, NetworkSettings)  # --batch-size
+    _run_arguments(a)
 
     c = verbs.add_parser("crossval", parents=[common],
                          help="leave-one-year/month-out EMOS vs raw CRPS → DIR/crossval.{json,md}")
@@ -106,7 +128,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--truth", type=Path, help="truth store (valid times); default: the truth inside --forecast")
     c.add_argument("--variables", nargs="+", help="ensemble variables to cross-validate (default: all)")
     c.add_argument("--fold", choices=["year", "month"], default="year", help="folds (default year)")
-    c.add_argument("--iterations", type=int, default=None, help="max Newton iterations per fit (default 50)")
+    add_settings(c, EMOSSettings, only=("iterations",))
     c.add_argument("--out", type=Path, required=True, help="output folder")
 
     s = verbs.add_parser("synthetic", parents=[common], help="seeded imperfect ensemble of a canonical store")
@@ -125,9 +147,6 @@ def _sibling(out: Path, suffix: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    iterations = getattr(args, "iterations", None)
-    if iterations is not None and iterations < 1:  # 0 wrote an unfitted model, reported as "0 not converged"
-        raise ValueError(f"--iterations {iterations}: expected at least 1 Newton iteration per fit (default 50)")
     return {"fit": _fit, "apply": _apply, "crossval": _crossval, "synthetic": _synthetic}[args.pp_verb](args)
 
 
@@ -143,8 +162,9 @@ def _synthetic(args: argparse.Namespace) -> int:
 def _crossval(args: argparse.Namespace) -> int:
     from smoeweather.postprocess.crossval import crossvalidate_files
 
+    iterations = settings_of_args(EMOSSettings, args).iterations  # checked by name before anything is read
     print(crossvalidate_files(args.forecast, args.out, truth=args.truth, variables=args.variables, fold=args.fold,
-                              iterations=args.iterations, overwrite=args.overwrite))
+                              iterations=iterations, overwrite=args.overwrite))
     return 0
 
 
@@ -154,41 +174,16 @@ def _table_options(args: argparse.Namespace) -> dict[str, object]:
             "members": args.table_members, "units": args.units}
 
 
-DRN_OPTIONS = {"hidden": "--drn-hidden", "embedding": "--drn-embedding", "epochs": "--drn-epochs",
-               "seeds": "--drn-seeds", "batch_size": "--drn-batch-size", "learning_rate": "--drn-learning-rate",
-               "seed": "--drn-seed", "distribution": "--distribution", "extra_variables": "--drn-extra",
-               "warm_start_epochs": "--drn-warm-start"}
-"""The ``smoe postprocess fit`` option of each :class:`~smoeweather.postprocess.drn.DRNSettings` field."""
-
-
-def _drn_settings(args: argparse.Namespace) -> object:
-    """The :class:`~smoeweather.postprocess.drn.DRNSettings` of the ``--drn-*`` options, checked; an invalid one
-    is refused naming its option (``--drn-hidden must be >= 1, got 0; set e.g. --drn-hidden 32``)."""
-    import re
-
-    from smoeweather.config import ConfigError
-    from smoeweather.postprocess.drn import DRNSettings
-
-    values = {"hidden": args.drn_hidden, "embedding": args.drn_embedding, "epochs": args.drn_epochs,
-              "seeds": args.drn_seeds, "batch_size": args.drn_batch_size, "learning_rate": args.drn_learning_rate,
-              "seed": args.drn_seed, "distribution": args.distribution, "extra_variables": list(args.drn_extra),
-              "warm_start_epochs": args.drn_warm_start}
-    try:
-        return DRNSettings.of(values)
-    except ConfigError as err:
-        text = re.sub(r"config key 'drn\.(\w+)'", lambda m: DRN_OPTIONS[m.group(1)], str(err))
-        raise ValueError(re.sub(r"set e\.g\. drn\.(\w+)=", lambda m: f"set e.g. {DRN_OPTIONS[m.group(1)]} ", text)
-                         ) from err
-
-
 def _fit(args: argparse.Namespace) -> int:
+    emos, drn = settings_of_args(EMOSSettings, args), settings_of_args(DRNSettings, args)  # checked by name
     if args.method == "drn":
         from smoeweather.postprocess.pipeline import fit_drn_files
 
-        if args.predictors != "mean" or args.per_gridpoint:
+        plain = EMOSSettings()
+        if emos.predictors != plain.predictors or emos.per_gridpoint != plain.per_gridpoint:
             raise ValueError("--method drn: --predictors members and --per-site/--per-gridpoint are EMOS options "
                              "(the DRN reads the ensemble mean and spread, and its location embedding is per site)")
-        print(fit_drn_files(args.forecast, args.out, _drn_settings(args), truth=args.truth, variables=args.variables,
+        print(fit_drn_files(args.forecast, args.out, drn, truth=args.truth, variables=args.variables,
                             train_period=args.train_period, window=args.window, lag=args.lag, dates=args.dates,
                             table=_table_options(args), overwrite=args.overwrite, progress=not args.quiet,
                             plausibility_check=not args.no_plausibility_check))
@@ -196,9 +191,9 @@ def _fit(args: argparse.Namespace) -> int:
     from smoeweather.postprocess.pipeline import fit  # out of core on dask; grids and sites; rolling windows
 
     print(fit(args.forecast, args.out, truth_path=args.truth, variables=args.variables,
-              train_period=args.train_period, predictors=args.predictors, per_gridpoint=args.per_gridpoint,
-              window=args.window, lag=args.lag, dates=args.dates, distribution=args.distribution,
-              iterations=args.iterations, table=_table_options(args), scheduler=args.scheduler,
+              train_period=args.train_period, predictors=emos.predictors, per_gridpoint=emos.per_gridpoint,
+              window=args.window, lag=args.lag, dates=args.dates, distribution=emos.distribution,
+              iterations=emos.iterations, table=_table_options(args), scheduler=args.scheduler,
               progress=not args.quiet, overwrite=args.overwrite, plausibility_check=not args.no_plausibility_check))
     return 0
 
@@ -263,9 +258,10 @@ def _apply(args: argparse.Namespace) -> int:
                     raise ValueError(f"--netcdf: the netCDF twin of {p} would be the output {p.with_suffix('.nc')}; "
                                      "name that output otherwise, or leave --netcdf out")
                 check_apart(p.with_suffix(".nc"), inputs)
+    network = settings_of_args(NetworkSettings, args)
     for p in apply_files(method, model, args.forecast, outputs, apply_period=args.apply_period,
                          table=_table_options(args), scheduler=args.scheduler, progress=not args.quiet,
-                         overwrite=args.overwrite, batch_size=args.batch_size):
+                         overwrite=args.overwrite, batch_size=network.batch_size):
         _written(p, args)
     return 0
 

@@ -26,9 +26,8 @@ from scipy.special import log_ndtr, ndtr, ndtri, ndtri_exp
 
 from smoeweather.metrics.probabilistic import crps_gaussian
 from smoeweather.nn.crps import gaussian_crps, normal_cdf
+from smoeweather.postprocess.options import DISTRIBUTIONS
 
-DISTRIBUTIONS = ("normal", "truncnormal")
-"""``normal``: N(μ, σ²); ``truncnormal``: N(μ, σ²) truncated to [0, ∞)."""
 LONG_NAMES = {"normal": "N(mu, sigma**2)", "truncnormal": "N(mu, sigma**2) truncated to [0, inf)"}
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 _INV_SQRT_PI = 1.0 / math.sqrt(math.pi)

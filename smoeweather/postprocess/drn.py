@@ -31,8 +31,7 @@ over the epochs of every variable, lead and level on a terminal, one line at its
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,47 +42,15 @@ import xarray as xr
 
 from pipelines.readers._files import open_data
 from pipelines.readers.forecast_nc import normalise_grid
-from smoeweather.config import parse_settings, setting
 from smoeweather.nn.drn import StackedDRN, stacked_forward
-from smoeweather.postprocess.distributions import check_distribution, crps_torch
+from smoeweather.postprocess.distributions import crps_torch
 from smoeweather.postprocess.model_file import DRN_KIND as KIND
 from smoeweather.postprocess.model_file import read_drn_model, write_drn_model
+from smoeweather.postprocess.options import DRNSettings
 
 STATIC = ("land_sea_mask", "orography", "geopotential_at_surface")
 """Static maps of a gridded source read as location covariates when the files hold them."""
 SIGMA_FLOOR = 1e-3  # σ floor in standardised units
-
-
-@dataclass(frozen=True)
-class DRNSettings:
-    """Settings of a DRN fit (module doc). Defaults chosen on UWME January forecast dates only, then fixed.
-    Parsed and checked like every typed config block (:func:`smoeweather.config.parse_settings`: unknown keys
-    with did-you-mean, types, bounds): :meth:`of` a mapping, :meth:`check` an instance built directly."""
-
-    hidden: int = setting(32, ge=1, doc="hidden units of each network")
-    embedding: int = setting(2, ge=0, doc="size of the location embedding (0: none)")
-    epochs: int = setting(3, ge=1, doc="training epochs of each network")
-    seeds: int = setting(3, ge=1, doc="networks averaged (one per seed)")
-    batch_size: int = setting(256, ge=1, doc="cases per batch")
-    learning_rate: float = setting(1e-2, gt=0, doc="Adam learning rate")
-    seed: int = setting(0, doc="first seed")
-    distribution: str = setting("normal", doc="predictive distribution: normal or truncnormal")
-    extra_variables: tuple[str, ...] = setting((), doc="further forecast variables as predictors")
-    min_location_cases: int = setting(5, ge=1, doc="fewest training cases of a location with an embedding")
-    warm_start_epochs: int | None = setting(None, ge=1, example=1,
-                                            doc="rolling windows: epochs per date from the previous date's fit")
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any] | None, where: str = "drn") -> DRNSettings:
-        """Settings from a mapping, validated (ConfigError naming ``where.key``)."""
-        settings = parse_settings(cls, values, where)
-        settings = replace(settings, extra_variables=tuple(settings.extra_variables))
-        check_distribution(settings.distribution)
-        return settings
-
-    def check(self) -> DRNSettings:
-        """``self``, validated as :meth:`of` validates a mapping."""
-        return DRNSettings.of({f.name: getattr(self, f.name) for f in fields(self)})
 
 
 # --- predictors --------------------------------------------------------------------------------------------------

@@ -1,49 +1,122 @@
-"""Command-line options of out-of-core EMOS for ``smoe postprocess fit`` / ``apply``: where dask runs,
-progress, site tables, and for ``fit`` the predictors, per-site fits and rolling training windows. Kept free
-of heavy imports: the parser is built on every ``smoe`` call."""
+"""The typed option blocks of post-processing, one frozen dataclass per block, each field its one default, bounds,
+one-line doc and command-line option (:func:`smoeweather.config.setting`):
+
+- :class:`EMOSSettings`: the EMOS fit (per grid point or site, predictors, distribution, Newton iterations);
+- :class:`DRNSettings`: the distributional regression network (:mod:`.drn`);
+- :class:`NetworkSettings`: applying a post-processing network checkpoint (:mod:`.neural`).
+
+``smoe postprocess fit/apply`` generate their options from these fields
+(:func:`smoeweather.commands.options.add_settings`) and the calibrators of :mod:`.calibrator` take them; the
+Python API parses a mapping with :meth:`Settings.of` (ConfigError naming ``drn.<key>``), the command line with
+``by_option`` (naming ``--drn-<key>``). Also the site-table options shared with ``smoe evaluate``. Kept free of
+heavy imports: the parser is built on every ``smoe`` call.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
-PREDICTORS = ("mean", "members")
+from smoeweather.config import parse_settings, setting
+
+DistributionName = Literal["normal", "truncnormal"]
+DISTRIBUTIONS: tuple[str, ...] = typing.get_args(DistributionName)
+"""``normal``: N(μ, σ²); ``truncnormal``: N(μ, σ²) truncated to [0, ∞) (:mod:`.distributions`)."""
+PredictorsName = Literal["mean", "members"]
+PREDICTORS: tuple[str, ...] = typing.get_args(PredictorsName)
+"""EMOS predictors: ``mean`` (μ = a + b · ensemble mean) or ``members`` (one weight per member)."""
+
+S = TypeVar("S", bound="Settings")
 
 
-def add_arguments(p: argparse.ArgumentParser, verb: str) -> None:
-    """Add the options to the ``fit`` (``verb="fit"``) or ``apply`` parser."""
-    p.add_argument("--scheduler", default=None,
-                   help="dask.distributed scheduler address tcp://host:port (default: a local cluster; "
-                        "'threads' for no cluster)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_table_arguments(p)
-    if verb == "fit":
-        p.add_argument("--per-site", dest="per_gridpoint", action="store_true",
-                       help="site forecasts: one fit per site (default: global, pooled over sites)")
-        p.add_argument("--predictors", choices=PREDICTORS, default="mean",
-                       help="mean: mu = a + b * ensemble mean (exchangeable members, default); members: one "
-                            "weight per member, mu = a + sum b_k x_k (non-exchangeable, e.g. a multi-model ensemble)")
-        p.add_argument("--distribution", choices=("normal", "truncnormal"), default="normal",
-                       help="predictive distribution: normal (default) or normal truncated at 0 (truncnormal, for "
-                            "non-negative targets such as wind speed; EMOS and DRN)")
-        d = p.add_argument_group("DRN (--method drn): distributional regression network")
-        d.add_argument("--drn-hidden", type=int, default=32, help="hidden ReLU units (default 32)")
-        d.add_argument("--drn-embedding", type=int, default=2, help="location embedding size (default 2)")
-        d.add_argument("--drn-epochs", type=int, default=3, help="training epochs (default 3)")
-        d.add_argument("--drn-seeds", type=int, default=3, help="networks averaged, one per seed (default 3)")
-        d.add_argument("--drn-batch-size", type=int, default=256, help="cases per mini-batch (default 256)")
-        d.add_argument("--drn-learning-rate", type=float, default=1e-2,
-                       help="Adam learning rate, decaying linearly to 0 (default 1e-2)")
-        d.add_argument("--drn-seed", type=int, default=0, help="random seed (default 0)")
-        d.add_argument("--drn-extra", nargs="+", default=(), metavar="VAR",
-                       help="extra predictors: ensemble means of these forecast variables")
-        d.add_argument("--drn-warm-start", type=int, default=None, metavar="EPOCHS",
-                       help="with --window: train the dates in turn, each from the previous date's weights for "
-                            "EPOCHS epochs (default: every date from scratch, all dates at once)")
-        p.add_argument("--window", help="rolling training window, e.g. 25D: one fit per forecast date")
-        p.add_argument("--lag", default=None,
-                       help="with --window: the window ends this long before each date (default: the longest lead)")
-        p.add_argument("--dates", nargs=2, metavar=("START", "END"),
-                       help="with --window: forecast dates to fit (default: every date with a full window)")
+class Settings:
+    """What every option block shares: :meth:`of` a mapping (or the command line), :meth:`check` an instance
+    built directly. ``block``: the block's name in messages (``drn.hidden``)."""
+
+    block = ""
+
+    @classmethod
+    def of(cls: type[S], values: Mapping[str, Any] | None, where: str | None = None, by_option: bool = False) -> S:
+        """Settings from a mapping, validated: ConfigError naming ``where.key`` (default: the block's name), or
+        the key's command-line option with ``by_option`` (:func:`smoeweather.config.parse_settings`)."""
+        return parse_settings(cls, values, cls.block if where is None else where, by_option=by_option)
+
+    def check(self: S) -> S:
+        """``self``, validated as :meth:`of` validates a mapping."""
+        return type(self).of({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # type: ignore
+
+
+def _distribution() -> Any:
+    """The predictive distribution of every fit (EMOS and DRN share the one ``--distribution`` and its default)."""
+    return setting("normal", option="--distribution",
+                   doc="predictive distribution: normal, or truncnormal, a normal truncated at 0 for non-negative "
+                       "targets such as wind speed")
+
+
+@dataclass(frozen=True)
+class EMOSSettings(Settings):
+    """Settings of an EMOS fit (:mod:`.emos`, out of core: :mod:`.chunked`); rolling windows are the training
+    data's (:mod:`.rolling`)."""
+
+    block = "emos"
+
+    per_gridpoint: bool = setting(False, option=("--per-gridpoint", "--per-site"),
+                                  doc="one fit per grid point, or per site of site forecasts (default: global, "
+                                      "pooled over grid points or sites)")
+    predictors: PredictorsName = setting("mean", option="--predictors",
+                                     doc="mean: mu = a + b * ensemble mean, for exchangeable members; members: "
+                                         "one weight per member, mu = a + sum b_k x_k, for non-exchangeable "
+                                         "members such as a multi-model ensemble")
+    distribution: DistributionName = _distribution()
+    iterations: int = setting(50, ge=1, option="--iterations", doc="max Newton iterations per fit")
+
+
+@dataclass(frozen=True)
+class DRNSettings(Settings):
+    """Settings of a DRN fit (:mod:`.drn`). Defaults chosen on UWME January forecast dates only, then fixed.
+    Parsed and checked like every typed config block (:func:`smoeweather.config.parse_settings`: unknown keys
+    with did-you-mean, types, bounds): :meth:`of` a mapping, :meth:`check` an instance built directly."""
+
+    block = "drn"
+
+    hidden: int = setting(32, ge=1, option="--drn-hidden", doc="hidden ReLU units of each network")
+    embedding: int = setting(2, ge=0, option="--drn-embedding", doc="size of the location embedding, 0 for none")
+    epochs: int = setting(3, ge=1, option="--drn-epochs", doc="training epochs of each network")
+    seeds: int = setting(3, ge=1, option="--drn-seeds", doc="networks averaged, one per seed")
+    batch_size: int = setting(256, ge=1, option="--drn-batch-size", doc="cases per mini-batch")
+    learning_rate: float = setting(1e-2, gt=0, option="--drn-learning-rate",
+                                   doc="Adam learning rate, decaying linearly to 0")
+    seed: int = setting(0, option="--drn-seed", doc="random seed of the first network")
+    distribution: DistributionName = _distribution()
+    extra_variables: tuple[str, ...] = setting((), option="--drn-extra", metavar="VAR",
+                                               doc="extra predictors: ensemble means of these forecast variables")
+    min_location_cases: int = setting(5, ge=1, option="--drn-min-location-cases",
+                                      doc="fewest training cases of a location with its own embedding (fewer: "
+                                          "the mean embedding)")
+    warm_start_epochs: int | None = setting(None, ge=1, example=1, option="--drn-warm-start", metavar="EPOCHS",
+                                            doc="with --window: train the dates in turn, each from the previous "
+                                                "date's weights for EPOCHS epochs (default: every date from "
+                                                "scratch, all dates at once)")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_variables", tuple(self.extra_variables))  # a YAML or argparse list
+
+
+@dataclass(frozen=True)
+class NetworkSettings(Settings):
+    """Settings of applying a post-processing network checkpoint of ``smoe train`` (:mod:`.neural`)."""
+
+    block = "network"
+
+    batch_size: int = setting(8, ge=1, option="--batch-size", doc="checkpoints: samples per network batch")
+
+
+SETTINGS: dict[str, type[Settings]] = {"emos": EMOSSettings, "drn": DRNSettings, "network": NetworkSettings}
+"""The option block of each post-processing method (``smoe postprocess fit --method``, ``apply --<method>``)."""
 
 
 def add_table_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,3 +129,7 @@ def add_table_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--table-members", nargs="+", help="member columns (default: every other numeric column)")
     t.add_argument("--units", default=None,
                    help="units of the table's values, e.g. K, degC or m s-1 (a table carries none; default: unset)")
+
+
+__all__ = ["DISTRIBUTIONS", "PREDICTORS", "SETTINGS", "DRNSettings", "EMOSSettings", "NetworkSettings", "Settings",
+           "add_table_arguments"]
