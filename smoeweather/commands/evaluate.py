@@ -66,9 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plausibility-check", action="store_true",
                    help="do not refuse forecast/truth values outside the plausible range of a known variable")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                   help="compute the gridded scores on dask.distributed: a scheduler address tcp://host:port or "
-                        "'local' for a local cluster (default: threads in this process; 'threads' too); the scores "
-                        "are the same bit for bit")
+                   help="score the gridded forecasts on dask.distributed, one task per method and field: a "
+                        "scheduler address tcp://host:port or 'local' for a local cluster (default: threads in this "
+                        "process; 'threads' too); the same scores bit for bit where the workers' BLAS runs on as many "
+                        "threads as this process's")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder (as a whole)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--out", required=True, type=Path, help="output directory")
