@@ -92,6 +92,31 @@ def test_arrays_travel_with_their_strides() -> None:
     assert got.sum(axis=0).tobytes() == view.sum(axis=0).tobytes()  # the same order of the sums
 
 
+def test_workers_with_another_blas_thread_count_are_warned_about() -> None:
+    """Large matrix products round differently with another BLAS thread count: a worker whose BLAS runs on
+    another number of threads than this process's is named in a warning, one with the same count is not."""
+    import warnings
+
+    from smoeweather.evaluate import cluster
+
+    here = cluster.blas_threads()
+    if here is None:
+        pytest.skip("threadpoolctl finds no BLAS here")
+
+    class Workers:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def run(self, fn: object) -> dict[str, int]:
+            return {"tcp://worker:1": self.n}
+
+    with pytest.warns(UserWarning, match=f"OPENBLAS_NUM_THREADS={here}"):
+        cluster._warn_blas_threads(Workers(here + 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cluster._warn_blas_threads(Workers(here))
+
+
 def test_scores_on_a_cluster_equal_the_threaded_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers of one thread each score the (method, field) pairs, every field lazy and scored one chunk of
     2 initialisations at a time: the files hold the threaded run's values bit for bit, with persistence, the
