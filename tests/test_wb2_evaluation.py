@@ -161,6 +161,49 @@ def test_probabilistic_and_binary_against_scores(world: tuple[Path, xr.Dataset],
                                amean_tmean(ign), rtol=1e-10)
 
 
+def test_wb2_files_and_our_table_from_one_computation(world: tuple[Path, xr.Dataset], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """One engine: each per-initialisation term is computed once (the members sorted once per field, no
+    per-point CRPS estimator called) and WB2's files and our table come from the very same arrays: the WB2
+    file's per-init mse IS our per_init_mse, its crps per init our per_init_crps, bit for bit."""
+    import smoeweather.metrics.probabilistic as P
+    from smoeweather.metrics import wb2
+    from smoeweather.metrics.scores import field_terms, table_scores
+
+    path, _ = world
+    ens, t = _ensemble(world)
+    fc = _store(ens, tmp_path / "ens.zarr")
+    sorts = []
+    spread = P.pairwise_spread
+    monkeypatch.setattr(P, "pairwise_spread", lambda *a, **k: sorts.append(1) or spread(*a, **k))
+    monkeypatch.setattr(P, "crps_ensemble", lambda *a, **k: pytest.fail("a second CRPS computation"))
+    s = evaluate({"ens": fc}, path, climatology=path, out_dir=tmp_path / "out", references=False,
+                 regions=["global", "tropics"], binary_quantiles=(0.5,))
+    assert len(sorts) == 1  # one field, one block: the members sorted once
+    one = {"method": "ens", "field": "temperature_850"}
+    for ours, theirs in (("per_init_mse", "wb2_mse"), ("per_init_crps", "wb2_crps"), ("per_init_acc", "wb2_acc"),
+                         ("per_init_debiased_ensemble_mean_mse", "wb2_debiased_ensemble_mean_mse")):
+        np.testing.assert_array_equal(s[theirs].sel(one).values, s[ours].sel(one).values, err_msg=ours)
+    np.testing.assert_array_equal(s["wb2_ensemble_mean_mse"].sel(one).values, s["per_init_mse"].sel(one).values)
+    out = tmp_path / "out" / "wb2" / "ens"
+    temporal = xr.load_dataset(out / "deterministic_temporal.nc")["temperature"].sel(level=850, metric="mse")
+    mine = s["per_init_mse"].sel(one)
+    np.testing.assert_array_equal(temporal.transpose("region", "lead_time", "time").values,
+                                  mine.transpose("region", "prediction_timedelta", "time").values)
+    prob = xr.load_dataset(out / "probabilistic.nc")["temperature"].sel(level=850)
+    for metric, table in (("crps", "crps"), ("debiased_ensemble_mean_mse", "debiased_ensemble_mean_mse")):
+        np.testing.assert_array_equal(prob.sel(metric=metric).transpose("region", "lead_time").values,
+                                      s[table].sel(one).transpose("region", "prediction_timedelta").values)
+    # the engine's own arrays: WB2's metric IS the table's per-init term (the same object, not a copy)
+    w = cell_area_weights(xr.DataArray(LAT, dims="latitude", coords={"latitude": LAT}))
+    terms = field_terms(ens.rename(realization="member"), "ensemble", t, w)
+    table = table_scores(terms, per_init=True, regions=False)
+    named = wb2.metric_terms(terms.per_init, "ensemble")
+    assert named["mse"] is named["ensemble_mean_mse"] is terms.per_init["mse"]
+    assert named["crps"] is terms.per_init["crps"]
+    np.testing.assert_array_equal(table["per_init_crps"].values, named["crps"].squeeze("region").values)
+
+
 def test_gaussian_files_against_properscoring(world: tuple[Path, xr.Dataset], tmp_path: Path) -> None:
     path, truth = world
     t = _at_valid(truth)

@@ -3,7 +3,7 @@ cluster (``--scheduler``), with the same results bit for bit.
 
 On a cluster every (method, field) is one task (:func:`map_on_cluster`): a worker scores it with the very code and
 task graph of the threaded run, on its own threads — it reads the forecast there in the store's chunks of one or
-a few initialisations, block by block (:func:`smoeweather.metrics.scores.forecast_scores`), so its memory is that
+a few initialisations, block by block (:func:`smoeweather.metrics.scores.field_terms`), so its memory is that
 of a threaded evaluation of one field — and sends back the per-initialisation terms and the other scores, which
 this process reduces as the threaded run does. What this process computes itself (opening the inputs, the
 climatology, the truth at the valid times) stays on threads here.

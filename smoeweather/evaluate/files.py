@@ -214,18 +214,6 @@ def scores_markdown(scores: xr.Dataset) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _families(kind: str, scores: xr.Dataset) -> dict[str, tuple[str, ...]]:
-    """WB2 evaluation families a forecast of ``kind`` gets: {family: metric names}."""
-    fam = {"deterministic": wb2.EVALUATIONS["deterministic"]}
-    if kind == "ensemble":
-        fam["probabilistic"] = wb2.EVALUATIONS["probabilistic"]
-        fam["ensemble_binary"] = wb2.EVALUATIONS["ensemble_binary"]
-    elif kind == "gaussian":
-        fam["gaussian_probabilistic"] = wb2.EVALUATIONS["gaussian_probabilistic"]
-        fam["gaussian_binary"] = wb2.EVALUATIONS["gaussian_binary"]
-    return fam
-
-
 def _per_variable(table: xr.DataArray) -> xr.Dataset:
     """(metric, field, ...) → one data variable per weather variable (``temperature_850`` → ``temperature`` at
     level 850)."""
@@ -254,7 +242,7 @@ def wb2_results(scores: xr.Dataset) -> dict[str, dict[str, xr.Dataset]]:
         per_init = {fam: {m: row[f"wb2_{m}"].drop_vars([c for c in row[f"wb2_{m}"].coords
                                                          if c not in row[f"wb2_{m}"].dims])
                           for m in names if f"wb2_{m}" in row and not bool(row[f"wb2_{m}"].isnull().all())}
-                    for fam, names in _families(kind, sc).items()}
+                    for fam, names in ((f, wb2.EVALUATIONS[f]) for f in wb2.families(kind))}
         files = wb2.evaluation_files(per_init)
         out[method] = {}
         for evaluation, ds in files.items():

@@ -13,8 +13,9 @@ on the same initialisations (those common to every forecast). Weights are Weathe
 AFTER the mean over initialisations, √(mean_t MSE_t), i.e. √ of WB2's ``mse``; WB2's
 ``rmse_sqrt_before_time_avg`` (mean_t √MSE_t, never larger) is in WB2's ``deterministic_temporal`` file per
 initialisation — and bias, ACC, fair and ECDF CRPS, spread–skill, debiased ensemble-mean MSE, energy score,
-pinball loss by forecast kind (:mod:`smoeweather.metrics.scores`), plus the per-initialisation WB2 terms
-(``wb2_<metric>``, :mod:`smoeweather.metrics.wb2`) from which the WB2 files are written.
+pinball loss by forecast kind, plus the per-initialisation WB2 terms (``wb2_<metric>``, :mod:`smoeweather.metrics.
+wb2`) from which the WB2 files are written: one engine (:func:`smoeweather.metrics.scores.field_terms`) computes
+every per-initialisation term once, in blocks of initialisations, and both come from those same arrays.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from smoeweather.evaluate.inputs import (
 )
 from smoeweather.metrics import wb2
 from smoeweather.metrics.regions import Region, describe_regions
-from smoeweather.metrics.scores import BLOCK_BYTES, PER_INIT, forecast_scores, median_of_quantiles
+from smoeweather.metrics.scores import BLOCK_BYTES, PER_INIT, field_terms, median_of_quantiles, table_scores
 from smoeweather.metrics.spectra import DEFAULT_BAND, zonal_energy_spectrum
 from smoeweather.metrics.weights import cell_area_weights
 from smoeweather.units import units_of
@@ -81,7 +82,7 @@ from smoeweather.units import units_of
 def _read_once(x: xr.DataArray | None) -> xr.DataArray | None:
     """``x`` read into memory when it is dask-backed and its float64 size is at most
     :data:`~smoeweather.metrics.scores.BLOCK_BYTES` (what the scores of one block of initialisations hold anyway):
-    the completeness check, the calibration, our scores, the WB2 terms and the spectrum then read the store once
+    the completeness check, the calibration, the score terms and the spectrum then read the store once
     instead of once each. Larger fields stay lazy and are scored block by block (bounded memory)."""
     if x is None or x.chunks is None or 8.0 * x.size > BLOCK_BYTES:
         return x
@@ -93,29 +94,6 @@ def _point_and_sigma(ds: xr.Dataset, kind: str, f: Field) -> tuple[xr.DataArray,
         mu_ds, sigma_ds = split_gaussian(ds)
         return _select(mu_ds, f), _select(sigma_ds, f)
     return _select(ds, f), None
-
-
-def wb2_terms(point: xr.DataArray, kind: str, truth: xr.DataArray, weights: xr.DataArray,
-              sigma: xr.DataArray | None, clim_mean: xr.DataArray | None, thresholds: xr.DataArray | None
-              ) -> dict[str, xr.DataArray]:
-    """{``wb2_<metric>``: per-initialisation value (time, lead, region [, quantile])} of one forecast field for
-    the WB2 evaluations its kind has (:data:`smoeweather.metrics.wb2.EVALUATIONS`), computed."""
-    da = point.astype(np.float64)
-    center = da.mean("member") if kind == "ensemble" else median_of_quantiles(da) if kind == "quantiles" else da
-    terms = wb2.deterministic_terms(center, truth, weights, clim_mean)
-    if kind == "ensemble":
-        terms.update(wb2.ensemble_terms(da, truth, weights))
-        if thresholds is not None:
-            terms.update(wb2.ensemble_binary_terms(da, truth, thresholds, weights))
-    elif kind == "gaussian" and sigma is not None:
-        sd = sigma.astype(np.float64)
-        terms.update(wb2.gaussian_terms(da, sd, truth, weights))
-        if thresholds is not None:
-            terms.update(wb2.gaussian_binary_terms(da, sd, truth, thresholds, weights))
-    import dask
-
-    names = list(terms)
-    return {f"wb2_{k}": v for k, v in zip(names, dask.compute(*terms.values()))}
 
 
 def _complete(point: xr.DataArray, truth: xr.DataArray, own_leads: np.ndarray, leads: np.ndarray, f: Field,
@@ -180,9 +158,11 @@ def score_field(ds: xr.Dataset, kind: str, f: Field, ctx: FieldContext, inits: n
     out = calibration_scores(point, kind, ctx, truth, sigma, relative_to)
     if kind == "probability":  # probabilities of events: the Brier score and reliability are its scores
         return FieldScores(out, n_missing)
-    out.update(forecast_scores(point, kind, truth, ctx.weights, sigma, ctx.clim_mean, regions=ctx.regions,
-                               per_init=True))
-    out.update(wb2_terms(point, kind, truth, ctx.area, sigma, ctx.clim_mean, ctx.thresholds))
+    # one engine: each per-initialisation term computed once, our table's and WB2's files' (the same arrays)
+    terms = field_terms(point, kind, truth, ctx.weights, sigma, ctx.clim_mean, regions=ctx.regions,
+                        thresholds=ctx.thresholds)
+    out.update(table_scores(terms, per_init=True, regions=ctx.regions is not None))
+    out.update({f"wb2_{k}": v for k, v in wb2.metric_terms(terms.per_init, kind).items()})
     if ctx.spectra_band is not None:
         sp_in = point if kind != "quantiles" else median_of_quantiles(point)
         out["spectrum"] = zonal_energy_spectrum(sp_in.astype(np.float64), band=ctx.spectra_band[0],
@@ -426,4 +406,4 @@ def _finish(scores: xr.Dataset, inp: Inputs, truths: dict[str, xr.DataArray], ba
 
 __all__ = ["add_climatology_reference", "add_persistence", "assemble", "climatology_inputs", "evaluate", "headline",
            "land_sea_mask_of", "open_inputs", "open_truth_source", "score_field", "scores_json", "scores_markdown",
-           "wb2_results", "wb2_terms", "write_scores", "ESTIMATORS", "PER_INIT", "HEADLINE_REGION"]
+           "wb2_results", "write_scores", "ESTIMATORS", "PER_INIT", "HEADLINE_REGION"]

@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from smoeweather.metrics.wb2 import area_mean
+from smoeweather.metrics.weights import area_mean
 
 RELIABILITY_BINS = 10
 PIT_BINS = 10
@@ -58,7 +58,7 @@ def event(truth: xr.DataArray, thresholds: xr.DataArray) -> xr.DataArray:
 
 def brier_terms(probability: xr.DataArray, observed: xr.DataArray, weights: xr.DataArray) -> xr.DataArray:
     """Per-initialisation area mean of (p − o)², probability and event on the same grid (any other dims kept)."""
-    return area_mean((probability - observed) ** 2, weights)
+    return area_mean((probability - observed) ** 2, weights, ("latitude", "longitude"))
 
 
 def brier_skill(brier: xr.DataArray, reference: xr.DataArray) -> xr.DataArray:

@@ -104,6 +104,20 @@ def crps_ensemble(
     )
 
 
+def pairwise_spread(forecast: xr.DataArray, member_dim: str = "member") -> xr.DataArray:
+    """E|X − X′| per point (no reduction), unbiased: 2 Σᵢ (2i − M − 1) x₍ᵢ₎ / (M(M − 1)) over the sorted members
+    (0 for M = 1); WeatherBench 2's ``crps_spread`` before its area mean. Lazy on dask-backed inputs (the member
+    dim is gathered into one chunk: stores may be chunked along the members)."""
+    m = forecast.sizes[member_dim]
+    if m < 2:
+        return xr.zeros_like(forecast.isel({member_dim: 0}, drop=True))
+    ordered = xr.apply_ufunc(np.sort, forecast, input_core_dims=[[member_dim]], output_core_dims=[[member_dim]],
+                             kwargs={"axis": -1}, dask="parallelized", output_dtypes=[np.float64],
+                             dask_gufunc_kwargs={"allow_rechunk": True})
+    coef = xr.DataArray(2.0 * np.arange(1, m + 1) - m - 1, dims=member_dim)
+    return 2.0 * (ordered * coef).sum(member_dim) / (m * (m - 1))
+
+
 def _crps_gaussian_np(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
     mu, sigma, y = (np.asarray(a, np.float64) for a in (mu, sigma, y))
     with np.errstate(divide="ignore", invalid="ignore"):

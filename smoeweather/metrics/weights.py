@@ -1,6 +1,7 @@
 """Area weights and weighted means on the latitude–longitude grid (pure xarray, no torch).
 
-Two weights, each with one home here:
+Two weights, each with one home here, and the area mean every per-initialisation score term takes
+(:func:`area_mean`):
 
 - :func:`cell_area_weights` (WeatherBench 2's ``get_lat_weights``): the area weight every score uses
   (``smoe evaluate``, the studies, cross-validation, regions). Mean 1 over the latitude rows.
@@ -73,3 +74,14 @@ def weighted_mean(
     if weights is None:
         return x.mean(present)
     return x.weighted(weights.fillna(0.0)).mean(present)
+
+
+def area_mean(x: xr.DataArray, weights: xr.DataArray, space: Sequence[Hashable]) -> xr.DataArray:
+    """Weighted mean of ``x`` over ``space``, NaNs skipped with their weight; ``weights`` may carry extra dims
+    (``region``), kept in the result. NaN where no point with weight > 0 has a value; infinite values propagate.
+    The area mean of every per-initialisation term (:func:`smoeweather.metrics.scores.field_terms`), of our
+    tables and of WeatherBench 2's files alike."""
+    valid = x.notnull().astype(np.float64)
+    num = xr.dot(x.fillna(0.0), weights, dim=list(space))
+    den = xr.dot(valid, weights, dim=list(space))
+    return num / den.where(den > 0)
