@@ -70,7 +70,7 @@ def test_fit_refuses_unknown_method_and_options(tmp_path: Path) -> None:
     fc, truth = _ens(gcm_ens_like(tmp_path / "a.nc", 2005, 1, n_init=4))
     with pytest.raises(ValueError, match="method 'bma' is not one of"):
         fit(fc, truth, {"method": "bma"})
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['window'\]"):
+    with pytest.raises(ValueError, match=r"unknown config key 'emos\.window'"):
         fit(fc, truth, {"method": "emos", "window": "25D"})
     with pytest.raises(ValueError, match=r"unknown config key 'drn\.epoch' \(did you mean 'epochs'\?\)"):
         fit(fc, truth, {"method": "drn", "epoch": 2})
@@ -116,3 +116,34 @@ def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) ->
     np.testing.assert_allclose(prob.transpose(*m.dims).values, expect, rtol=0, atol=tol)
     with pytest.raises(ValueError, match="smoe train"):
         fit(xr.Dataset(), xr.Dataset(), {"method": "network"})
+
+
+def test_emos_in_memory_is_the_file_driver_and_a_loaded_model_saves_itself(tmp_path: Path) -> None:
+    """One EMOS implementation: a per-site rolling fit in memory (``Training.of``) gives the coefficients of the
+    model file `smoe postprocess fit` writes, bit for bit; the saved and the loaded model apply alike."""
+    from smoeweather.data.sites import open_sites
+    from smoeweather.postprocess.calibrator import Training, calibrator
+    from smoeweather.postprocess.options import EMOSSettings
+
+    table = tmp_path / "t.csv"
+    _table(table, n_sites=4, n_days=30)
+    roll = ["--window", "10D", "--lag", "2D"]
+    assert main(["postprocess", "fit", "--per-site", *roll, "--forecast", str(table), "--out", str(tmp_path / "m.nc"),
+                 *QUIET]) == 0
+    fc, obs = open_sites(table)
+    truth = ensembles.truth_at_valid_times(fc, obs, gaps="nan")
+    cal = calibrator("emos", EMOSSettings(per_gridpoint=True)).fit(Training.of(fc, truth, window="10D", lag="2D"))
+    assert isinstance(cal, EMOSCalibrator) and "(per site, mean, 21 forecast dates)" in cal.description
+    loaded = load(tmp_path / "m.nc")
+    assert isinstance(loaded, EMOSCalibrator) and loaded.settings == EMOSSettings(per_gridpoint=True)
+    for n in cal.params.data_vars:
+        np.testing.assert_array_equal(cal.params[n].values, loaded.params[n].transpose(*cal.params[n].dims).values)
+    new = fc.isel(time=np.isin(fc["time"].values, cal.params["time"].values))  # the inits with coefficients
+    xr.testing.assert_equal(cal.apply(new).mu, loaded.apply(new).mu)
+    loaded.save(tmp_path / "copy.nc")  # a loaded model is its file
+    assert (tmp_path / "copy.nc").read_bytes() == (tmp_path / "m.nc").read_bytes()
+    pred = loaded.apply(new)
+    assert pred.members(new).sizes["member"] == new.sizes["member"]
+    assert list(pred.quantiles([0.25, 0.75])["quantile"].values) == [0.25, 0.75]
+    with pytest.raises(ValueError, match=r"method 'bma' is not one of \['emos', 'drn'\]"):
+        calibrator("bma")

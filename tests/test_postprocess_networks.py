@@ -290,7 +290,7 @@ def test_postprocess_study_in_two_shards(streams: dict[str, Path], tmp_path: Pat
 def test_members_of_a_network_with_fewer_leads_than_the_forecast(tmp_path: Path) -> None:
     """A network that calibrates only the 48 h lead of a 24/48 h forecast: its ECC-Q members reorder the raw
     members of that lead alone (the same members as with the raw ensemble cut to 48 h first)."""
-    from smoeweather.postprocess.pipeline import Outputs, distribution_products
+    from smoeweather.postprocess.forms import Outputs, Predictive
 
     rng = np.random.default_rng(3)
     leads = np.array([24, 48], "timedelta64[h]").astype("timedelta64[ns]")
@@ -302,9 +302,8 @@ def test_members_of_a_network_with_fewer_leads_than_the_forecast(tmp_path: Path)
     mu = at48.mean("member") + 0.5
     sigma = at48.std("member", ddof=1) + 1.0
     outputs = Outputs(out=tmp_path / "pp.zarr", members_out=tmp_path / "pp_members.zarr", members=4)
-    products = distribution_products(mu, sigma, raw, {"method": "unet"}, "normal", outputs)
-    members = {kind: ds for ds, _, kind, _ in products}["ensemble"]
-    want = {kind: ds for ds, _, kind, _ in distribution_products(mu, sigma, at48, {"method": "unet"}, "normal",
-                                                                 outputs)}["ensemble"]
+    pred = Predictive("normal", mu, sigma, {"method": "unet"})
+    members = {kind: ds for ds, _, kind, _ in pred.stores(raw, outputs)}["ensemble"]
+    want = {kind: ds for ds, _, kind, _ in pred.stores(at48, outputs)}["ensemble"]
     assert members.sizes["prediction_timedelta"] == 1
     xr.testing.assert_identical(members, want)  # the same function on the same mu/sigma: the same bits

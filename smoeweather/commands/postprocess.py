@@ -34,11 +34,15 @@ import argparse
 from pathlib import Path
 
 from smoeweather.commands.options import add_settings, settings_of_args
-from smoeweather.postprocess.options import DRNSettings, EMOSSettings, NetworkSettings, add_table_arguments
+from smoeweather.postprocess.options import (
+    FIT_METHODS,
+    DRNSettings,
+    EMOSSettings,
+    NetworkSettings,
+    add_table_arguments,
+)
 
 NAME = "postprocess"
-FIT_METHODS = ("emos", "drn")
-"""``smoe postprocess fit --method``: the post-processing models fitted here (networks: ``smoe train``)."""
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
@@ -175,26 +179,19 @@ def _table_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from smoeweather.postprocess.calibrator import calibrator, fit_files
+    from smoeweather.postprocess.pipeline import Run
+
     emos, drn = settings_of_args(EMOSSettings, args), settings_of_args(DRNSettings, args)  # checked by name
-    if args.method == "drn":
-        from smoeweather.postprocess.pipeline import fit_drn_files
-
-        plain = EMOSSettings()
-        if emos.predictors != plain.predictors or emos.per_gridpoint != plain.per_gridpoint:
-            raise ValueError("--method drn: --predictors members and --per-site/--per-gridpoint are EMOS options "
-                             "(the DRN reads the ensemble mean and spread, and its location embedding is per site)")
-        print(fit_drn_files(args.forecast, args.out, drn, truth=args.truth, variables=args.variables,
-                            train_period=args.train_period, window=args.window, lag=args.lag, dates=args.dates,
-                            table=_table_options(args), overwrite=args.overwrite, progress=not args.quiet,
-                            plausibility_check=not args.no_plausibility_check))
-        return 0
-    from smoeweather.postprocess.pipeline import fit  # out of core on dask; grids and sites; rolling windows
-
-    print(fit(args.forecast, args.out, truth_path=args.truth, variables=args.variables,
-              train_period=args.train_period, predictors=emos.predictors, per_gridpoint=emos.per_gridpoint,
-              window=args.window, lag=args.lag, dates=args.dates, distribution=emos.distribution,
-              iterations=emos.iterations, table=_table_options(args), scheduler=args.scheduler,
-              progress=not args.quiet, overwrite=args.overwrite, plausibility_check=not args.no_plausibility_check))
+    plain = EMOSSettings()
+    if args.method == "drn" and (emos.predictors != plain.predictors or emos.per_gridpoint != plain.per_gridpoint):
+        raise ValueError("--method drn: --predictors members and --per-site/--per-gridpoint are EMOS options "
+                         "(the DRN reads the ensemble mean and spread, and its location embedding is per site)")
+    cal = calibrator(args.method, drn if args.method == "drn" else emos)
+    print(fit_files(cal, args.forecast, args.out, truth=args.truth, variables=args.variables,
+                    train_period=args.train_period, window=args.window, lag=args.lag, dates=args.dates,
+                    table=_table_options(args), run=Run(args.scheduler, progress=not args.quiet),
+                    overwrite=args.overwrite, plausibility_check=not args.no_plausibility_check))
     return 0
 
 
@@ -236,8 +233,10 @@ def _output_forms(args: argparse.Namespace) -> object:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    from smoeweather.postprocess.calibrator import apply_files, load
     from smoeweather.postprocess.ecc import check_quantile_levels
-    from smoeweather.postprocess.pipeline import Outputs, apply_files
+    from smoeweather.postprocess.forms import Outputs
+    from smoeweather.postprocess.pipeline import Run
 
     # every check before anything is computed or written
     method, model = apply_model(args)
@@ -259,9 +258,9 @@ def _apply(args: argparse.Namespace) -> int:
                                      "name that output otherwise, or leave --netcdf out")
                 check_apart(p.with_suffix(".nc"), inputs)
     network = settings_of_args(NetworkSettings, args)
-    for p in apply_files(method, model, args.forecast, outputs, apply_period=args.apply_period,
-                         table=_table_options(args), scheduler=args.scheduler, progress=not args.quiet,
-                         overwrite=args.overwrite, batch_size=network.batch_size):
+    cal = load(model, method, network if method == "network" else None)
+    for p in apply_files(cal, args.forecast, outputs, apply_period=args.apply_period, table=_table_options(args),
+                         run=Run(args.scheduler, progress=not args.quiet), overwrite=args.overwrite):
         _written(p, args)
     return 0
 

@@ -24,7 +24,8 @@ their station ids and coordinates in every form. A netCDF output is in IMPROVER'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from pipelines.atomic import string_char_encoding
 from pipelines.canonical import VARIABLES
 from smoeweather.data.ensembles import FIELD_ATTR, STD_SUFFIX, probability_name
 from smoeweather.io import atomic_path
-from smoeweather.postprocess.distributions import family
+from smoeweather.postprocess.distributions import Distribution, family
 from smoeweather.units import Quantity, parse, parse_quantity, units_of, values_in
 
 ABOVE, BELOW = "greater_than", "less_than"
@@ -196,6 +197,119 @@ def form_products(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, attrs: d
         ds = percentile_dataset(mu, sigma, distribution, forms.percentiles)
         products.append((ds, forms.percentiles_out, "quantiles", {**attrs, "method": f"{attrs['method']}_percentiles"}))
     return products
+
+
+OUTPUT_SUFFIXES = (".nc", ".zarr")
+"""What an output of ``smoe postprocess apply`` is: a CF netCDF file (``.nc``, IMPROVER's layout,
+:func:`cf_netcdf_dataset`) or a zarr store (``.zarr``)."""
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The stores an apply writes: the (μ, σ) store ``out``; ``members`` ECC-Q members to ``members_out``, the
+    quantiles ``levels`` to ``quantiles_out``, the probabilities and percentiles of ``forms``
+    (:class:`OutputForms`), where given."""
+
+    out: Path
+    members_out: Path | None = None
+    members: int | None = None
+    quantiles_out: Path | None = None
+    levels: np.ndarray | None = None
+    forms: OutputForms | None = None
+
+    def check(self, overwrite: bool, inputs: Sequence[Any] = ()) -> Outputs:
+        """``self``; ValueError naming the option when an output ends in neither ``.nc`` nor ``.zarr``
+        (:data:`OUTPUT_SUFFIXES`) or two outputs are one path, and :func:`smoeweather.io.check_output` of each
+        (exists without ``overwrite``, under a file, read-only folder, is/contains/lies inside one of ``inputs``),
+        before anything is computed."""
+        from smoeweather.io import check_output
+
+        forms = self.forms
+        named = {"--out": self.out, "--members-out": self.members_out, "--quantiles-out": self.quantiles_out,
+                 "--thresholds-out": getattr(forms, "thresholds_out", None),
+                 "--percentiles-out": getattr(forms, "percentiles_out", None)}
+        for option, p in named.items():
+            if p is not None and Path(p).suffix not in OUTPUT_SUFFIXES:
+                raise ValueError(f"{option} {p}: expected a path ending in .nc (a CF netCDF file) or .zarr (a zarr "
+                                 f"store), e.g. {option} {Path(p).with_suffix('.zarr')}")
+        outs = [p for p in named.values() if p is not None]
+        if len({Path(p).resolve() for p in outs}) < len(outs):
+            raise ValueError(f"outputs must be distinct paths, got {[str(p) for p in outs]}")
+        for p in outs:  # checked again when each is written
+            check_output(Path(p), overwrite, inputs=inputs)
+        return self
+
+
+@dataclass(frozen=True)
+class Predictive:
+    """A predictive distribution forecast: ``family`` (:data:`.distributions.DISTRIBUTIONS`) with location
+    ``mu`` and scale ``sigma`` (Datasets, one variable per field, in the field's units), and ``attrs``: how it
+    was made (``method``, the model, ...; the attributes of every store written from it). Every output form of
+    a post-processed forecast is computed from it, here: :meth:`probabilities`, :meth:`percentiles`,
+    :meth:`quantiles`, :meth:`members` and all at once :meth:`stores`."""
+
+    family: str
+    mu: xr.Dataset
+    sigma: xr.Dataset
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def distribution(self, name: str) -> Distribution:
+        """The :class:`~.distributions.Distribution` of field ``name`` (numpy arrays of its dims)."""
+        return family(self.family, self.mu[name].values, self.sigma[name].transpose(*self.mu[name].dims).values)
+
+    def probabilities(self, thresholds: Mapping[str, Sequence[float]], below: bool = False) -> dict[str, xr.Dataset]:
+        """{field: P(Y > t) (``below``: P(Y ≤ t)) on a ``threshold`` dim} for the fields of ``thresholds``."""
+        return {n: probability_dataset(self.mu[[n]], self.sigma[[n]], self.family, np.asarray(t, np.float64), below)
+                for n, t in thresholds.items()}
+
+    def percentiles(self, percentiles: Sequence[float]) -> xr.Dataset:
+        """Percentiles (0–100) of every field on a ``percentile`` dim."""
+        return percentile_dataset(self.mu, self.sigma, self.family, np.asarray(percentiles, np.float64))
+
+    def quantiles(self, levels: Sequence[float]) -> xr.Dataset:
+        """Predictive quantiles at the probability ``levels`` of every field on a ``quantile`` dim
+        (:func:`.ecc.gaussian_quantiles`)."""
+        from smoeweather.postprocess.ecc import gaussian_quantiles
+
+        return gaussian_quantiles(self.mu, self.sigma, levels, distribution=self.family)
+
+    def members(self, raw: xr.Dataset, n: int | None = None) -> xr.Dataset:
+        """ECC-Q members (:func:`.ecc.ecc_members`): ``n`` (default: the raw member count) calibrated members
+        in the rank order of the raw ensemble ``raw``, at exactly this forecast's points."""
+        from smoeweather.postprocess.ecc import ecc_members
+
+        raw = raw[list(self.mu.data_vars)]
+        # a network may calibrate fewer levels or leads (or inits) than the raw ensemble holds: ECC-Q reorders
+        # the raw members at exactly the forecast's points
+        mu = self.mu
+        fewer = {d: mu[d].values for d in mu.dims if d in raw.dims and d in mu.coords and raw.sizes[d] != mu.sizes[d]}
+        raw = raw.sel(fewer) if fewer else raw
+        return ecc_members(mu, self.sigma, raw, int(raw.sizes["member"]) if n is None else n,
+                           distribution=self.family)
+
+    def stores(self, raw: xr.Dataset, outputs: Outputs) -> list[tuple[xr.Dataset, Path, str, dict[str, Any]]]:
+        """The (Dataset, path, forecast_kind, attrs) of every store of ``outputs`` (``raw``: the raw ensemble),
+        each with CF metadata in IMPROVER's names (:func:`cf_decorate`, the raw fields' standard names).
+
+        For the truncated normal the (μ, σ) store holds the location and scale of the normal before truncation
+        (attribute ``predictive_distribution`` says so; a Gaussian scorer would misread it); its members and
+        quantiles are the truncated distribution's, and ``smoe evaluate`` scores those correctly."""
+        from smoeweather.data.ensembles import gaussian_dataset
+        from smoeweather.postprocess.distributions import LONG_NAMES
+
+        o, dist = outputs, self.family
+        attrs = {**self.attrs, "distribution": dist, "predictive_distribution": LONG_NAMES[dist]}
+        products = [(gaussian_dataset(self.mu, self.sigma), Path(o.out), "gaussian", attrs)]
+        if o.members_out is not None:
+            ecc = {**attrs, "method": f"{attrs['method']}_ecc", "ecc": "ECC-Q, levels (i-0.5)/N, stable ranks"}
+            products.append((self.members(raw, o.members), Path(o.members_out), "ensemble", ecc))
+        if o.quantiles_out is not None:
+            products.append((self.quantiles(o.levels), Path(o.quantiles_out), "quantiles",  # type: ignore[arg-type]
+                             {**attrs, "method": f"{attrs['method']}_quantiles"}))
+        if o.forms is not None:
+            products.extend(form_products(self.mu, self.sigma, dist, attrs, o.forms))
+        fields = field_metadata(raw, [str(n) for n in self.mu.data_vars])
+        return [(cf_decorate(ds, dist, fields), path, kind, a) for ds, path, kind, a in products]
 
 
 def _same_quantity(units: str, canonical: str | None) -> bool:

@@ -117,6 +117,8 @@ class NetworkSettings(Settings):
 
 SETTINGS: dict[str, type[Settings]] = {"emos": EMOSSettings, "drn": DRNSettings, "network": NetworkSettings}
 """The option block of each post-processing method (``smoe postprocess fit --method``, ``apply --<method>``)."""
+FIT_METHODS = ("emos", "drn")
+"""The methods ``smoe postprocess fit --method`` fits (networks are trained by ``smoe train``)."""
 
 
 def add_table_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,5 +133,5 @@ def add_table_arguments(p: argparse.ArgumentParser) -> None:
                    help="units of the table's values, e.g. K, degC or m s-1 (a table carries none; default: unset)")
 
 
-__all__ = ["DISTRIBUTIONS", "PREDICTORS", "SETTINGS", "DRNSettings", "EMOSSettings", "NetworkSettings", "Settings",
-           "add_table_arguments"]
+__all__ = ["DISTRIBUTIONS", "FIT_METHODS", "PREDICTORS", "SETTINGS", "DRNSettings", "EMOSSettings", "NetworkSettings",
+           "Settings", "add_table_arguments"]
