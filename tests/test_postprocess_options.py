@@ -113,3 +113,14 @@ def test_a_mapping_is_checked_as_a_config_block() -> None:
     assert DRNSettings.of({"extra_variables": ["a"]}).extra_variables == ("a",)  # a YAML list: a tuple
     with pytest.raises(ConfigError, match=r"'drn\.hidden' must be >= 1, got 0"):
         DRNSettings(hidden=0).check()
+
+
+@pytest.mark.parametrize("settings", [EMOSSettings(), EMOSSettings(per_gridpoint=True, predictors="members"),
+                                      DRNSettings(), DRNSettings(extra_variables=("a", "b"), warm_start_epochs=2,
+                                                                 learning_rate=0.5), NetworkSettings(batch_size=3)])
+def test_settings_round_trip_through_model_file_attributes(settings: object) -> None:
+    """A model file records its settings as plain attributes and they read back as they were."""
+    attrs = settings.as_attrs()  # type: ignore[attr-defined]
+    assert all(isinstance(v, str | int | float) for v in attrs.values())
+    assert type(settings).recorded(attrs) == settings
+    assert type(settings).recorded({}) == type(settings)()  # a field a file lacks: its default

@@ -206,12 +206,7 @@ class EMOSCalibrator:
         from smoeweather.postprocess.model_file import read_model
 
         params, attrs = read_model(path)
-        plain = EMOSSettings()
-        recorded = EMOSSettings(per_gridpoint=bool(int(attrs.get("per_gridpoint", plain.per_gridpoint))),
-                                predictors=str(attrs.get("predictors", plain.predictors)),  # type: ignore[arg-type]
-                                distribution=str(attrs.get("distribution", plain.distribution)),  # type: ignore[arg-type]
-                                iterations=int(attrs.get("iterations", plain.iterations)))
-        return cls(settings or recorded, params, attrs, path=Path(path))
+        return cls(settings or EMOSSettings.recorded(attrs), params, attrs, path=Path(path))
 
 
 @dataclass

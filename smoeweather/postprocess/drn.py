@@ -31,7 +31,7 @@ over the epochs of every variable, lead and level on a terminal, one line at its
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -301,16 +301,8 @@ def fit_drn(forecast: xr.Dataset, truth_at: xr.Dataset, settings: DRNSettings,
             out.update(_group_dataset(name, per_lead, forecast, levels, window, sp))
     finally:
         torch.set_num_threads(threads)
-    out.attrs = {"method": "drn", **{k: _attr(v) for k, v in asdict(s).items()}}
+    out.attrs = {"method": "drn", **s.as_attrs()}
     return out
-
-
-def _attr(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, tuple):
-        return " ".join(map(str, v))
-    return v
 
 
 def _fit_group(pool: _Pool, windows: list[np.ndarray], s: DRNSettings, gen: torch.Generator,
@@ -466,16 +458,8 @@ def _fields(model: xr.Dataset) -> list[str]:
 
 
 def settings_of(model: xr.Dataset) -> DRNSettings:
-    """The :class:`DRNSettings` recorded in a model's attributes."""
-    a = model.attrs
-    warm = a.get("warm_start_epochs", "")
-    return DRNSettings(hidden=int(a["hidden"]), embedding=int(a["embedding"]), epochs=int(a["epochs"]),
-                       seeds=int(a["seeds"]), batch_size=int(a["batch_size"]),
-                       learning_rate=float(a["learning_rate"]), seed=int(a["seed"]),
-                       distribution=str(a["distribution"]),
-                       extra_variables=tuple(str(a.get("extra_variables", "")).split()),
-                       min_location_cases=int(a["min_location_cases"]),
-                       warm_start_epochs=int(warm) if str(warm) not in ("", "None") else None)
+    """The :class:`DRNSettings` recorded in a model's attributes (:meth:`~.options.Settings.recorded`)."""
+    return DRNSettings.recorded(model.attrs)
 
 
 __all__ = ["KIND", "DRNSettings", "apply_drn", "covariates", "fit_drn", "predictors", "read_drn_model", "settings_of",

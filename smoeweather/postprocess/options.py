@@ -49,6 +49,36 @@ class Settings:
         """``self``, validated as :meth:`of` validates a mapping."""
         return type(self).of({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # type: ignore
 
+    def as_attrs(self) -> dict[str, Any]:
+        """The settings as plain netCDF attributes of a model file: a tuple joined by spaces, None as ``""``."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            out[f.name] = "" if v is None else " ".join(map(str, v)) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def recorded(cls: type[S], attrs: Mapping[str, Any]) -> S:
+        """The settings a model file records in its attributes (:meth:`as_attrs`), each read back by its field's
+        type; a field the file lacks (written before the field was) takes its default."""
+        hints = typing.get_type_hints(cls)
+        return cls(**{f.name: _from_attr(attrs[f.name], hints[f.name]) for f in dataclasses.fields(cls)  # type: ignore
+                      if f.name in attrs})
+
+
+def _from_attr(value: Any, hint: Any) -> Any:
+    """A netCDF attribute back in the type ``hint`` of a settings field (the inverse of :meth:`Settings.as_attrs`)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if type(None) in typing.get_args(hint):
+        return None if str(value) in ("", "None") else _from_attr(value, args[0])
+    if hint is bool:
+        return bool(int(value))
+    if hint in (int, float):
+        return hint(value)
+    if typing.get_origin(hint) is tuple:
+        return tuple(str(value).split())
+    return str(value)  # str or a Literal of strings
+
 
 def _distribution() -> Any:
     """The predictive distribution of every fit (EMOS and DRN share the one ``--distribution`` and its default)."""
