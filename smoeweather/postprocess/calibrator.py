@@ -84,6 +84,10 @@ class Calibrator(Protocol):
         ...
 
 
+TRAINED_ELSEWHERE = ("fit: networks are trained with `smoe train` (configs/postprocess, configs/ens10); load(CKPT) "
+                     "gives their calibrator")
+
+
 @contextlib.contextmanager
 def _staging(run: Run) -> Iterator[Path]:
     """The folder an out-of-core fit stages its data in: beside ``run.staging``, or a temporary one."""
@@ -304,11 +308,10 @@ class NetworkCalibrator:
     scheduled: ClassVar[bool] = False  # in memory: its stores are written without a dask cluster
 
     def training_options(self) -> dict[str, Any]:
-        return {}
+        return self.fit(None)  # type: ignore[arg-type,return-value]
 
     def fit(self, data: Training, run: Run = LOCAL) -> NetworkCalibrator:
-        raise ValueError("fit: networks are trained with `smoe train` (configs/postprocess, configs/ens10); "
-                         "load(CKPT) gives their calibrator")
+        raise ValueError(TRAINED_ELSEWHERE)
 
     def open_forecast(self, paths: Sequence[Path], *, apply_period: Sequence[str] | None = None,
                       members: int | None = None, table: dict[str, Any] | None = None) -> tuple[xr.Dataset, str]:
@@ -343,8 +346,7 @@ def calibrator(method: str, settings: Settings | Mapping[str, Any] | None = None
     """An unfitted calibrator of ``method`` (``emos``, ``drn``) with ``settings``: its option block, or a mapping
     of its fields (checked: ConfigError naming ``<method>.<key>``)."""
     if method == "network":
-        raise ValueError("fit: networks are trained with `smoe train` (configs/postprocess, configs/ens10); "
-                         "load(CKPT) gives their calibrator")
+        raise ValueError(TRAINED_ELSEWHERE)
     if method not in FIT_METHODS:
         raise ValueError(f"fit: method {method!r} is not one of {list(FIT_METHODS)} (networks: `smoe train`)")
     block = settings if isinstance(settings, Settings) else SETTINGS[method].of(settings)

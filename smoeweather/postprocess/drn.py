@@ -115,7 +115,7 @@ def predictors(forecast: xr.Dataset, name: str, lead: Any, level: Any | None, ex
         da = forecast[var].sel(prediction_timedelta=lead)
         if "level" in da.dims:
             if level is None:
-                raise ValueError(f"--drn-extra {var}: it has levels and {name!r} has none")
+                raise ValueError(f"{DRNSettings.option('extra_variables')} {var}: it has levels and {name!r} has none")
             da = da.sel(level=level)
         return da.transpose("time", "member", *sp)
 
@@ -128,7 +128,8 @@ def predictors(forecast: xr.Dataset, name: str, lead: Any, level: Any | None, ex
         if v == name:
             continue
         if v not in forecast.data_vars:
-            raise ValueError(f"--drn-extra {v}: no such forecast variable (variables: {list(forecast.data_vars)})")
+            raise ValueError(f"{DRNSettings.option('extra_variables')} {v}: no such forecast variable (variables: "
+                             f"{list(forecast.data_vars)})")
         e = at(v)
         feats.append(np.asarray(e.values, np.float64).reshape(t, e.sizes["member"], p).mean(1))
         names.append(f"{v}_mean")

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from smoeweather.config import parse_settings, setting
+from smoeweather.config import option_of, parse_settings, setting
 
 DistributionName = Literal["normal", "truncnormal"]
 DISTRIBUTIONS: tuple[str, ...] = typing.get_args(DistributionName)
@@ -48,6 +48,11 @@ class Settings:
     def check(self: S) -> S:
         """``self``, validated as :meth:`of` validates a mapping."""
         return type(self).of({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # type: ignore
+
+    @classmethod
+    def option(cls, name: str) -> str:
+        """The command-line option of the field ``name`` (what a message about its value names)."""
+        return str(option_of(next(f for f in dataclasses.fields(cls) if f.name == name)))  # type: ignore[arg-type]
 
     def as_attrs(self) -> dict[str, Any]:
         """The settings as plain netCDF attributes of a model file: a tuple joined by spaces, None as ``""``."""

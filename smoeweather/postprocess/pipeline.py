@@ -130,11 +130,12 @@ LOCAL = Run()
 def open_training(forecast_paths: Sequence[Path], out: Path, *, truth_path: Path | None = None,
                   variables: Sequence[str] | None = None, extra_variables: Sequence[str] = (),
                   train_period: Sequence[str] | None = None, window: str | None = None, lag: str | None = None,
-                  dates: Sequence[str] | None = None, distribution: str = "normal", table: dict[str, Any] | None = None,
+                  dates: Sequence[str] | None = None, distribution: str, table: dict[str, Any] | None = None,
                   overwrite: bool = False, static_maps: bool = False, plausibility_check: bool = True) -> Training:
     """Every check of a fit's options and inputs, in order, before anything is computed: the output ``out``,
-    the rolling-window options, the distribution; then the ensemble (``variables`` and ``extra_variables``) and
-    its truth on valid times, the period, non-negative truth for the truncated normal, the windows.
+    the rolling-window options, the ``distribution`` (the calibrator's ``training_options``); then the ensemble
+    (``variables`` and ``extra_variables``) and its truth on valid times, the period, non-negative truth for the
+    truncated normal, the windows.
     ``static_maps``: gridded sources' land-sea mask and orography as coordinates (:func:`.drn.with_static`);
     ``plausibility_check``: refuse implausible ensemble or truth values
     (:func:`pipelines.plausibility.check_plausible`)."""
