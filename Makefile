@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[dev,docs,gcm,earth2studio]"  # earth2studio: tests/test_earth2studio.py runs its workflows
+	$(PY) -m pip install -q -e ".[dev,docs,gcm,earth2studio]"  # earth2studio: tests/interop/test_earth2studio.py runs its workflows
 	touch $(STAMP)
 
 # the first demo (150 steps a model, minutes); demo-full: 362 steps a model, the run docs/guide/results-reading.md reads

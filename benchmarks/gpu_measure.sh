@@ -105,7 +105,7 @@ case "${1:-}" in
     OMP_NUM_THREADS=2 part gcm_prepare "${PREP_TIMEOUT:-300}" nice python -m benchmarks.gpu_study prepare --packs "$GPU" \
       --world /tmp/gcm_world --store "$GCM_STORE" > /dev/null & gcm_prep=$!
     # 1. correctness: side by side, none of it is timed
-    part cuda_tests "${CHECK_TIMEOUT:-120}" python -m pytest -q -p no:cacheprovider tests/test_smoe_fastpath.py \
+    part cuda_tests "${CHECK_TIMEOUT:-120}" python -m pytest -q -p no:cacheprovider tests/nn/test_smoe_fastpath.py \
       -k cuda & p1=$!
     part correctness "${CHECK_TIMEOUT:-120}" python -m benchmarks.gpu_check correctness --device "$DEVICE" --out "$RES" \
       --steps "${CHECK_STEPS:-20}" & p2=$!

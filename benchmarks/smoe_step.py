@@ -278,7 +278,7 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> list[str]:
               "they are bitwise equal until the float32 summation order of a convolution's input gradient (a sum "
               "over fewer output channels) flips one RC flag at its threshold, after which the gate updates "
               "differ by one Adam step at that location. The layer itself is tested bitwise on exact data "
-              "(tests/test_smoe_fastpath.py::test_used_experts_only_is_bitwise_identical)."]
+              "(tests/nn/test_smoe_fastpath.py::test_used_experts_only_is_bitwise_identical)."]
     return lines
 
 

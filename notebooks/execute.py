@@ -3,7 +3,7 @@
     .venv/bin/python notebooks/execute.py                       # every notebook in notebooks/
     .venv/bin/python notebooks/execute.py notebooks/NAME.ipynb  # one or more
 
-Each notebook runs from a fresh temporary working directory, as in tests/test_notebooks.py (which re-executes
+Each notebook runs from a fresh temporary working directory, as in tests/repository/test_notebooks.py (which re-executes
 every notebook and fails on any error). Prints each notebook's wall time.
 """
 

@@ -227,7 +227,7 @@ def run_demo(out: Path, steps: int = QUICK_STEPS, threads: int = DEMO_THREADS) -
     ``INDEX.md`` (:func:`write_index`).
 
     Each step runs as its own ``python -m smoeweather`` process, exactly the command a user would type.
-    The whole chain also runs in one process (tests/test_one_process.py). It used to abort at interpreter exit
+    The whole chain also runs in one process (tests/training/test_one_process.py). It used to abort at interpreter exit
     with ``free(): invalid pointer`` (exit 134): eccodes, imported by xarray's engine guessing, loads eckitlib's
     bundled PROJ/curl with RTLD_GLOBAL, and pyproj (imported by cartopy for the maps) then bound to that PROJ
     instead of its own, so two PROJ copies freed the same objects at exit. ``smoeweather/__init__.py`` now

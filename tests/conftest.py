@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,10 @@ import torch
 from smoeweather import numerics
 
 REPO = Path(__file__).resolve().parents[1]
+# tests/ mirrors the package, a folder per subpackage; the test modules whose builders others reuse (gcm_ens_like,
+# srft_like, a tiny trained checkpoint, ...) import one another by name from any folder
+sys.path[:0] = [str(d) for d in sorted(Path(__file__).parent.iterdir())
+                if d.is_dir() and d.name.isidentifier() and not d.name.startswith("_") and str(d) not in sys.path]
 SHARED_DATA = Path(os.environ.get("SMOE_SHARED_DATA", REPO.parent / "shared" / "data"))
 # what a skipped test says is missing and how to supply it (one wording for every test that reads SHARED_DATA)
 SHARED_HOW = ("not part of this repository (some files are GPL): put the project's sample-data folder beside "

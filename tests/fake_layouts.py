@@ -1,6 +1,6 @@
 """Writers of tiny files in the EXACT published layouts (names, dims, attrs, GRIB keys).
 
-Used by tests/test_readers.py; each writer returns what it wrote (raw, before canonicalisation) so
+Used by tests/pipelines/test_readers.py; each writer returns what it wrote (raw, before canonicalisation) so
 tests can check that values survive reading. Values are random but reproducible (``seed``).
 """
 

@@ -17,7 +17,7 @@ finished runs, so no training is repeated):
    (``expert_compute="auto"``, which is ``used`` on CPU) and with ``expert_compute="selected"``
    (``<arm>+selected``), both in the same rounds;
 2. an SMoE arm's cost on the frontier is that of its faster path (the scores do not depend on the path: the
-   selected path equals the used one to float32 rounding, tests/test_smoe_selected.py);
+   selected path equals the used one to float32 rounding, tests/nn/test_smoe_selected.py);
 3. the study JSON's ``cost`` becomes the re-measured one (the previous one is kept as ``cost_previous``) and every
    frontier figure of the study (the ``*.json`` specs beside it written by ``smoe plot frontier``) is re-drawn;
 4. ``benchmarks/studies/results/frontier_costs.{json,md}``: per study and SMoE arm, the step-time ratio before and now

@@ -7,7 +7,7 @@ committed, so it reads as it is on GitHub too. Regenerate it after changing an o
     .venv/bin/python docs/hooks/cli_reference.py --check  # exit 1 if the committed page is out of date
 
 As a MkDocs hook it only verifies: the build fails if the committed page differs from what the parsers
-print now. ``tests/test_docs.py`` checks the same, and that each block equals ``smoe <verb> ... --help``.
+print now. ``tests/repository/test_docs.py`` checks the same, and that each block equals ``smoe <verb> ... --help``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ INTRO = """# CLI reference
 Every `smoe` command with its options: the `--help` text of each, as the command prints it (at a terminal
 width of {columns} columns). This page is **generated** from the same argparse parsers the command uses
 (`smoeweather.cli.build_parser()`, walked by `docs/hooks/cli_reference.py`): do not edit it by hand, but
-regenerate it with `{regenerate}`. `tests/test_docs.py` and the docs build fail when it is out of date.
+regenerate it with `{regenerate}`. `tests/repository/test_docs.py` and the docs build fail when it is out of date.
 
 Errors a user can cause (a bad path, option, config key or file) end in one line naming the file, variable
 or key and what was expected, with exit status 2.

@@ -1,7 +1,7 @@
 """The model list page, ``docs/reference/models.md``, generated from the model registry
 (:mod:`smoeweather.models.registry`): every registered network of every task with what its builder says.
 
-Regenerate it after registering a network (``tests/test_registry.py`` fails while it is stale)::
+Regenerate it after registering a network (``tests/models/test_registry.py`` fails while it is stale)::
 
     .venv/bin/python docs/hooks/model_list.py
 """

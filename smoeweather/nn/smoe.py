@@ -1,7 +1,7 @@
 """The Spatial Mixture-of-Experts layer (paper §2): convolutional experts, top-E routing per location,
 and the routing-classification (RC) loss and expert error damping computed inside the layer's backward.
 
-Design decisions (differences from the reference code, each tested in ``tests/test_smoe_layer.py``; the
+Design decisions (differences from the reference code, each tested in ``tests/nn/test_smoe_layer.py``; the
 measurements behind them are in docs/smoe-weather-findings.md, "Design notes of the SMoE layer"):
 
 * RC loss and damping happen in the backward of one autograd Function, from the error signal dL/dy arriving
