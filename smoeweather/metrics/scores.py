@@ -141,14 +141,33 @@ def _ensemble_terms(da: xr.DataArray, err: xr.DataArray, truth: xr.DataArray, w:
         q["debiased_ensemble_mean_mse"] = amean(err**2 - variance / m)
         q["energy_score"] = probabilistic.energy_score_terms(da, truth, w, space)["energy_score"]
     if thresholds is not None:
-        event = calibration.event(truth, thresholds)
-        above = (da > thresholds).astype(np.float64).where(da.notnull())
+        q.update(_ensemble_binary_terms(da, truth, thresholds, amean))
+    return q
+
+
+def _ensemble_binary_terms(da: xr.DataArray, truth: xr.DataArray, thresholds: xr.DataArray,
+                           amean: Callable[[xr.DataArray], xr.DataArray]) -> dict[str, xr.DataArray]:
+    """Brier, debiased Brier and ignorance of the members' fraction above each threshold. The members'
+    indicators are formed one ``quantile`` at a time (a third of the memory for three thresholds); the per-point
+    terms of all thresholds are then area-averaged together, in the layout of one pass over all of them."""
+    m = da.sizes["member"]
+    per_q: dict[str, list[xr.DataArray]] = {"brier_score": [], "debiased_brier_score": [], "ignorance_score": []}
+    levels = thresholds["quantile"].values if "quantile" in thresholds.dims else [None]
+    axis = da.dims.index("member")
+    for level in levels:
+        thr = thresholds.sel(quantile=level, drop=True) if level is not None else thresholds
+        event = calibration.event(truth, thr)
+        above = (da > thr).astype(np.float64).where(da.notnull())
         p = above.mean("member")
         brier = (p - event) ** 2
         debiased = brier - above.var("member", ddof=1) / m if m > 1 else xr.full_like(brier, np.nan)
-        q.update(brier_score=amean(brier), debiased_brier_score=amean(debiased),
-                 ignorance_score=amean(_ignorance(p, event)))
-    return q
+        for k, v in (("brier_score", brier), ("debiased_brier_score", debiased),
+                     ("ignorance_score", _ignorance(p, event))):
+            per_q[k].append(v if level is None else v.expand_dims(quantile=[level], axis=axis))
+    # stacked where the members were, then viewed with the quantile last: the memory layout numpy gives the
+    # one-pass broadcast of the members against all thresholds, so the area means add in its order, bit for bit
+    return {k: amean(xr.concat(v, "quantile").transpose(..., "quantile") if len(v) > 1 else v[0])
+            for k, v in per_q.items()}
 
 
 def _gaussian_terms(mu: xr.DataArray, sigma: xr.DataArray | None, truth: xr.DataArray,
