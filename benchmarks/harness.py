@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from smoeweather.studies.run import cpu_model  # noqa: F401 - the one reading of the CPU model; benchmarks import it here
+
 REPO = Path(__file__).resolve().parents[1]
 # where results go: benchmarks/results, or SMOE_BENCHMARK_RESULTS (a dry run that leaves the committed files alone)
 RESULTS = Path(os.environ.get("SMOE_BENCHMARK_RESULTS") or REPO / "benchmarks" / "results")
@@ -245,17 +247,6 @@ def device_record(device: str) -> dict[str, Any]:
         setup["gpu"] = torch.cuda.get_device_name(0)
         setup["cuda"] = torch.version.cuda
     return setup
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class Machine:

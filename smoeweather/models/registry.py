@@ -54,6 +54,8 @@ class ModelEntry:
 
 
 _ENTRIES: dict[str, dict[str, ModelEntry]] = {task: {} for task in TASKS}
+"""task → name → entry. Complete whenever this module is reachable: importing it runs ``smoeweather/models/
+__init__.py`` first, which imports every model module (each registers its networks)."""
 
 
 def parameters(fn: Any) -> set[str] | None:
@@ -84,30 +86,24 @@ def register_model(task: str, name: str, *, keys: set[str] | None = None, argume
     return decorate
 
 
-def _loaded() -> dict[str, dict[str, ModelEntry]]:
-    """The entries. Complete whenever this module is reachable: importing it runs ``smoeweather/models/
-    __init__.py`` first, which imports every model module (each registers its networks)."""
-    return _ENTRIES
-
-
 def names(task: str) -> tuple[str, ...]:
     """The registered model names of ``task``, in registration order."""
-    return tuple(_loaded()[task])
+    return tuple(_ENTRIES[task])
 
 
 def entries_by_name(task: str) -> Mapping[str, ModelEntry]:
     """name → entry of ``task``'s registered networks."""
-    return _loaded()[task]
+    return _ENTRIES[task]
 
 
 def entries(task: str | None = None) -> list[ModelEntry]:
     """Every registered network (of ``task``, or of every task)."""
-    return [e for t in ((task,) if task else TASKS) for e in _loaded()[t].values()]
+    return [e for t in ((task,) if task else TASKS) for e in _ENTRIES[t].values()]
 
 
 def lookup(task: str, name: Any, where: str = "model.name") -> ModelEntry:
     """The entry of ``name``; ValueError naming ``where``, the registered names and the closest one."""
-    known = _loaded()[task]
+    known = _ENTRIES[task]
     if name in known:
         return known[name]
     close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.6)
