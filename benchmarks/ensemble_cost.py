@@ -25,6 +25,7 @@ from benchmarks.harness import REPO, RESULTS, Machine, interleave, pin_threads, 
 from smoeweather.config import read_config
 from smoeweather.models.ensemble import members_of, model_kind
 from smoeweather.models.weather import build_weather_model, synthetic_land_sea_mask
+from smoeweather.training.blocks import training_settings
 from smoeweather.training.ensemble_forecasting import loss_settings
 from smoeweather.training.ensemble_losses import ensemble_loss
 from smoeweather.training.losses import lat_weighted_mse, latitude_weights
@@ -51,7 +52,7 @@ def build(config: str, overrides: list[str]) -> tuple[torch.nn.Module, dict[str,
 def step_fn(net: torch.nn.Module, cfg: dict[str, Any], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     kind = model_kind(cfg["model"])
-    loss_name, alpha = loss_settings(cfg) if kind != "deterministic" else ("mse", 0.0)
+    loss_name, alpha = loss_settings(cfg["model"], training_settings(cfg)) if kind != "deterministic" else ("mse", 0.0)
 
     def step() -> None:
         out = net(x)

@@ -104,8 +104,6 @@ def loader_specs(keys: tuple[str, ...] = LoaderSettings.KEYS) -> dict[str, Any]:
 
 
 def training_settings(cfg: Mapping[str, Any]) -> TrainingSettings:
-    """The typed ``training`` block of a config (a :class:`TrainConfig` or a mapping, e.g. a checkpoint's)."""
-    typed = getattr(cfg, "training", None)
-    if isinstance(typed, TrainingSettings):
-        return typed
+    """The typed ``training`` block of a config mapping as written (a checkpoint's ``config``; a
+    :class:`~smoeweather.training.settings.TrainConfig` has it as ``.training``)."""
     return parse_settings(TrainingSettings, cfg.get("training"), "training")

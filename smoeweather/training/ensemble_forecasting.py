@@ -20,7 +20,7 @@ import torch
 
 from smoeweather.models.ensemble import model_kind
 from smoeweather.models.resnet import NormalizedModel
-from smoeweather.training.blocks import training_settings
+from smoeweather.training.blocks import TrainingSettings
 from smoeweather.training.ensemble_losses import ENSEMBLE_LOSSES, ensemble_crps, ensemble_loss, gaussian_crps_loss
 from smoeweather.training.forecasting import ForecastingModule
 from smoeweather.training.losses import lat_weighted_mse
@@ -28,10 +28,10 @@ from smoeweather.training.losses import lat_weighted_mse
 DEFAULT_LOSS = {"e3": "mse", "deep_ensemble": "mse", "gaussian": "gaussian_crps", "mc_dropout": "mse"}
 
 
-def loss_settings(cfg: Mapping[str, Any]) -> tuple[str, float]:
-    """(``training.loss``, ``training.crps_alpha``) of a config, defaults per model, checked against the model."""
-    name = str(cfg["model"].get("name"))
-    t = training_settings(cfg)
+def loss_settings(model: Mapping[str, Any], t: TrainingSettings) -> tuple[str, float]:
+    """(``training.loss``, ``training.crps_alpha``) of a ``model`` block and its ``training`` block, defaults per
+    model, checked against the model."""
+    name = str(model.get("name"))
     loss = str(t.loss or DEFAULT_LOSS.get(name, "mse"))
     # default α 0 (standard CRPS, TrainingSettings): the members of e3/deep_ensemble are distinct networks, not
     # exchangeable draws, and a fair share lets them spread out (gcm_ensembles_cpu_600: α 0.95 spread/skill 2.4,
@@ -50,16 +50,15 @@ def loss_settings(cfg: Mapping[str, Any]) -> tuple[str, float]:
     return loss, alpha
 
 
-def check_loss(cfg: Mapping[str, Any]) -> None:
+def check_loss(model: Mapping[str, Any], t: TrainingSettings) -> None:
     """ValueError unless ``training.loss`` fits ``model.name`` (a deterministic model trains on mse; an ensemble
     model as :func:`loss_settings` says): a pure config check, run before anything is built."""
-    if model_kind(cfg["model"]) == "deterministic":
-        loss = training_settings(cfg).loss
-        if loss not in (None, "mse"):
-            raise ValueError(f"training.loss {loss!r} needs an ensemble model (model.name e3, deep_ensemble or "
+    if model_kind(model) == "deterministic":
+        if t.loss not in (None, "mse"):
+            raise ValueError(f"training.loss {t.loss!r} needs an ensemble model (model.name e3, deep_ensemble or "
                              "gaussian); a deterministic model trains on mse")
     else:
-        loss_settings(cfg)
+        loss_settings(model, t)
 
 
 class EnsembleForecastingModule(ForecastingModule):
@@ -109,14 +108,17 @@ class EnsembleForecastingModule(ForecastingModule):
             metric.update(value, weight=n)
 
 
-def build_forecasting_module(cfg: Mapping[str, Any], model: NormalizedModel, latitude: np.ndarray | list[float],
-                             target_names: list[str], **kwargs: Any) -> ForecastingModule:
-    """The Lightning module of a weatherbench config: :class:`EnsembleForecastingModule` for an ensemble
-    ``model.name``, else the deterministic :class:`ForecastingModule`."""
-    kind = model_kind(cfg["model"])
-    check_loss(cfg)
+def build_forecasting_module(block: Mapping[str, Any], training: TrainingSettings, model: NormalizedModel,
+                             latitude: np.ndarray | list[float], target_names: list[str],
+                             metadata: dict[str, Any]) -> ForecastingModule:
+    """The Lightning module of a weatherbench config's ``model`` block (``block``) and ``training`` block:
+    :class:`EnsembleForecastingModule` for an ensemble ``model.name``, else the deterministic
+    :class:`ForecastingModule`; the module's keywords are ``training``'s (:meth:`TrainingSettings.module_kwargs`)."""
+    kind = model_kind(block)
+    check_loss(block, training)
+    kwargs = {"metadata": metadata, **training.module_kwargs()}
     if kind == "deterministic":
         return ForecastingModule(model, latitude, target_names, **kwargs)
-    loss, alpha = loss_settings(cfg)
+    loss, alpha = loss_settings(block, training)
     return EnsembleForecastingModule(model, latitude, target_names, kind=kind, loss=loss, crps_alpha=alpha,
                                      **kwargs)

@@ -20,7 +20,7 @@ import inspect
 from typing import Any
 
 from smoeweather.config import Arguments, Block, Bounded, ConfigError, settings_specs, validate
-from smoeweather.training.blocks import TrainingSettings, loader_specs
+from smoeweather.training.blocks import TrainingSettings, loader_specs, training_settings
 
 NUM = (float,)  # an int is accepted where a float is (1e-3 and 1 alike)
 INT, BOOL, STR, LIST = (int,), (bool,), (str,), (list,)
@@ -300,6 +300,6 @@ def validate_train_config(cfg: dict[str, Any]) -> None:
         from smoeweather.training.ensemble_forecasting import check_loss
 
         try:
-            check_loss(cfg)  # training.loss against model.name, before the store is built
+            check_loss(cfg["model"], training_settings(cfg))  # training.loss against model.name, before the store
         except ValueError as err:
             raise ConfigError(str(err)) from None

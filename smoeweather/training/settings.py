@@ -7,15 +7,16 @@ task), ``model`` (:class:`ModelBlock`), ``training`` (:class:`TrainingSettings`)
 (``lightning.Trainer`` keywords) with its ``logger`` parsed apart (:attr:`TrainConfig.trackers`,
 :mod:`smoeweather.training.trackers`). Defaults and bounds live in :mod:`smoeweather.training.blocks`.
 :meth:`TrainConfig.to_dict` gives the config exactly as written (with overrides), which is what checkpoints and
-``config.yaml`` record; a :class:`TrainConfig` also reads as that mapping (``cfg["data"]``) for code that
-takes a dict.
+``config.yaml`` record. A :class:`TrainConfig` is read by attribute only (it is no mapping); the blocks whose keys
+belong to someone else stay plain dicts, on purpose: ``data`` (each task's own keys), ``model.params`` (the
+registered network's keywords) and ``trainer`` (``lightning.Trainer``'s keywords).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,16 @@ __all__ = ["LoaderSettings", "ModelBlock", "TrainConfig", "TrainingSettings", "l
 
 
 @dataclass(frozen=True)
-class TrainConfig(Mapping[str, Any]):
-    """A validated ``smoe train`` config (see the module docstring). Reads as the raw mapping too."""
+class TrainConfig:
+    """A validated ``smoe train`` config (see the module docstring), read by attribute; ``raw`` is the config
+    as written (:meth:`to_dict` copies it)."""
 
     task: str
     raw: dict[str, Any]
     seed: int = 0
     output_dir: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    """The ``data`` block, a plain dict: its keys are the task's own (the loader keys are typed in :attr:`loader`)."""
     loader: LoaderSettings = field(default_factory=LoaderSettings)
     model: ModelBlock = field(default_factory=lambda: ModelBlock(None))
     training: TrainingSettings = field(default_factory=TrainingSettings)
@@ -76,15 +79,6 @@ class TrainConfig(Mapping[str, Any]):
     def to_dict(self) -> dict[str, Any]:
         """The config as written (a deep copy): what ``config.yaml`` and checkpoints record."""
         return copy.deepcopy(self.raw)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.raw[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.raw)
-
-    def __len__(self) -> int:
-        return len(self.raw)
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:

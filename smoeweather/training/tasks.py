@@ -29,12 +29,6 @@ from smoeweather.training.settings import TrainConfig
 from smoeweather.training.stores import base_dataset, ensure_store, land_sea_mask, year_splits
 
 
-def module_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of a task's Lightning module from the config's ``training`` block
-    (:meth:`TrainingSettings.module_kwargs`, defaults there)."""
-    return training_settings(cfg).module_kwargs()
-
-
 def _stats_metadata(model: nn.Module) -> dict[str, list[float]]:
     return {name: getattr(model, name).flatten().tolist() for name in NORMALISATION_BUFFERS}
 
@@ -67,7 +61,7 @@ def _datamodule(cfg: TrainConfig, splits: Callable[[], dict[str, Dataset]], defa
                            sampler=loader.sampler, block_size=loader.block_size, **kwargs)
 
 
-def build_weatherbench(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
+def build_weatherbench(config: TrainConfig | Mapping[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
     """WeatherBench-style forecasting: data module and :class:`ForecastingModule` from a config."""
     from smoeweather.data.weather import WeatherBenchDataset
     from smoeweather.models.weather import build_weather_model
@@ -102,12 +96,12 @@ def build_weatherbench(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoE
         **_weatherbench_card(train_ds, store, prior),
     }
     module = build_forecasting_module(  # ForecastingModule, or the ensemble one for e3/deep_ensemble/gaussian
-        cfg, model, train_ds.latitude, train_ds.target_names, metadata=metadata, **cfg.training.module_kwargs()
+        cfg.model.to_dict(), cfg.training, model, train_ds.latitude, train_ds.target_names, metadata
     )
     return data, module
 
 
-def build_postprocess(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
+def build_postprocess(config: TrainConfig | Mapping[str, Any]) -> tuple[SplitDataModule, SMoETrainingModule]:
     """Ensemble post-processing (task ``postprocess``): data module and
     :class:`PostprocessingModule` from a config.
 
@@ -186,7 +180,7 @@ def build_postprocess(config: Mapping[str, Any]) -> tuple[SplitDataModule, SMoET
     return data, module
 
 
-def build_heat(config: Mapping[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
+def build_heat(config: TrainConfig | Mapping[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
     """Heat diffusion (paper §3.1): data module and :class:`FieldRegressionModule` from a config."""
     from pipelines.heat_diffusion import generate
     from smoeweather.heat.data import batched_pairs, heat_splits
@@ -214,21 +208,21 @@ def _forecasting_module(meta: dict[str, Any], net: nn.Module) -> L.LightningModu
     """The weather task's training module around a network rebuilt from a checkpoint's metadata."""
     from smoeweather.training.ensemble_forecasting import build_forecasting_module
 
-    cfg = meta["config"]
+    cfg = meta["config"]  # the checkpoint's config as written: a plain mapping
     metadata = {k: v for k, v in meta.items() if k != "format_version"}
-    return build_forecasting_module(cfg, net, list(meta["latitude"]), list(meta["target_names"]),
-                                    metadata=metadata, **module_kwargs(cfg))
+    return build_forecasting_module(cfg["model"], training_settings(cfg), net, list(meta["latitude"]),
+                                    list(meta["target_names"]), metadata)
 
 
 def _postprocessing_module(meta: dict[str, Any], net: nn.Module) -> L.LightningModule:
     """The post-processing task's training module around a network rebuilt from a checkpoint's metadata."""
     from smoeweather.training.postprocess_network import PostprocessingModule
 
-    cfg = meta["config"]
     metadata = {k: v for k, v in meta.items() if k != "format_version"}
     targets = list(meta["target_names"])
     target_std = [float(meta["stats"][n.split("@")[0]][1]) for n in targets]
-    return PostprocessingModule(net, targets, target_std, metadata=metadata, **module_kwargs(cfg))
+    return PostprocessingModule(net, targets, target_std, metadata=metadata,
+                                **training_settings(meta["config"]).module_kwargs())
 
 
 register_task("weatherbench", build_weatherbench, _forecasting_module)
@@ -236,8 +230,9 @@ register_task("postprocess", build_postprocess, _postprocessing_module)
 register_task("heat", build_heat)
 
 
-def build(cfg: Mapping[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
-    """(data module, Lightning module) for ``cfg['task']`` (a deprecated alias is replaced, with a warning)."""
+def build(cfg: TrainConfig | Mapping[str, Any]) -> tuple[SplitDataModule, L.LightningModule]:
+    """(data module, Lightning module) for ``cfg.task``, or the ``task`` of a config mapping as written (a
+    deprecated alias is replaced, with a warning)."""
     if isinstance(cfg, TrainConfig):
         return task(cfg.task).build(cfg)
     name = canonical_task(cfg.get("task"))

@@ -100,7 +100,7 @@ class ClassificationModule(SMoETrainingModule):
         self._evaluate(batch, "test")
 
 
-def build_vision(config: Mapping[str, Any]) -> tuple[Any, ClassificationModule]:
+def build_vision(config: TrainConfig | Mapping[str, Any]) -> tuple[Any, ClassificationModule]:
     """(SplitDataModule, ClassificationModule) for a ``task: vision`` config."""
     from smoeweather.training.datamodule import SplitDataModule
     from smoeweather.vision.data import load_images, standardise

@@ -4,6 +4,7 @@ what was expected and how to fix it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,8 @@ def test_the_typed_config_has_one_default_per_key() -> None:
     assert cfg.training.lr == 1.0 and isinstance(cfg.training.lr, float)  # YAML 1 read as the float it means
     assert cfg.loader.batch_size == 4 and cfg.model.name == "resnet" and cfg.model.params["width"] == 16
     assert cfg.to_dict() == read_config(WORLD, ["training.lr=1", "data.batch_size=4"])  # what config.yaml records
-    assert cfg["data"]["batch_size"] == 4  # reads as the mapping too
+    assert cfg.data["batch_size"] == 4  # data: the task's own keys, a plain dict
+    assert not isinstance(cfg, Mapping) and not hasattr(cfg, "__getitem__")  # read by attribute only
     defaults = TrainingSettings()
     params = inspect.signature(SMoETrainingModule.__init__).parameters
     for key, value in defaults.module_kwargs().items():
