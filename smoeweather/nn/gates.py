@@ -77,6 +77,62 @@ class Selection:
                          scores=scores)
 
 
+# |w − s| of float32 weights is rounded to nearest (≤ 2^-24 relative below the exact move) and the drift is summed
+# in float64: inflating the summed drift by 2^-20 and deflating the float64 gaps by 2^-40 keeps the bound safe
+_DRIFT_MARGIN, _GAP_MARGIN = 1.0 + 2.0 ** -20, 1.0 - 2.0 ** -40
+
+
+class IncrementalTopK:
+    """The sorted top-k along dim 0 of a (|E|, H, W) weight, kept equal to ``weight.topk(k, dim=0).indices``
+    while the weight moves, re-ranking only the locations whose ranking a move may have changed.
+
+    Per location it keeps ``gap``, the smallest difference between consecutive values of the ranking when it
+    was taken (the k selected ones in order and then the largest unselected one), and ``drift``, the summed
+    largest move of any expert's value there since (:meth:`TensorRoutingGate._follow_update`). No value has
+    moved by more than ``drift``, so while 2·drift < gap no two of them can have swapped or tied: the
+    selection and its order are those of a full ``topk``. Elsewhere (and where a gap is 0, a tie, or the values
+    are not finite) the location is ranked again by ``topk`` on its column alone, which ranks every column on
+    its own, so it gives the bits of the full call, ties included (tested). Routing work per update: one pass
+    over |E|·H·W for the move and a ``topk`` of the columns near a swap, instead of a ``topk`` of all H·W.
+    """
+
+    def __init__(self, weight: torch.Tensor, k: int) -> None:
+        self.k = k
+        columns = weight.reshape(weight.shape[0], -1)
+        self.idx, self.gap = self._rank(columns)
+        self.idx = self.idx.view(k, *weight.shape[1:])
+        self.drift = torch.zeros_like(self.gap)
+
+    def _rank(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k indices (k, n) and ranking gaps (n,) float64 of the (|E|, n) ``columns``."""
+        values, idx = columns.topk(self.k, dim=0, sorted=True)
+        ranked = values.double()
+        if self.k < columns.shape[0]:  # the largest unselected value closes the ranking
+            rest = columns.scatter(0, idx, float("-inf")).amax(0, keepdim=True)
+            ranked = torch.cat([ranked, rest.double()])
+        if ranked.shape[0] < 2:
+            return idx, torch.full(ranked.shape[1:], math.inf, dtype=torch.float64)
+        return idx, (ranked[:-1] - ranked[1:]).amin(0).mul_(_GAP_MARGIN)
+
+    def refresh(self, weight: torch.Tensor) -> bool:
+        """Re-rank the locations the drift may have re-ordered; True if any selected index changed (then
+        :attr:`idx` is a new tensor, else the same one)."""
+        stale = ~(self.drift * (2.0 * _DRIFT_MARGIN) < self.gap)  # (NaN: stale)
+        if not bool(stale.any()):
+            return False
+        where = stale.nonzero().view(-1)
+        idx, gap = self._rank(weight.reshape(weight.shape[0], -1).index_select(1, where))
+        self.gap.index_copy_(0, where, gap)
+        self.drift.index_fill_(0, where, 0.0)
+        flat = self.idx.view(self.k, -1)
+        if torch.equal(flat.index_select(1, where), idx):
+            return False
+        flat = flat.clone()
+        flat.index_copy_(1, where, idx)
+        self.idx = flat.view_as(self.idx)
+        return True
+
+
 class TensorRoutingGate(nn.Module):
     """Learnable routing tensor D ∈ R^{|E|×H×W}; input-independent (paper §2.1).
 
@@ -119,6 +175,7 @@ class TensorRoutingGate(nn.Module):
         self._previous: dict[tuple[int, int, bool], Selection] = {}  # of the previous weights
         self._snapshot: torch.Tensor | None = None
         self._snapshot_version = -1  # weight._version when the snapshot was taken
+        self._tops: dict[int, IncrementalTopK] = {}  # {k: the top-k kept valid across updates}, CPU only
         self.reset_parameters()
         if prior is not None:
             self.init_from_prior(prior, prior_strength)
@@ -194,20 +251,38 @@ class TensorRoutingGate(nn.Module):
         # a bumped version counter means an in-place update (an optimizer step): no need to compare the values
         moved = snapshot is None or self.weight._version != self._snapshot_version
         if moved or not torch.equal(snapshot, weight):  # False for another shape too
-            # the selections of the previous weights: reused where the new weights still select the same
-            self._previous = {**self._previous, **self._selections}
-            self._selections, self._snapshot = {}, weight.clone()
-            self._snapshot_version = self.weight._version
+            self._follow_update(snapshot, weight)
         elif key in self._selections:
             return self._selections[key]
-        idx = weight.topk(k, dim=0, sorted=True).indices
+        top = self._tops.get(int(k))
+        if top is None:
+            top = self._tops[int(k)] = IncrementalTopK(weight, int(k))
+            changed = True
+        else:
+            changed = top.refresh(weight)
         previous = self._previous.get(key)
-        if previous is not None and torch.equal(idx, previous.idx[0]):  # the update kept the selection
+        # the update kept the selection: the same index tensor (never written in place), or equal values
+        if previous is not None and (previous.idx.data_ptr() == top.idx.data_ptr() if not changed
+                                     else torch.equal(previous.idx[0], top.idx)):
             selection = previous.for_new_values(self._snapshot)
         else:
-            selection = self._selection_of(idx, out_per_expert, channels_last, scores=self._snapshot)
+            selection = self._selection_of(top.idx, out_per_expert, channels_last, scores=self._snapshot)
         self._selections[key] = selection
         return selection
+
+    def _follow_update(self, snapshot: torch.Tensor | None, weight: torch.Tensor) -> None:
+        """The weight moved from ``snapshot`` to ``weight``: take a new snapshot, keep the selections made so far
+        as the previous ones (reused where the new weights still select the same), and widen every kept top-k's
+        drift bound by this update's largest move per location (:class:`IncrementalTopK`)."""
+        self._previous = {**self._previous, **self._selections}
+        if snapshot is None or snapshot.shape != weight.shape:
+            self._tops = {}  # (a dropped cache, or another grid): every top-k is taken anew
+        elif self._tops:
+            move = torch.sub(weight, snapshot).abs_().amax(0).reshape(-1).double()  # (H·W,)
+            for top in self._tops.values():
+                top.drift.add_(move)
+        self._selections, self._snapshot = {}, weight.clone()
+        self._snapshot_version = self.weight._version
 
     def _selection_of(self, idx: torch.Tensor, out_per_expert: int, channels_last: bool,
                       scores: torch.Tensor | None = None) -> Selection:

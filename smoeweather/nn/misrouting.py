@@ -145,7 +145,8 @@ def batch_flagged_fraction_cpu(grad_y: torch.Tensor, quantile: float, tolerance:
     ``tolerance``: the absolute slack in error-signal units. Returns the fraction of the B samples whose error
     |dL/dy| exceeds their per-sample lower ``quantile`` plus ``tolerance``, (1, E, H, W) float32: bitwise
     ``_count_batch(misrouted flags) / B`` of the general path (tested), or None where that path must run
-    (another dtype, layout, device, F > 1, a subsampled quantile, fake or traced tensors).
+    (another dtype, layout, device, F > 1, fake or traced tensors). Above EXACT_QUANTILE_MAX values per sample the
+    quantile is that of :func:`quantile_threshold`'s strided subsample, the same values in the same order.
 
     Written out in numpy because the torch chain it replaces (abs, quantile, a broadcast ``>``, a batch count)
     costs ~2.5× as much on CPU at the U-Net's level 0 (8 × 16 × 32 × 64): torch's broadcast comparison alone
@@ -156,14 +157,19 @@ def batch_flagged_fraction_cpu(grad_y: torch.Tensor, quantile: float, tolerance:
     n = math.prod(grad_y.shape[1:])
     if not (NUMPY_QUANTILE and type(grad_y) is torch.Tensor and grad_y.device.type == "cpu"
             and grad_y.dtype == torch.float32 and grad_y.dim() == 5 and grad_y.shape[2] == 1
-            and 1 < b <= _UINT8_MAX and n <= EXACT_QUANTILE_MAX and grad_y.is_contiguous()
+            and 1 < b <= _UINT8_MAX and grad_y.is_contiguous()
             and not grad_y.requires_grad and not torch.compiler.is_compiling()):
         return None
     _, e, _, h, w = grad_y.shape
     magnitude = np.bitwise_and(grad_y.numpy().reshape(b, n).view(np.int32), np.int32(0x7FFFFFFF))
-    k = min(max(math.ceil(quantile * n), 1), n)
+    # the values :func:`quantile_threshold` ranks: all n, or above EXACT_QUANTILE_MAX every step-th (contiguous:
+    # logical order is memory order)
+    step = math.ceil(n / (EXACT_QUANTILE_MAX // 2)) if n > EXACT_QUANTILE_MAX else 1
+    ranked = magnitude[:, ::step] if step > 1 else magnitude
+    m = ranked.shape[1]
+    k = min(max(math.ceil(quantile * m), 1), m)
     # the k-th smallest magnitude per sample: non-negative IEEE floats order as their bits do as integers
-    threshold = np.partition(magnitude, k - 1, axis=1)[:, k - 1].view(np.float32)
+    threshold = np.partition(ranked, k - 1, axis=1)[:, k - 1].view(np.float32)
     # + tolerance in torch's float32 arithmetic, as the general path adds it
     limit = (torch.from_numpy(np.ascontiguousarray(threshold)) + tolerance).numpy()
     flagged = np.greater(magnitude.view(np.float32), limit[:, None])

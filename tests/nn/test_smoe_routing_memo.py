@@ -256,10 +256,16 @@ def test_batch_flagged_fraction_cpu_is_bitwise_the_general_chain() -> None:
             assert torch.equal(fast, _general_batch_fraction(grad_y, quantile, tolerance))
     assert 0.0 < float(batch_flagged_fraction_cpu(grad_y, 0.3, 0.0).mean()) < 1.0  # the check can see a difference
     declined = [grad_y.double(), grad_y[:1], grad_y.expand(6, 4, 2, 9, 13).contiguous(),
-                grad_y.transpose(3, 4), grad_y.clone().requires_grad_(True), torch.zeros(2, 3, 1, 150, 160),
-                torch.zeros(256, 4, 1, 2, 3)]
+                grad_y.transpose(3, 4), grad_y.clone().requires_grad_(True), torch.zeros(256, 4, 1, 2, 3)]
     for value in declined:
         assert batch_flagged_fraction_cpu(value, 0.3, 0.0) is None
+    # above EXACT_QUANTILE_MAX values per sample (4 · 130 · 140 = 72,800): the strided subsample's quantile
+    large = torch.randn(3, 4, 1, 130, 140, generator=g) * 1e-6
+    large[0, :, 0, :7] = 0.0
+    assert large[0].numel() > misrouting.EXACT_QUANTILE_MAX
+    for quantile in (0.3, 0.9):
+        fast = batch_flagged_fraction_cpu(large, quantile, 1e-9)
+        assert fast is not None and torch.equal(fast, _general_batch_fraction(large, quantile, 1e-9))
 
 
 def test_training_with_the_numpy_flag_chain_is_bitwise_training_without(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -287,3 +293,50 @@ def test_training_with_the_numpy_flag_chain_is_bitwise_training_without(monkeypa
     assert used and all(used)
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_incremental_selection_is_the_full_topk_after_every_update(k: int) -> None:
+    """The gate re-ranks only the locations an update may have re-ordered; after each of 60 updates of every
+    kind (tiny Adam-like moves, moves across a gap, exact ties on a coarse value grid, NaN and ±inf, a reset of
+    single locations) its selection is bitwise ``topk`` of the whole weight. (k = 8 = |E|: no unselected expert.)"""
+    g = torch.Generator().manual_seed(11)
+    gate = TensorRoutingGate(8, 5, 7, num_selected=min(k, 8), init="coherent")
+    with torch.no_grad():
+        gate.weight.add_(torch.rand(gate.weight.shape, generator=g) * 1e-3)
+    reranked = []
+    for step in range(60):
+        kind = step % 6
+        with torch.no_grad():
+            if kind in (0, 1):  # small moves everywhere, as an optimizer step makes
+                gate.weight.add_((torch.rand(gate.weight.shape, generator=g) - 0.5) * 1e-3)
+            elif kind == 2:  # a large move at a few locations
+                mask = torch.rand(gate.weight.shape[1:], generator=g) < 0.2
+                gate.weight.add_(torch.randn(gate.weight.shape, generator=g) * mask)
+            elif kind == 3:  # values on a coarse grid: many exact ties
+                gate.weight.copy_((torch.rand(gate.weight.shape, generator=g) * 4).floor())
+            elif kind == 4:  # non-finite values at some locations
+                gate.weight[0, 1, 2], gate.weight[3, 0, 0], gate.weight[5, 4, 6] = math.nan, math.inf, -math.inf
+            else:  # back to finite, distinct values
+                gate.weight.copy_(torch.randn(gate.weight.shape, generator=g))
+        top = gate._tops.get(k)
+        drift_before = None if top is None else top.drift.clone()
+        selection = gate.selection(k)
+        assert torch.equal(selection.idx[0], _fresh_top(gate, k)), f"step {step}"
+        if drift_before is not None and kind in (0, 1):
+            reranked.append(int((gate._tops[k].drift == 0).sum()))
+    assert min(reranked) < gate.weight[0].numel()  # some small updates re-ranked only part of the grid
+
+
+def test_incremental_selection_keeps_the_memo_when_nothing_is_reranked() -> None:
+    """A move far smaller than every ranking gap re-ranks nothing: the selection's memo (used experts, flat
+    index) carries over to the new weights, which is what makes routing cost one pass per step."""
+    torch.manual_seed(2)
+    gate = TensorRoutingGate(6, 4, 4, num_selected=2, init="coherent")
+    first = gate.selection(2)
+    first.memo(("used",), lambda: torch.tensor([1]))
+    with torch.no_grad():
+        gate.weight.add_(1e-7)
+    second = gate.selection(2)
+    assert second is not first and second.derived is first.derived
+    assert torch.equal(second.idx[0], _fresh_top(gate, 2))
