@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _summary(scores: Any, where: str = "sqrt after the time mean, global") -> None:
     """A short printout: the headline RMSE table (the rest is in scores.md)."""
-    from smoeweather.data.ensembles import lead_label
+    from smoeweather.data.forecast_stores import lead_label
     from smoeweather.evaluate.files import headline
 
     h = headline(scores)

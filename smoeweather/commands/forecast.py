@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from smoeweather.commands.options import check_count, check_device
-    from smoeweather.data.ensembles import parse_lead
+    from smoeweather.data.forecast_stores import parse_lead
     from smoeweather.forecast import run_forecast
 
     if (args.checkpoint is None) == (args.method is None):

@@ -1,6 +1,6 @@
 """Checks of command-line option values that argparse's types cannot express, each a one-line ValueError naming
 the option, what was expected and how to fix it (``smoeweather.cli`` prints it and exits 2): counts that must be
-at least 1 and torch devices. Lead times and durations are parsed by :func:`smoeweather.data.ensembles.parse_lead`
+at least 1 and torch devices. Lead times and durations are parsed by :func:`smoeweather.data.forecast_stores.parse_lead`
 and :func:`smoeweather.forecast.output.init_times`, which name their options too.
 
 Also the options more than one verb declares: the ``benchmark`` verb of the task commands (``smoe heat``, ``smoe

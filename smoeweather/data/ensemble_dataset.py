@@ -1,6 +1,6 @@
 """Post-processing samples from any ensemble source: ensemble mean/std of predictor fields in, truth out.
 
-Every source is first opened in one convention (:func:`smoeweather.data.ensembles.open_ensemble`:
+Every source is first opened in one convention (:func:`smoeweather.data.forecast_stores.open_ensemble`:
 WeatherBench 2 ``time`` = init, ``prediction_timedelta``, ``member``, [``level``], ``latitude``,
 ``longitude``; truth on valid times), so ENS-10 stores, gcm_ens files, WeatherBench 2 ensemble zarr and
 SEAS5-style files all train the same networks.
@@ -24,7 +24,7 @@ import torch
 import xarray as xr
 from torch.utils.data import Dataset
 
-from smoeweather.data.ensembles import lead_hours, lead_timedeltas, open_ensemble, open_truth, select_split
+from smoeweather.data.forecast_stores import lead_hours, lead_timedeltas, open_ensemble, open_truth, select_split
 from smoeweather.data.weather import Field, field_name, parse_fields
 
 
@@ -110,7 +110,7 @@ class EnsembleDataset(Dataset):
         forecast: ensemble Dataset in the project convention (see module docstring), already cut to the
             split's initialisation times.
         truth: truth at the forecast's valid times (dims time = init, prediction_timedelta, [level], lat, lon;
-            :func:`~smoeweather.data.ensembles.truth_at_valid_times`), or None (inference: y is NaN).
+            :func:`~smoeweather.data.forecast_stores.truth_at_valid_times`), or None (inference: y is NaN).
         spec: predictors, targets and leads.
         stats: {field name: (mean, std)} in physical units; None = computed from this dataset (training split).
         cache: compute every sample's moments at construction (fast epochs; memory ≈ 4 B × samples × channels

@@ -29,7 +29,7 @@ import xarray as xr
 import zarr
 from torch.utils.data import Dataset
 
-from smoeweather.data.ensembles import HOUR
+from smoeweather.data.forecast_stores import HOUR
 
 Field = tuple[str, int | float | None]  # (canonical variable name, level in hPa or None)
 DEFAULT_CONSTANTS = ("land_sea_mask", "geopotential_at_surface", "latitude")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from smoeweather.data.ensembles import lead_label
+from smoeweather.data.forecast_stores import lead_label
 from smoeweather.metrics import wb2
 from smoeweather.metrics.scores import METRICS
 

@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from pipelines.plausibility import check_plausible
-from smoeweather.data.ensembles import (
+from smoeweather.data.forecast_stores import (
     STD_SUFFIX,
     check_grid,
     describe,
@@ -413,7 +413,7 @@ def climatological_probabilities(climatology: Source | None, events: dict[Field,
 
 def align_forecast(ds: xr.Dataset, kind: str, truth: xr.Dataset, variables: Sequence[str], where: str,
                    truth_where: str) -> xr.Dataset:
-    """A forecast ``ds`` of ``kind`` (``smoeweather.data.ensembles.FORECAST_KINDS``) with each of ``variables``
+    """A forecast ``ds`` of ``kind`` (``smoeweather.data.forecast_stores.FORECAST_KINDS``) with each of ``variables``
     it holds in the units of ``truth``'s: values (members, quantiles, μ) as values, a Gaussian's ``<name>_std``
     as a spread, a probability forecast's ``threshold`` coordinate as values; noted, a mismatch refused."""
     out = ds

@@ -30,7 +30,7 @@ import numpy as np
 import xarray as xr
 
 from pipelines.progress import progress_bar
-from smoeweather.data.ensembles import (
+from smoeweather.data.forecast_stores import (
     describe,
     is_url,
     split_gaussian,
@@ -225,7 +225,7 @@ def _score_all(inp: Inputs, contexts: dict[Field, FieldContext], allow_missing: 
 def _provenance(inp: Inputs, truth: Any, climatology: Any, clim_kind: str | None, region_list: Any,
                 land_threshold: float | None, lsm_from: str | None, spectra_band: tuple | None,
                 quantiles: Sequence[float], missing: dict) -> dict[str, Any]:
-    from smoeweather.data.ensembles import code_version
+    from smoeweather.data.forecast_stores import code_version
 
     prov: dict[str, Any] = {
         "truth": describe(truth),

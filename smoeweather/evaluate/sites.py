@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from pipelines.readers._files import open_data
-from smoeweather.data.ensembles import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian, store_names
+from smoeweather.data.forecast_stores import ENSEMBLE_DIMS, describe, forecast_kind, is_url, split_gaussian, store_names
 from smoeweather.data.sites import OBS_SUFFIX, TABLE_SUFFIXES, open_sites, station_ids
 from smoeweather.evaluate.inputs import (
     add_thresholds,
@@ -238,7 +238,7 @@ class FieldData:
 
 def field_data(inp: SiteInputs, name: str) -> tuple[xr.DataArray, dict[str, FieldData]]:
     """(the observations at the valid times (time, prediction_timedelta, site), {method: its forecast})."""
-    from smoeweather.data.ensembles import truth_at_valid_times
+    from smoeweather.data.forecast_stores import truth_at_valid_times
 
     valid_at = xr.Dataset(coords={"time": inp.inits, "prediction_timedelta": inp.leads})
     truth = truth_at_valid_times(valid_at, inp.truth[name], gaps="nan").astype(np.float64)
@@ -399,7 +399,7 @@ def refuse_grid_options(given: Mapping[str, Any]) -> None:
 
 
 def _provenance(inp: SiteInputs, truth: Any, masks: dict[str, xr.DataArray], missing: dict) -> dict[str, Any]:
-    from smoeweather.data.ensembles import code_version
+    from smoeweather.data.forecast_stores import code_version
 
     prov: dict[str, Any] = {
         "truth": describe(truth),

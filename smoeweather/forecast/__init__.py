@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.plausibility import check_plausible
-from smoeweather.data.ensembles import Sources, describe, open_canonical, parse_lead, write_store
+from smoeweather.data.forecast_stores import Sources, describe, open_canonical, parse_lead, write_store
 from smoeweather.forecast.output import init_times
 from smoeweather.forecast.reference import METHODS
 

@@ -56,7 +56,7 @@ def members_dataset(
         # one initialisation and every member per chunk (as WeatherBench 2 stores): member-wise tools (ECC-Q,
         # rank statistics) read whole ensembles; zarr's own chunk guess would split the member dim
         return out.chunk({"time": 1, "member": -1})
-    from smoeweather.data.ensembles import gaussian_dataset
+    from smoeweather.data.forecast_stores import gaussian_dataset
 
     attrs["title"] = f"smoeweather gaussian forecast: {attrs.get('method', '')}"
     mu = forecast_dataset({f: a[:, :, 0] for f, a in fields.items()}, inits, leads_h, lat, lon, None, source=ds,

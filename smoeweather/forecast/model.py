@@ -17,7 +17,7 @@ import torch
 import xarray as xr
 
 from pipelines.progress import progress_bar
-from smoeweather.data.ensembles import HOUR, check_grid
+from smoeweather.data.forecast_stores import HOUR, check_grid
 from smoeweather.data.weather import DEFAULT_CONSTANTS, DEFAULT_LEAD_CHOICES_H, Field, field_name, parse_fields
 from smoeweather.forecast.output import check_times
 from smoeweather.forecast.sources import check_fields, read_field

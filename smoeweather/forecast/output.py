@@ -1,6 +1,6 @@
 """Forecast Datasets of ``smoe forecast`` from arrays, and their time checks.
 
-The layout is the one of :mod:`smoeweather.data.ensembles` (which also writes them): a level-dependent
+The layout is the one of :mod:`smoeweather.data.forecast_stores` (which also writes them): a level-dependent
 variable holds NaN at the levels that were not forecast (e.g. geopotential only at 500 hPa, temperature only
 at 850).
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from smoeweather.data.ensembles import HOUR, STD_SUFFIX, code_version
+from smoeweather.data.forecast_stores import HOUR, STD_SUFFIX, code_version
 from smoeweather.data.weather import Field
 
 

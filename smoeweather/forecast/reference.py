@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
-from smoeweather.data.ensembles import HOUR, open_canonical
+from smoeweather.data.forecast_stores import HOUR, open_canonical
 from smoeweather.data.weather import Field, field_name
 from smoeweather.forecast.climatology import climatology_at, doy_climatology, time_mean
 from smoeweather.forecast.output import check_times

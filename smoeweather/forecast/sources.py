@@ -1,4 +1,4 @@
-"""Forecast inputs read from canonical data (opened by :func:`smoeweather.data.ensembles.open_canonical`): the
+"""Forecast inputs read from canonical data (opened by :func:`smoeweather.data.forecast_stores.open_canonical`): the
 training years of a prepared store, field checks, and one field at given times."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from smoeweather.data.ensembles import GRID_ATOL, Sources, check_grid, open_canonical
+from smoeweather.data.forecast_stores import GRID_ATOL, Sources, check_grid, open_canonical
 from smoeweather.data.weather import Field, field_name
 from smoeweather.forecast.model import ModelSpec, constants_tensor
 from smoeweather.models.ensemble import members_of, model_kind, physical_members

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from smoeweather.data.ensembles import lead_label  # noqa: E402
+from smoeweather.data.forecast_stores import lead_label  # noqa: E402
 
 
 def _open(path: str | Path, needs: str, hint: str) -> xr.Dataset:

@@ -3,7 +3,7 @@
 Forecast store: dims ``time`` (initialisation), ``prediction_timedelta``, ``latitude``, ``longitude``,
 ``level`` where applicable, optional ``member``; ``attrs["forecast_kind"]`` ``deterministic``,
 ``ensemble`` (the ensemble mean is mapped) or ``gaussian`` (μ is mapped). Truth: a prepared store or a
-canonical file (:func:`smoeweather.data.ensembles.open_canonical`), read at the valid time init + lead.
+canonical file (:func:`smoeweather.data.forecast_stores.open_canonical`), read at the valid time init + lead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from smoeweather.data.ensembles import open_forecast  # noqa: E402 (one reader for forecast stores)
+from smoeweather.data.forecast_stores import open_forecast  # noqa: E402 (one reader for forecast stores)
 from smoeweather.data.weather import parse_fields  # noqa: E402
 from smoeweather.plotting.cartography import draw_field, global_axes, save_png  # noqa: E402
 
@@ -47,7 +47,7 @@ def forecast_and_truth(forecast: str | Path, truth: Any, field: str, lead: str |
     """(forecast, truth, kind) as (time, latitude, longitude) float DataArrays at one lead, both at the
     same inits (all of them, or the one ``init``), truth taken at the valid time init + lead.
     ``kind``: what is mapped (``deterministic``, ``ensemble mean`` or ``gaussian mean``)."""
-    from smoeweather.data.ensembles import open_canonical, parse_lead
+    from smoeweather.data.forecast_stores import open_canonical, parse_lead
 
     fc_ds = open_forecast(forecast)
     lead_h = parse_lead(lead)
@@ -120,7 +120,7 @@ def plot_forecast(forecast: str | Path, truth: Any, field: str, lead: str | int,
                   name: str | None = None, proj: str = "robinson") -> Path:
     """Forecast, truth and forecast − truth for one init and lead: a three-panel PNG in ``out_dir``."""
     fc, tr, kind = forecast_and_truth(forecast, truth, field, lead, init)
-    from smoeweather.data.ensembles import parse_lead
+    from smoeweather.data.forecast_stores import parse_lead
 
     lead_h = parse_lead(lead)
     units = pretty_units(fc.attrs.get("units", ""))
@@ -145,7 +145,7 @@ def plot_error(forecast: str | Path, truth: Any, field: str, lead: str | int, ou
                init: str | None = None, name: str | None = None, proj: str = "robinson") -> Path:
     """Error maps at one lead: for one ``init`` the error forecast − truth; otherwise, over all inits of
     the store, the time-mean error (bias) and the root-mean-square error per grid point."""
-    from smoeweather.data.ensembles import parse_lead
+    from smoeweather.data.forecast_stores import parse_lead
 
     fc, tr, kind = forecast_and_truth(forecast, truth, field, lead, init)
     lead_h = parse_lead(lead)

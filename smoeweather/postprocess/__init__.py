@@ -1,7 +1,7 @@
 """Post-processing of ensemble forecasts into predictive (μ, σ) forecasts: EMOS, DRN, ENS-10 networks,
 cross-validation.
 
-Ensemble sources, truth and forecast stores are read and written by :mod:`smoeweather.data.ensembles`.
+Ensemble sources, truth and forecast stores are read and written by :mod:`smoeweather.data.forecast_stores`.
 Modules: :mod:`.calibrator` (the one interface: a Calibrator per method with fit, apply, save, load; what
 ``smoe postprocess fit/apply`` run), :mod:`.options` (the typed option block of each method, each default once),
 :mod:`.pipeline` (opening and checking inputs, writing outputs: what every calibrator shares on files),

@@ -316,9 +316,9 @@ class NetworkCalibrator:
     def open_forecast(self, paths: Sequence[Path], *, apply_period: Sequence[str] | None = None,
                       members: int | None = None, table: dict[str, Any] | None = None) -> tuple[xr.Dataset, str]:
         """The gridded forecast of the period, in memory (the checkpoint checks it when applied)."""
-        from smoeweather.data import ensembles
+        from smoeweather.data import forecast_stores
 
-        forecast = ensembles.select_period(open_gridded(paths), apply_period)
+        forecast = forecast_stores.select_period(open_gridded(paths), apply_period)
         sources = " ".join(map(str, paths))
         check_member_count(members, forecast, sources)
         return forecast.load(), sources

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from smoeweather.data.ensembles import lead_label
+from smoeweather.data.forecast_stores import lead_label
 from smoeweather.metrics.probabilistic import crps_ensemble, crps_gaussian, spread_skill_ratio
 from smoeweather.metrics.weights import cell_area_weights, weighted_mean
 from smoeweather.postprocess.emos import apply_emos, fit_emos
@@ -113,14 +113,14 @@ def crossvalidate_files(forecast_paths: list[Path], out: Path, *, truth: Path | 
     ``truth``), written to the folder ``out`` (``crossval.json``, ``crossval.md``) atomically; the table."""
     import json
 
-    from smoeweather.data import ensembles
+    from smoeweather.data import forecast_stores
     from smoeweather.io import atomic_output, check_output
     from smoeweather.postprocess.pipeline import open_gridded, open_gridded_truth
     from smoeweather.units import align_truth
 
     check_output(out, overwrite, inputs=[forecast_paths, truth])
     forecast = open_gridded(forecast_paths, variables)
-    truth_at = ensembles.truth_at_valid_times(forecast, open_gridded_truth(truth, forecast_paths))
+    truth_at = forecast_stores.truth_at_valid_times(forecast, open_gridded_truth(truth, forecast_paths))
     sources = " ".join(map(str, forecast_paths))  # scored in the forecast's units: the truth converted (noted)
     truth_at = align_truth(truth_at, forecast, f"--truth {truth}" if truth else f"the truth in {sources}",
                            f"--forecast {sources}")

@@ -1,6 +1,6 @@
 """Products of a Gaussian (μ, σ) post-processed forecast: calibrated members by ensemble copula coupling
 (ECC-Q) and predictive quantiles, each written as its own forecast store
-(:func:`smoeweather.data.ensembles.write_store`).
+(:func:`smoeweather.data.forecast_stores.write_store`).
 
 ECC-Q (Schefzik et al. 2013): at every point, init, lead and level the N = M calibrated members are the
 Gaussian quantiles x̃₍ₖ₎ = μ + σ Φ⁻¹((k − ½)/N), k = 1..N, given to the raw members in their rank order:

@@ -248,7 +248,7 @@ def fit_emos(
     (``prediction_timedelta``, [``level``], and ``latitude``/``longitude`` if ``per_gridpoint``).
 
     ``forecast`` (ensemble) and ``truth`` (at valid times, see
-    :func:`~smoeweather.data.ensembles.truth_at_valid_times`) share their non-member dims. Units: a, μ in
+    :func:`~smoeweather.data.forecast_stores.truth_at_valid_times`) share their non-member dims. Units: a, μ in
     the field's units; b, d dimensionless; c in units².
     ``iterations``: Newton iterations per group (default 50).
     attrs: method, per_gridpoint, solver, iterations, groups, groups_not_converged.

@@ -7,7 +7,8 @@ in IMPROVER's names in every file ``smoe postprocess apply`` writes (:func:`cf_d
   it has none; units 1) on a ``threshold`` coordinate in the variable's units whose standard_name is X (a
   threshold given with units, ``-5degC``, converted) and whose ``spp__relative_to_threshold`` is
   ``greater_than`` or ``less_than`` (IMPROVER's values); one field per file, its store name in the attribute
-  :data:`~smoeweather.data.ensembles.FIELD_ATTR` (:func:`smoeweather.data.ensembles.store_names` reads it back);
+  :data:`~smoeweather.data.forecast_stores.FIELD_ATTR` (:func:`smoeweather.data.forecast_stores.store_names` reads it
+  back);
 - percentiles (``--percentiles``): ``<name>`` with the field's standard_name on a ``percentile`` coordinate on
   0–100 (units ``%``);
 - realizations (``--members``, ECC-Q, :mod:`.ecc`): a ``realization`` dim (int32, standard_name realization).
@@ -35,7 +36,7 @@ import xarray as xr
 
 from pipelines.atomic import string_char_encoding
 from pipelines.canonical import VARIABLES
-from smoeweather.data.ensembles import FIELD_ATTR, STD_SUFFIX, probability_name
+from smoeweather.data.forecast_stores import FIELD_ATTR, STD_SUFFIX, probability_name
 from smoeweather.io import atomic_path
 from smoeweather.postprocess.distributions import Distribution, family
 from smoeweather.units import Quantity, parse, parse_quantity, units_of, values_in
@@ -144,7 +145,7 @@ def probability_dataset(mu: xr.Dataset, sigma: xr.Dataset, distribution: str, th
                         below: bool = False) -> xr.Dataset:
     """P(Y > t) (``below``: P(Y ≤ t)) of every variable of ``mu`` at ``thresholds`` (its units): ``<name>``
     (time, prediction_timedelta, threshold, ...), units 1, long_name IMPROVER's name of it
-    (:func:`~smoeweather.data.ensembles.probability_name`); a file names it so (:func:`cf_decorate`)."""
+    (:func:`~smoeweather.data.forecast_stores.probability_name`); a file names it so (:func:`cf_decorate`)."""
     relative = BELOW if below else ABOVE
     out = xr.Dataset()
     for n in mu.data_vars:
@@ -294,7 +295,7 @@ class Predictive:
         For the truncated normal the (μ, σ) store holds the location and scale of the normal before truncation
         (attribute ``predictive_distribution`` says so; a Gaussian scorer would misread it); its members and
         quantiles are the truncated distribution's, and ``smoe evaluate`` scores those correctly."""
-        from smoeweather.data.ensembles import gaussian_dataset
+        from smoeweather.data.forecast_stores import gaussian_dataset
         from smoeweather.postprocess.distributions import LONG_NAMES
 
         o, dist = outputs, self.family

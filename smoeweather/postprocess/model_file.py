@@ -25,7 +25,7 @@ import pandas as pd
 import xarray as xr
 
 from pipelines.errors import DataError
-from smoeweather.data.ensembles import check_grid
+from smoeweather.data.forecast_stores import check_grid
 from smoeweather.data.sites import site_coord_names, station_ids, unicode_strings
 from smoeweather.io import write_netcdf
 from smoeweather.models.checkpoint_io import file_head
@@ -91,7 +91,7 @@ def _with_locations(ds: xr.Dataset, forecast: xr.Dataset) -> xr.Dataset:
 
 def _training_attrs(forecast: xr.Dataset, fields: list[str]) -> dict[str, Any]:
     """The attributes of every model file that describe its training ensemble (what an apply checks)."""
-    from smoeweather.data.ensembles import code_version
+    from smoeweather.data.forecast_stores import code_version
 
     levels = [int(v) for v in forecast["level"].values] if "level" in forecast.dims else []
     leads = pd.to_timedelta(forecast["prediction_timedelta"].values) // pd.Timedelta("1h")

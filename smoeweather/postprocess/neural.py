@@ -17,7 +17,7 @@ import torch
 import xarray as xr
 
 from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec, check_forecast
-from smoeweather.data.ensembles import check_grid, lead_timedeltas
+from smoeweather.data.forecast_stores import check_grid, lead_timedeltas
 from smoeweather.data.weather import field_name
 
 CACHE_LIMIT_BYTES = 2 * 1024**3

@@ -21,7 +21,7 @@ import xarray as xr
 
 from pipelines.plausibility import check_plausible
 from pipelines.readers.forecast_nc import normalise_grid
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.data.sites import is_site_source, open_sites, station_ids
 from smoeweather.io import atomic_path, check_output
 from smoeweather.postprocess import chunked, validate
@@ -49,14 +49,14 @@ def open_forecast_and_truth(paths: Sequence[Path], truth: Path | None, variables
 
 
 def open_gridded(paths: Sequence[Path], variables: Sequence[str] | None = None) -> xr.Dataset:
-    """:func:`smoeweather.data.ensembles.open_ensemble`, longitudes in [0, 360) and latitudes ascending
+    """:func:`smoeweather.data.forecast_stores.open_ensemble`, longitudes in [0, 360) and latitudes ascending
     (:func:`pipelines.readers.forecast_nc.normalise_grid`), the convention of every input of a command."""
-    return normalise_grid(ensembles.open_ensemble(paths, variables))
+    return normalise_grid(forecast_stores.open_ensemble(paths, variables))
 
 
 def open_gridded_truth(truth: Path | Sequence[Path] | None, paths: Sequence[Path]) -> xr.Dataset:
-    """:func:`smoeweather.data.ensembles.open_truth` on the grid convention of :func:`open_gridded`."""
-    return normalise_grid(ensembles.open_truth(truth, paths))
+    """:func:`smoeweather.data.forecast_stores.open_truth` on the grid convention of :func:`open_gridded`."""
+    return normalise_grid(forecast_stores.open_truth(truth, paths))
 
 
 def check_non_negative(truth: xr.Dataset, option: str) -> None:
@@ -73,8 +73,8 @@ def check_non_negative(truth: xr.Dataset, option: str) -> None:
 def truth_on_valid_times(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
     """Truth at init + lead, lazy (dask) when the truth is; sites: NaN where a station has no observation."""
     if "site" in forecast.dims:
-        return ensembles.truth_at_valid_times(forecast, truth, gaps="nan")
-    return ensembles.truth_at_valid_times(forecast, chunked.as_dask(truth))
+        return forecast_stores.truth_at_valid_times(forecast, truth, gaps="nan")
+    return forecast_stores.truth_at_valid_times(forecast, chunked.as_dask(truth))
 
 
 @dataclass
@@ -148,7 +148,7 @@ def open_training(forecast_paths: Sequence[Path], out: Path, *, truth_path: Path
     check_plausible({f"--forecast {' '.join(map(str, forecast_paths))}": forecast, f"truth {truth_path or ''}": truth},
                     plausibility_check)
     targets = list(variables) if variables else list(forecast.data_vars)
-    forecast = ensembles.select_period(forecast, train_period)
+    forecast = forecast_stores.select_period(forecast, train_period)
     if static_maps:
         from smoeweather.postprocess.drn import with_static
 
@@ -167,9 +167,9 @@ def open_training(forecast_paths: Sequence[Path], out: Path, *, truth_path: Path
 
 
 def _store(ds: xr.Dataset, kind: str, attrs: dict[str, Any]) -> xr.Dataset:
-    """``ds`` ready for a forecast store (:func:`smoeweather.data.ensembles.store_dataset`, the one store format),
+    """``ds`` ready for a forecast store (:func:`smoeweather.data.forecast_stores.store_dataset`, the one store format),
     station ids as strings."""
-    ds = ensembles.store_dataset(ds, kind, attrs)
+    ds = forecast_stores.store_dataset(ds, kind, attrs)
     if "station_id" in ds.coords:  # computed, never a lazy cast (dask's astype(str) of objects gives <U1)
         ds = ds.assign_coords(station_id=(ds["station_id"].dims, station_ids(ds["station_id"].values),
                                           ds["station_id"].attrs))
@@ -217,7 +217,7 @@ def open_to_apply(mattrs: dict[str, Any], model: Path, forecast_paths: Sequence[
     from smoeweather.postprocess.model_file import check_forecast
 
     sources = " ".join(map(str, forecast_paths))
-    forecast = ensembles.select_period(open_forecast(forecast_paths, table), apply_period)
+    forecast = forecast_stores.select_period(open_forecast(forecast_paths, table), apply_period)
     if static_maps:
         from smoeweather.postprocess.drn import with_static
 

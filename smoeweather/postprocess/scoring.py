@@ -18,7 +18,7 @@ import numpy as np
 import xarray as xr
 
 from smoeweather.data.ensemble_dataset import EnsembleSpec
-from smoeweather.data.ensembles import lead_label, lead_timedeltas, open_ensemble, open_truth, select_split
+from smoeweather.data.forecast_stores import lead_label, lead_timedeltas, open_ensemble, open_truth, select_split
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.regions import parse_regions, region_weights
 from smoeweather.metrics.scores import forecast_scores
@@ -68,7 +68,7 @@ def _scores(kind: str, forecast: xr.Dataset, truth: xr.Dataset, targets: Sequenc
 def config_land_sea_mask(dcfg: dict[str, Any]) -> xr.DataArray | None:
     """The land fraction (latitude, longitude; float64) of a postprocess config's source, or None when its
     files hold no land-sea mask (then only global scores)."""
-    from smoeweather.data.ensembles import open_static
+    from smoeweather.data.forecast_stores import open_static
 
     try:
         static = open_static(dcfg.get("source") or dcfg.get("store"), ["land_sea_mask"])

@@ -24,7 +24,7 @@ import pandas as pd
 import xarray as xr
 
 from pipelines.readers._files import open_data
-from smoeweather.data.ensembles import write_store
+from smoeweather.data.forecast_stores import write_store
 
 SPREAD_RATIO = 0.6
 

@@ -106,13 +106,13 @@ def build_postprocess(config: TrainConfig | Mapping[str, Any]) -> tuple[SplitDat
     :class:`PostprocessingModule` from a config.
 
     ``data.source`` (or ``data.store``): any ensemble source(s) of
-    :func:`~smoeweather.data.ensembles.open_ensemble`; ``data.truth``: truth store (default: the truth inside
+    :func:`~smoeweather.data.forecast_stores.open_ensemble`; ``data.truth``: truth store (default: the truth inside
     the source); ``data.static``: static
     inputs (``land_sea_mask``, ``orography``, ``latitude``) from ``data.constants`` or the source; splits by
     ``<split>_years`` / ``<split>_period`` on initialisation times (a period also bounds the valid times).
     """
     from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec, static_channels
-    from smoeweather.data.ensembles import open_ensemble, open_static, open_truth, select_split
+    from smoeweather.data.forecast_stores import open_ensemble, open_static, open_truth, select_split
     from smoeweather.models.postprocess_network import EnsemblePostprocessor
     from smoeweather.models.weather import build_weather_model
     from smoeweather.training.postprocess_network import PostprocessingModule

@@ -125,13 +125,13 @@ def test_scores_on_a_cluster_equal_the_threaded_scores(tmp_path: Path, monkeypat
 
     import smoeweather.evaluate.run as E
     import smoeweather.metrics.scores as S
-    from smoeweather.data import ensembles
+    from smoeweather.data import forecast_stores
 
     store = _store(tmp_path / "truth.zarr")
     ens = _ensemble(store, tmp_path / "ens.zarr")
     monkeypatch.setattr(E, "BLOCK_BYTES", 1.0)  # every field lazy, not read into this process first
     monkeypatch.setattr(S, "BLOCK_BYTES", 1.0)  # and scored one chunk of initialisations at a time
-    monkeypatch.setattr(ensembles, "code_version", lambda: "0+test")  # others may commit between the runs
+    monkeypatch.setattr(forecast_stores, "code_version", lambda: "0+test")  # others may commit between the runs
     args = ["evaluate", f"ens={ens}", "--truth", str(store), "--climatology", str(store), "--climatology-years",
             "2001", "2001", "--regions", "global", "tropics", "--thresholds", "temperature_850=268",
             "--quiet", "--out"]

@@ -18,7 +18,7 @@ import xarray as xr
 from conftest import REPO
 
 from smoeweather.cli import main
-from smoeweather.data.ensembles import gaussian_dataset, write_store
+from smoeweather.data.forecast_stores import gaussian_dataset, write_store
 from smoeweather.data.sites import read_site_table, write_sites
 from smoeweather.evaluate.run import evaluate
 

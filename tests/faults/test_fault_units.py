@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 
 # the notes of the conversions asked for here (smoeweather.units.UnitsConverted, a UserWarning); imported in each
 # test, so that every test runs (and fails by itself) on code without the units layer
@@ -81,7 +81,7 @@ def site_table(path: Path, units: str = "K", seed: int = 3) -> Path:
 
 
 def _mu(store: Path, name: str = "temperature") -> xr.DataArray:
-    return ensembles.store_names(xr.open_zarr(store))[name].load()  # a probability file in IMPROVER's names
+    return forecast_stores.store_names(xr.open_zarr(store))[name].load()  # a probability file in IMPROVER's names
 
 
 def _fit(tmp: Path, fc: Path, out: str, *extra: str) -> Path:

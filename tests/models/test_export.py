@@ -110,7 +110,7 @@ def _real_inputs(trained: Any, world_store: str, pp_source: Path) -> tuple[torch
     """Inputs as `smoe forecast` / `postprocess apply` assemble them from data (2 inits)."""
     if trained.task == "postprocess":
         from smoeweather.data.ensemble_dataset import EnsembleDataset, EnsembleSpec
-        from smoeweather.data.ensembles import open_ensemble
+        from smoeweather.data.forecast_stores import open_ensemble
 
         meta = trained.metadata
         stats = {k: (float(v[0]), float(v[1])) for k, v in meta["stats"].items()}

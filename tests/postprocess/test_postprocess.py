@@ -13,7 +13,7 @@ import xarray as xr
 
 from pipelines.readers.forecast_nc import open_forecast_nc, open_forecast_truth
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.metrics.probabilistic import crps_ensemble, crps_gaussian
 from smoeweather.postprocess.emos import apply_emos, fit_emos
 from smoeweather.postprocess.synthetic import synthetic_ensemble
@@ -111,7 +111,7 @@ def test_forecast_nc_reader_seas5_layout(tmp_path: Path) -> None:
     np.testing.assert_array_equal(
         da.isel(time=1, prediction_timedelta=2, member=3).sel(latitude=35.0, longitude=350.0).values,
         raw["tas_seas5"].isel(member=3, sdate=1, ftime=2).sel(lat=35.0, lon=350.0).values)  # copied
-    truth = ensembles.truth_at_valid_times(fc, open_forecast_truth(tmp_path / "seas5.nc"))
+    truth = forecast_stores.truth_at_valid_times(fc, open_forecast_truth(tmp_path / "seas5.nc"))
     np.testing.assert_array_equal(truth["2m_temperature"].transpose("time", "prediction_timedelta", ...).values,
                                   raw["tas_era5"].sortby("lat").values)
     raw.rename(sdate="start").to_netcdf(tmp_path / "bad.nc")
@@ -145,7 +145,7 @@ def test_synthetic_ensemble_is_seeded_biased_and_underdispersive(tmp_path: Path)
     xr.testing.assert_identical(a, b)  # the same seed through the same code: a rerun is bit-identical
     assert a["geopotential"].dims == ("time", "prediction_timedelta", "member", "level", "latitude", "longitude")
     assert list(a["level"].values) == [500, 850] and not bool(a["temperature"].isnull().any())
-    obs = ensembles.truth_at_valid_times(a, truth)
+    obs = forecast_stores.truth_at_valid_times(a, truth)
     err = (a.mean("member") - obs)["temperature"].mean(("time", "prediction_timedelta", "level"))
     land = truth["land_sea_mask"] > 0.5
     assert float(err.where(land).mean()) > 0 > float(err.where(~land).mean())  # warm over land, cold over sea
@@ -168,9 +168,9 @@ def test_cli_synthetic_emos_crossval(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert out.attrs["forecast_kind"] == "gaussian" and {"geopotential_std", "temperature_std"} <= set(out.data_vars)
     assert pd.DatetimeIndex(out["time"].values).year.min() == 2002  # applied outside the training period
     assert out["temperature_std"].attrs["units"] == "K" and float(out["temperature_std"].min()) > 0
-    fc = ensembles.open_ensemble(ens).sel(time=out["time"])
-    truth = ensembles.truth_at_valid_times(fc, xr.open_zarr(world))
-    mu, sigma = ensembles.split_gaussian(out)
+    fc = forecast_stores.open_ensemble(ens).sel(time=out["time"])
+    truth = forecast_stores.truth_at_valid_times(fc, xr.open_zarr(world))
+    mu, sigma = forecast_stores.split_gaussian(out)
     assert float(crps_gaussian(mu, sigma, truth)["temperature"].mean()) < float(
         crps_ensemble(fc, truth)["temperature"].mean())
     assert main(["postprocess", "crossval", "--forecast", str(ens), "--truth", str(world),
@@ -193,8 +193,8 @@ def test_seas5_leave_one_year_out_emos_beats_raw(shared_data: Path) -> None:
     from smoeweather.postprocess.crossval import crossvalidate
 
     path = shared_data / "cstools_seas5_era5_tas_med.nc"
-    fc = ensembles.open_ensemble(path)
-    truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, path))
+    fc = forecast_stores.open_ensemble(path)
+    truth = forecast_stores.truth_at_valid_times(fc, forecast_stores.open_truth(None, path))
     result = crossvalidate(fc, truth, fold="year", iterations=100, source=str(path))
     assert len(result["folds"]) == 6 and result["members"] == 15
     for row in result["scores"]["2m_temperature"].values():
@@ -205,7 +205,7 @@ def _ens10_store(ens: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     """An ENS-10-like prepared store (one lead, ``<name>_truth`` at the valid time, statistics group)."""
     from pipelines.statistics import compute_statistics
 
-    obs = ensembles.truth_at_valid_times(ens, truth).isel(prediction_timedelta=0, drop=True)
+    obs = forecast_stores.truth_at_valid_times(ens, truth).isel(prediction_timedelta=0, drop=True)
     # the one lead stays a scalar coordinate, as `smoe data prepare ens10` writes it
     ds = ens.isel(prediction_timedelta=0).transpose("time", "member", "level", "latitude", "longitude")
     for n in list(ds.data_vars):

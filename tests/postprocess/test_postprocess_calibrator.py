@@ -14,15 +14,15 @@ from test_postprocess_cli import gcm_ens_like
 from test_postprocess_drn import _table
 
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.postprocess.calibrator import DRNCalibrator, EMOSCalibrator, fit, load
 
 QUIET = ["--scheduler", "threads", "--quiet", "--overwrite"]
 
 
 def _ens(path: Path) -> tuple[xr.Dataset, xr.Dataset]:
-    fc = ensembles.open_ensemble(path).load()
-    return fc, ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, path)).load()
+    fc = forecast_stores.open_ensemble(path).load()
+    return fc, forecast_stores.truth_at_valid_times(fc, forecast_stores.open_truth(None, path)).load()
 
 
 def test_emos_fit_save_load_apply_and_forms(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_drn_loaded_calibrator_equals_the_file_driver(tmp_path: Path) -> None:
 
     fc, _ = open_sites(table)
     pred = cal.apply(fc)
-    mu, sigma = ensembles.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
+    mu, sigma = forecast_stores.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
     name = "2m_temperature"
     # the CLI runs the same Calibrator.apply and stores its float32: the same bits on one machine
     np.testing.assert_array_equal(pred.mu[name].transpose(*mu[name].dims).values.astype(np.float32), mu[name].values)
@@ -103,12 +103,13 @@ def test_network_calibrator_equals_the_cli_with_probabilities(tmp_path: Path) ->
                  "--out", str(tmp_path / "pp.zarr"), "--thresholds", "54000", "--overwrite"]) == 0
     cal = load(ckpt)
     assert isinstance(cal, NetworkCalibrator)
-    pred = cal.apply(ensembles.open_forecast(tmp_path / "ens.zarr"))
-    mu, sigma = ensembles.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
+    pred = cal.apply(forecast_stores.open_forecast(tmp_path / "ens.zarr"))
+    mu, sigma = forecast_stores.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
     m = mu["geopotential"].sel(level=500)
     # the CLI runs the same NetworkCalibrator.apply and stores its float32: the same bits on one machine
     np.testing.assert_array_equal(pred.mu["geopotential"].sel(level=500).values.astype(np.float32), m.values)
-    prob = ensembles.store_names(xr.open_zarr(tmp_path / "pp_probabilities.zarr"))["geopotential"]  # IMPROVER's name
+    # IMPROVER's name
+    prob = forecast_stores.store_names(xr.open_zarr(tmp_path / "pp_probabilities.zarr"))["geopotential"]
     prob = prob.sel(threshold=54000.0, level=500)
     s = sigma["geopotential"].sel(level=500).values.astype(np.float64)
     expect = stats.norm.sf(54000.0, m.values.astype(np.float64), s)
@@ -131,7 +132,7 @@ def test_emos_in_memory_is_the_file_driver_and_a_loaded_model_saves_itself(tmp_p
     assert main(["postprocess", "fit", "--per-site", *roll, "--forecast", str(table), "--out", str(tmp_path / "m.nc"),
                  *QUIET]) == 0
     fc, obs = open_sites(table)
-    truth = ensembles.truth_at_valid_times(fc, obs, gaps="nan")
+    truth = forecast_stores.truth_at_valid_times(fc, obs, gaps="nan")
     cal = calibrator("emos", EMOSSettings(per_gridpoint=True)).fit(Training.of(fc, truth, window="10D", lag="2D"))
     assert isinstance(cal, EMOSCalibrator) and "(per site, mean, 21 forecast dates)" in cal.description
     loaded = load(tmp_path / "m.nc")

@@ -15,7 +15,7 @@ import xarray as xr
 from scipy.special import ndtri
 
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.metrics.probabilistic import crps_ensemble, crps_gaussian, quantile_loss
 from smoeweather.postprocess import emos
 from smoeweather.postprocess.ecc import ecc_levels, ecc_members, gaussian_quantiles, ranks
@@ -69,9 +69,9 @@ def streams(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _crps_raw_and_pp(new: Path, pp: Path) -> tuple[float, float]:
-    fc = ensembles.open_ensemble(new)
-    truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, new))
-    mu, sigma = ensembles.split_gaussian(xr.open_zarr(pp))
+    fc = forecast_stores.open_ensemble(new)
+    truth = forecast_stores.truth_at_valid_times(fc, forecast_stores.open_truth(None, new))
+    mu, sigma = forecast_stores.split_gaussian(xr.open_zarr(pp))
     return (float(crps_ensemble(fc, truth)["temperature"].mean()),
             float(crps_gaussian(mu, sigma, truth)["temperature"].mean()))
 
@@ -101,7 +101,7 @@ def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_pa
     raw, emos = _crps_raw_and_pp(new, pp)
     assert emos < raw  # a land bias learnt on one stream corrects the other
     # the members' marginals are the Gaussian's ECC-Q quantiles (float32 store: relative 2⁻²³ of the field)
-    mu, sigma = ensembles.split_gaussian(gauss.load())
+    mu, sigma = forecast_stores.split_gaussian(gauss.load())
     expect = np.sort((mu["temperature"] + sigma["temperature"] * xr.DataArray(
         ndtri(ecc_levels(6)), dims="realization")).transpose(*ens["temperature"].dims).values, axis=2)
     got = np.sort(ens["temperature"].values, axis=2)
@@ -118,7 +118,8 @@ def test_fit_apply_members_quantiles_evaluate(streams: tuple[Path, Path], tmp_pa
     assert np.isfinite(sc["quantile_loss"].sel({"method": "q"})).all()
     assert np.isnan(sc["quantile_loss"].sel({"method": "emos"})).all()
     # the quantile loss equals the `scores` package's quantile score, level by level
-    truth = ensembles.truth_at_valid_times(ensembles.open_ensemble(new), ensembles.open_truth(None, new))["temperature"]
+    truth = forecast_stores.truth_at_valid_times(forecast_stores.open_ensemble(new),
+                                                 forecast_stores.open_truth(None, new))["temperature"]
     t850 = truth.sel(level=850)
     q850 = qs["temperature"].sel(level=850).load()
     ours = quantile_loss(q850, t850)
@@ -266,8 +267,8 @@ def test_fit_emos_global_is_the_same_minimum_as_the_reference_solver(
     streams: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     old, _ = streams
-    fc = ensembles.open_ensemble(old).load()
-    truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, old)).load()
+    fc = forecast_stores.open_ensemble(old).load()
+    truth = forecast_stores.truth_at_valid_times(fc, forecast_stores.open_truth(None, old)).load()
     crps = {}
     for solver in ("newton", "lbfgs"):
         if solver == "lbfgs":  # the same groups and weights, solved by the independent reference

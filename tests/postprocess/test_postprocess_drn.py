@@ -18,7 +18,7 @@ from conftest import float_tol
 from test_postprocess_cli import gcm_ens_like
 
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.data.sites import read_site_table
 from smoeweather.metrics.probabilistic import crps_gaussian
 from smoeweather.postprocess.distributions import crps_torch
@@ -103,7 +103,7 @@ def test_drn_cli_sites_matches_numpy_and_learns_station_biases(tmp_path: Path) -
     np.testing.assert_allclose(q.sel(quantile=0.75).values - q.sel(quantile=0.25).values,
                                2 * 0.6744897501960817 * pp[f"{VAR}_std"].values, **float_tol(np.float32, 20, 300.0))
     # the embedding learns each station's bias, which a pooled EMOS cannot: DRN CRPS well below global EMOS
-    y = ensembles.truth_at_valid_times(fc, obs, gaps="nan")[VAR].isel(prediction_timedelta=0).values
+    y = forecast_stores.truth_at_valid_times(fc, obs, gaps="nan")[VAR].isel(prediction_timedelta=0).values
     em = xr.open_zarr(tmp_path / "emos.zarr").isel(prediction_timedelta=0).load()
     c_drn = crps_gaussian(pp[VAR].values, pp[f"{VAR}_std"].values, y)
     c_emos = crps_gaussian(em[VAR].values, em[f"{VAR}_std"].values, y)
@@ -114,7 +114,7 @@ def test_drn_cli_sites_matches_numpy_and_learns_station_biases(tmp_path: Path) -
 def test_deterministic_for_a_seed_and_new_sites_get_the_mean_embedding(tmp_path: Path) -> None:
     _table(tmp_path / "t.csv", n_sites=5, n_days=30)
     fc, obs = read_site_table(tmp_path / "t.csv")
-    truth = ensembles.truth_at_valid_times(fc, obs, gaps="nan")
+    truth = forecast_stores.truth_at_valid_times(fc, obs, gaps="nan")
     s = DRNSettings(hidden=4, epochs=3, seeds=2, batch_size=32)
     a, b = fit_drn(fc, truth, s), fit_drn(fc, truth, s)
     c = fit_drn(fc, truth, DRNSettings(hidden=4, epochs=3, seeds=2, batch_size=32, seed=1))
@@ -203,11 +203,11 @@ def test_gridded_drn_through_the_cli(tmp_path: Path) -> None:
     assert model["temperature_embedding"].dims[-3:] == ("latitude", "longitude", "embedding")
     _cli("apply", "--drn", tmp_path / "g.nc", "--forecast", new, "--out", tmp_path / "g.zarr", "--members", "6")
     pp = xr.open_zarr(tmp_path / "g.zarr")
-    raw = ensembles.open_ensemble([new])
+    raw = forecast_stores.open_ensemble([new])
     assert pp["temperature"].dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
     assert np.isfinite(pp["temperature"].values).all() and (pp["temperature_std"].values > 0).all()
     np.testing.assert_allclose(pp["latitude"].values, raw["latitude"].values)
-    truth = ensembles.truth_at_valid_times(raw, ensembles.open_truth(None, [new]))
+    truth = forecast_stores.truth_at_valid_times(raw, forecast_stores.open_truth(None, [new]))
     y = truth["temperature"].transpose(*pp["temperature"].dims).values
     c = crps_gaussian(pp["temperature"].values, pp["temperature_std"].values, y)
     mean = raw["temperature"].mean("member").transpose(*pp["temperature"].dims).values

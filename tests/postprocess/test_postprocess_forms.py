@@ -19,7 +19,7 @@ from test_postprocess_cli import gcm_ens_like
 from test_postprocess_drn import _table
 
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.postprocess.distributions import Normal, TruncatedNormal, family
 from smoeweather.postprocess.forms import parse_thresholds, thresholds_for
 
@@ -82,7 +82,7 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_grid_probabilities_are_the_normal_cdf(grid: Path) -> None:
-    mu, sigma = ensembles.split_gaussian(xr.open_zarr(grid / "pp.zarr").load())
+    mu, sigma = forecast_stores.split_gaussian(xr.open_zarr(grid / "pp.zarr").load())
     for name, thresholds in (("temperature", [265.0, 275.0]), ("geopotential", [54000.0])):
         p = xr.open_zarr(grid / f"pp_probabilities_{name}.zarr")
         assert p.attrs["forecast_kind"] == "probability"
@@ -97,13 +97,13 @@ def test_grid_probabilities_are_the_normal_cdf(grid: Path) -> None:
             got = da.sel(threshold=t).transpose(*mu[name].dims).values
             np.testing.assert_allclose(got, expect, rtol=0, atol=_prob_tol(m, s, t))
         # smoe's reader gives the store's name back, the sense on the threshold coordinate
-        back = ensembles.open_forecast(grid / f"pp_probabilities_{name}.zarr")
-        assert list(back.data_vars) == [name] and ensembles.forecast_kind(back) == "probability"
+        back = forecast_stores.open_forecast(grid / f"pp_probabilities_{name}.zarr")
+        assert list(back.data_vars) == [name] and forecast_stores.forecast_kind(back) == "probability"
 
 
 def test_grid_percentiles_ppf_members_and_std_names(grid: Path) -> None:
     gauss = xr.open_zarr(grid / "pp.zarr").load()
-    mu, sigma = ensembles.split_gaussian(gauss)
+    mu, sigma = forecast_stores.split_gaussian(gauss)
     pct = xr.open_zarr(grid / "pp_percentiles.zarr")
     assert list(pct["percentile"].values) == [10.0, 50.0, 90.0] and pct["percentile"].attrs["units"] == "%"
     for p in (10.0, 50.0, 90.0):
@@ -112,13 +112,13 @@ def test_grid_percentiles_ppf_members_and_std_names(grid: Path) -> None:
         got = pct["temperature"].sel(percentile=p).transpose(*mu["temperature"].dims).values
         np.testing.assert_allclose(got, expect, rtol=4 * EPS32)
     # read back by smoe's own reader as quantiles on 0-1
-    q = ensembles.open_forecast(grid / "pp_percentiles.zarr")
-    assert ensembles.forecast_kind(q) == "quantiles" and list(q["quantile"].values) == [0.1, 0.5, 0.9]
+    q = forecast_stores.open_forecast(grid / "pp_percentiles.zarr")
+    assert forecast_stores.forecast_kind(q) == "quantiles" and list(q["quantile"].values) == [0.1, 0.5, 0.9]
     ens = xr.open_zarr(grid / "pp_members.zarr")
     assert ens["temperature"].dims[2] == "realization" and "member" not in ens.dims
     assert ens["realization"].attrs == {"units": "1", "standard_name": "realization"}
     assert ens["realization"].dtype == np.int32 and list(ens["realization"].values) == list(range(6))
-    assert ensembles.open_forecast(grid / "pp_members.zarr").sizes["member"] == 6  # read as before
+    assert forecast_stores.open_forecast(grid / "pp_members.zarr").sizes["member"] == 6  # read as before
     _check_time_coords(ens)
     for name, standard in STANDARD.items():
         if name in gauss:
@@ -153,8 +153,8 @@ def test_out_nc_writes_netcdf_in_improver_layout(grid: Path) -> None:
         np.testing.assert_allclose(da.values, 1.0 - above["probability_of_air_temperature_above_threshold"].values,
                                    rtol=0, atol=4 * EPS32)
     for n, kind in zip(names, ("gaussian", "ensemble", "quantiles", "quantiles", "probability", "probability")):
-        back = ensembles.open_forecast(grid / "nc" / f"{n}.nc")
-        assert ensembles.forecast_kind(back) == kind
+        back = forecast_stores.open_forecast(grid / "nc" / f"{n}.nc")
+        assert forecast_stores.forecast_kind(back) == kind
         assert {"time", "prediction_timedelta"} <= set(back.dims)
         assert set(back.data_vars) <= {"temperature", "temperature_std", "geopotential", "geopotential_std"}
 
@@ -222,7 +222,7 @@ def test_sites_truncnormal_below_keep_station_ids_and_pass_cf(tmp_path: Path) ->
         "--members", "5", "--thresholds", "274", "--below", "--percentiles", "25", "75", "--netcdf")
     _pp("apply", "--emos", tmp_path / "m.nc", "--forecast", table, "--units", "K", "--out", tmp_path / "pp.nc",
         "--members", "5", "--thresholds", "274", "--quantiles", "0.5")
-    mu, sigma = ensembles.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
+    mu, sigma = forecast_stores.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
     m, s = mu["2m_temperature"].values.astype(np.float64), sigma["2m_temperature"].values.astype(np.float64)
     dist = stats.truncnorm(-m / s, np.inf, loc=m, scale=s)
     prob = _probability(xr.open_zarr(tmp_path / "pp_probabilities.zarr"), "2m_temperature", below=True)
@@ -252,7 +252,7 @@ def test_drn_sites_probabilities(tmp_path: Path) -> None:
         "--out", tmp_path / "drn.nc")
     _pp("apply", "--drn", tmp_path / "drn.nc", "--forecast", table, "--out", tmp_path / "pp.zarr",
         "--thresholds", "272", "278")
-    mu, sigma = ensembles.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
+    mu, sigma = forecast_stores.split_gaussian(xr.open_zarr(tmp_path / "pp.zarr").load())
     prob = xr.open_zarr(tmp_path / "pp_probabilities.zarr")
     assert "station_id" in prob.coords
     da = _probability(prob, "2m_temperature", units=False)  # a table without --units: no standard name
@@ -272,22 +272,22 @@ def test_store_names_reads_improver_names_back() -> None:
     ours = xr.Dataset({"probability_of_air_temperature_below_threshold": (dims, np.zeros((1, 1, 1)),
                                                                            {"smoe__variable": "2m_temperature"})},
                       coords)
-    back = ensembles.store_names(ours)
+    back = forecast_stores.store_names(ours)
     assert list(back.data_vars) == ["2m_temperature"] and set(back.dims) == {"time", "prediction_timedelta",
                                                                              "threshold"}
     assert back["time"].values[0] == t[0]  # the init, the validity time dropped
     above = "probability_of_air_temperature_above_threshold"
     theirs = ours.rename(probability_of_air_temperature_below_threshold=above)
     del theirs[above].attrs["smoe__variable"]
-    assert list(ensembles.store_names(theirs).data_vars) == ["air_temperature"]  # IMPROVER's own file: X
+    assert list(forecast_stores.store_names(theirs).data_vars) == ["air_temperature"]  # IMPROVER's own file: X
     members = xr.Dataset({"t": (("time", "realization"), np.zeros((1, 3)))}, {"realization": [0, 1, 2]})
-    assert ensembles.store_names(members).sizes["member"] == 3
-    assert "realization" in ensembles.store_names(members, ensemble_dim="realization").dims
+    assert forecast_stores.store_names(members).sizes["member"] == 3
+    assert "realization" in forecast_stores.store_names(members, ensemble_dim="realization").dims
     store = xr.Dataset({"t": (("time", "member"), np.zeros((1, 3)))})
-    assert ensembles.store_names(store).identical(store)
+    assert forecast_stores.store_names(store).identical(store)
     clash = ours.assign(**{"2m_temperature": ours["probability_of_air_temperature_below_threshold"]})
     with pytest.raises(ValueError, match="forecast x.nc: the probabilities .* expected one per field"):
-        ensembles.store_names(clash, where="forecast x.nc")
+        forecast_stores.store_names(clash, where="forecast x.nc")
 
 
 def test_distribution_families_match_scipy() -> None:

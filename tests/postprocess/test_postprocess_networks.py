@@ -13,9 +13,9 @@ import torch
 import xarray as xr
 
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.data.ensemble_dataset import EnsembleSpec, open_ensemble_dataset
-from smoeweather.data.ensembles import split_times
+from smoeweather.data.forecast_stores import split_times
 from smoeweather.models.unet import PostprocessingUNet, gaussian_heads
 from smoeweather.postprocess.neural import apply_checkpoint
 
@@ -76,18 +76,18 @@ def streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_open_ensemble_convention_and_several_files(streams: dict[str, Path]) -> None:
-    fc = ensembles.open_ensemble([streams["a"], streams["b"]])
+    fc = forecast_stores.open_ensemble([streams["a"], streams["b"]])
     assert list(fc["geopotential"].dims) == ["time", "prediction_timedelta", "member", "level", "latitude",
                                              "longitude"]
     assert fc.sizes["time"] == 48 and fc.attrs["forecast_kind"] == "ensemble"
-    truth = ensembles.open_truth(None, [streams["a"], streams["b"]])
-    at_valid = ensembles.truth_at_valid_times(fc, truth)
+    truth = forecast_stores.open_truth(None, [streams["a"], streams["b"]])
+    at_valid = forecast_stores.truth_at_valid_times(fc, truth)
     raw = xr.load_dataset(streams["b"])
     t0 = raw["time"].values[3] + np.timedelta64(48, "h")
     np.testing.assert_array_equal(at_valid["temperature"].sel(time=raw["time"].values[3]).isel(prediction_timedelta=1),
                                   raw["truth_temperature"].sel(valid_time=t0))
     with pytest.raises(ValueError, match="repeat"):
-        ensembles.open_ensemble([streams["a"], streams["a"]])
+        forecast_stores.open_ensemble([streams["a"], streams["a"]])
 
 
 def test_split_times_bound_valid_times() -> None:
@@ -167,7 +167,7 @@ def test_checkpoint_applies_to_another_stream(streams: dict[str, Path], tmp_path
     from smoeweather.training.checkpoint import load_trained
 
     ckpt = _train(tmp_path / "run", streams["a"], smoe)
-    fc_b = ensembles.open_ensemble(streams["b"])
+    fc_b = forecast_stores.open_ensemble(streams["b"])
     mu, sigma, attrs = apply_checkpoint(ckpt, fc_b, batch_size=5)
     assert attrs["smoe"] == int(smoe) and attrs["members"] == 4
     assert mu["geopotential"].dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")

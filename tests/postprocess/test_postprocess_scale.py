@@ -16,7 +16,7 @@ from conftest import SHARED_DATA, skip_without_shared
 from test_postprocess_cli import gcm_ens_like
 
 from smoeweather.cli import main
-from smoeweather.data import ensembles
+from smoeweather.data import forecast_stores
 from smoeweather.postprocess import chunked
 from smoeweather.postprocess.ecc import ecc_members
 from smoeweather.postprocess.emos import apply_emos, fit_emos
@@ -47,12 +47,12 @@ def _fit_apply(train: Path, new: Path, out: Path, *extra: str, local: bool, trai
 def _in_memory(train: Path, new: Path, local: bool, train_period: tuple[str, str] | None = None,
                apply_period: tuple[str, str] | None = None) -> tuple[xr.Dataset, xr.Dataset, xr.Dataset, xr.Dataset]:
     """Today's in-memory path: load, fit_emos, apply_emos; (params, μ, σ, truth of the new forecast)."""
-    fc = ensembles.select_period(ensembles.open_ensemble(train), train_period).load()
-    truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, train)).load()
+    fc = forecast_stores.select_period(forecast_stores.open_ensemble(train), train_period).load()
+    truth = forecast_stores.truth_at_valid_times(fc, forecast_stores.open_truth(None, train)).load()
     params = fit_emos(fc, truth, per_gridpoint=local)
-    nf = ensembles.select_period(ensembles.open_ensemble(new), apply_period).load()
+    nf = forecast_stores.select_period(forecast_stores.open_ensemble(new), apply_period).load()
     mu, sigma = apply_emos(params, nf)
-    return params, mu, sigma, ensembles.truth_at_valid_times(nf, ensembles.open_truth(None, new)).load()
+    return params, mu, sigma, forecast_stores.truth_at_valid_times(nf, forecast_stores.open_truth(None, new)).load()
 
 
 def _crps(mu: xr.DataArray, sigma: xr.DataArray, y: xr.DataArray) -> float:
@@ -122,8 +122,8 @@ def test_pooled_fit_reduces_over_blocks_and_ecc_streams(tmp_path: Path) -> None:
     """The global fit over 4 spatial blocks of the staged store equals fit_emos; ECC-Q members of dask arrays
     (computed chunk by chunk) equal those of the loaded arrays exactly."""
     path = gcm_ens_like(tmp_path / "a.nc", 2005, 0)
-    fc = ensembles.open_ensemble(path).load()
-    truth = ensembles.truth_at_valid_times(fc, ensembles.open_truth(None, path)).load()
+    fc = forecast_stores.open_ensemble(path).load()
+    truth = forecast_stores.truth_at_valid_times(fc, forecast_stores.open_truth(None, path)).load()
     ref = fit_emos(fc, truth)
     arrays = chunked.training_arrays(fc.chunk({"time": 5}), truth.chunk({"time": 5}))
     old = chunked.BLOCK_BYTES
@@ -163,7 +163,7 @@ def test_stores_written_after_a_period_selection_of_a_chunked_store(tmp_path: Pa
                            rng.standard_normal((137, 1, 3, 4)).astype(np.float32))},
                     coords={"time": times, "prediction_timedelta": [np.timedelta64(24, "h")],
                             "latitude": [-10.0, 0.0, 10.0], "longitude": [0.0, 90.0, 180.0, 270.0]})
-    cut = ensembles.select_period(ds.chunk({"time": 8}), ["2002", "2002"])
+    cut = forecast_stores.select_period(ds.chunk({"time": 8}), ["2002", "2002"])
     assert len(set(cut["t"].chunks[0][:-1])) > 1 or cut["t"].chunks[0][-1] > cut["t"].chunks[0][0]  # irregular
     out = tmp_path / "cut.zarr"
     write_stores([(cut, out, "deterministic", {})], None, False, False)
