@@ -371,30 +371,12 @@ def member_diversity(
     """
     if not isinstance(forecast, xr.DataArray):
         raise ValueError("member_diversity takes a DataArray forecast (one field)")
-    m = _check_member(forecast, member_dim, 2)
-    sorted_x = xr.apply_ufunc(np.sort, forecast, input_core_dims=[[member_dim]], output_core_dims=[[member_dim]],
-                              kwargs={"axis": -1}, dask="parallelized", output_dtypes=[np.float64],
-                              dask_gufunc_kwargs={"allow_rechunk": True})
-    coef = xr.DataArray((2.0 * np.arange(1, m + 1) - m - 1) * 2.0, dims=member_dim)  # Σⱼₖ|xⱼ − xₖ| weights
-    pairwise = (sorted_x * coef).sum(member_dim) / (m * (m - 1))
+    _check_member(forecast, member_dim, 2)
+    pairwise = pairwise_spread(forecast, member_dim)
     error = abs(forecast - truth).mean(member_dim)
     d = weighted_mean(pairwise, dims, weights)
     e = weighted_mean(error, dims, weights)
     return xr.Dataset({"pairwise_distance": d, "member_error": e, "diversity_ratio": d / e})
-
-
-def ensemble_diagnostics(
-    forecast: xr.DataArray,
-    truth: xr.DataArray,
-    weights: xr.DataArray | None = None,
-    dims: Sequence[Hashable] = ("time", "latitude", "longitude"),
-    member_dim: str = "member",
-) -> dict[str, xr.DataArray]:
-    """What ``smoe evaluate`` adds for an ensemble of M ≥ 2 members beside CRPS and spread/skill:
-    ``diversity_ratio`` (:func:`member_diversity`) and ``rank_histogram`` (:func:`rank_histogram`, dim
-    ``rank``), both reduced over ``dims`` with ``weights``."""
-    return {"diversity_ratio": member_diversity(forecast, truth, weights, dims, member_dim)["diversity_ratio"],
-            "rank_histogram": rank_histogram(forecast, truth, weights, dims, member_dim)}
 
 
 # ---- WeatherBench 2's probabilistic set: debiased ensemble-mean MSE, energy score -------------------------

@@ -29,11 +29,11 @@ from smoeweather.models import registry
 from smoeweather.models.registry import parameters, register_model
 from smoeweather.models.resnet import (
     TINY_RESNET,
-    ConvBlock,
     NormalizedModel,
-    ResBlock,
     SMoEPlacement,
     WeatherBenchResNet,
+    build_layers,
+    land_sea_categories,
     resnet_arguments,
 )
 from smoeweather.nn import PeriodicLonConv2d, SpatialMoE2d, TensorRoutingGate
@@ -102,28 +102,16 @@ class E3ResNet(nn.Module):
             raise ValueError(f"model e3: smoe.experts_factor × width = {total} experts must split into "
                              f"members={members} groups of at least width={width} (each member selects width "
                              f"experts per grid point): use experts_factor >= {members}, a multiple of it")
-        if cfg.gate_prior == "land_sea" and land_sea_prior is None:
-            raise ValueError("smoe.gate_prior='land_sea' needs land_sea_prior, an (H, W) land-sea map")
-        if land_sea_prior is not None and cfg.gate_prior != "land_sea":
-            raise ValueError("land_sea_prior given but smoe.gate_prior is not 'land_sea'")
+        cfg.check_prior(land_sea_prior)
         self.smoe_config, self.members, self.grid = cfg, int(members), (int(grid[0]), int(grid[1]))
         self.in_channels, self.out_channels, self.width = in_channels, out_channels, width
         self.group_experts = total // members
         self.gates = nn.ModuleDict()
 
-        self.stem = ConvBlock(PeriodicLonConv2d(in_channels, width, 7), width, dropout)
-        self.first_smoe = ConvBlock(self._smoe(width), width, dropout) if cfg.placement == "first" else None
-        res = []
-        for _ in range(blocks):
-            layers = [self._smoe(width) if cfg.placement == "all" else PeriodicLonConv2d(width, width, 3)
-                      for _ in range(2)]
-            res.append(ResBlock(*(ConvBlock(layer, width, dropout) for layer in layers)))
-        self.blocks = nn.Sequential(*res)
-        self.last_smoe = ConvBlock(self._smoe(width), width, dropout) if cfg.placement == "last" else None
-        self.head = PeriodicLonConv2d(width, out_channels, 3)
+        build_layers(self, in_channels, out_channels, width, blocks, dropout, cfg.placement, self._smoe,
+                     lambda w: PeriodicLonConv2d(w, w, 3))
         if land_sea_prior is not None:
-            prior = torch.as_tensor(land_sea_prior)
-            categories = (prior > 0.5).long() if prior.is_floating_point() else prior.long()
+            categories = land_sea_categories(land_sea_prior)
             for gate in self.gates.values():
                 gate.init_from_prior(categories, cfg.prior_strength)  # sea/land halves WITHIN the group
 

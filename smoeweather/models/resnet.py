@@ -10,6 +10,7 @@ the data pipeline; nothing in the model changes (count it in ``in_channels``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -94,6 +95,21 @@ class SMoEPlacement:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def check_prior(self, land_sea_prior: torch.Tensor | None) -> None:
+        """ValueError when ``land_sea_prior`` is given without ``gate_prior='land_sea'``, or is missing where
+        that prior initialises SMoE layers."""
+        if land_sea_prior is not None and self.gate_prior != "land_sea":
+            raise ValueError("land_sea_prior given but smoe.gate_prior is not 'land_sea'")
+        if self.gate_prior == "land_sea" and self.placement != "none" and land_sea_prior is None:
+            raise ValueError("smoe.gate_prior='land_sea' needs land_sea_prior, an (H, W) land-sea map")
+
+
+def land_sea_categories(land_sea_prior: torch.Tensor | Any) -> torch.Tensor:
+    """(H, W) prior categories of the gates: a floating land-sea map is land (1) above 0.5, sea (0) elsewhere;
+    an integer map is taken as it is."""
+    prior = torch.as_tensor(land_sea_prior)
+    return (prior > 0.5).long() if prior.is_floating_point() else prior.long()
+
 
 class ConvBlock(nn.Module):
     """``layer`` → LeakyReLU(0.3) → BatchNorm → Dropout: (B, C_in, H, W) → (B, width, H, W)."""
@@ -154,6 +170,23 @@ class PeriodicLonLRLCN(nn.Module):
         return y if m.bias is None else y + m.bias.view(1, -1, 1, 1)
 
 
+def build_layers(net: nn.Module, in_channels: int, out_channels: int, width: int, blocks: int, dropout: float,
+                 placement: Placement, smoe: Callable[[int], nn.Module], conv3: Callable[[int], nn.Module]) -> None:
+    """Give ``net`` the layers of the WeatherBench ResNet family, created in this order (the same seed, the same
+    weights): ``stem`` (7×7 conv), ``first_smoe`` (``smoe(width)`` with placement ``first``, else None),
+    ``blocks`` (``blocks`` residual blocks of two 3×3 layers: ``smoe(width)`` with placement ``all``, else
+    ``conv3(width)``), ``last_smoe`` (with placement ``last``, else None) and the 3×3 ``head``."""
+    net.stem = ConvBlock(PeriodicLonConv2d(in_channels, width, 7), width, dropout)
+    net.first_smoe = ConvBlock(smoe(width), width, dropout) if placement == "first" else None
+    res = []
+    for _ in range(blocks):
+        layers = [smoe(width) if placement == "all" else conv3(width) for _ in range(2)]
+        res.append(ResBlock(*(ConvBlock(layer, width, dropout) for layer in layers)))
+    net.blocks = nn.Sequential(*res)
+    net.last_smoe = ConvBlock(smoe(width), width, dropout) if placement == "last" else None
+    net.head = PeriodicLonConv2d(width, out_channels, 3)
+
+
 class WeatherBenchResNet(nn.Module):
     """Rasp & Thuerey (2021) ResNet with optional SMoE layers (paper §3.2).
 
@@ -206,10 +239,7 @@ class WeatherBenchResNet(nn.Module):
         if conv == "lrlcn" and self.smoe_config.placement == "all":
             raise ValueError("conv='lrlcn' replaces the same 3x3 convs as placement='all'; pick one")
         cfg = self.smoe_config
-        if land_sea_prior is not None and cfg.gate_prior != "land_sea":
-            raise ValueError("land_sea_prior given but smoe.gate_prior is not 'land_sea'")
-        if cfg.gate_prior == "land_sea" and cfg.placement != "none" and land_sea_prior is None:
-            raise ValueError("smoe.gate_prior='land_sea' needs land_sea_prior, an (H, W) land-sea map")
+        cfg.check_prior(land_sea_prior)
         self.gates = nn.ModuleDict()
         self._conv_kind, self._lrlcn_rank = conv, lrlcn_rank
 
@@ -217,19 +247,11 @@ class WeatherBenchResNet(nn.Module):
             raise ValueError(f"location_embedding must be >= 0 channels, got {location_embedding}")
         self.location_embedding = (nn.Parameter(torch.zeros(location_embedding, *self.grid))
                                    if location_embedding else None)
-        self.stem = ConvBlock(PeriodicLonConv2d(in_channels + location_embedding, width, 7), width, dropout)
-        self.first_smoe = ConvBlock(self._smoe(width), width, dropout) if cfg.placement == "first" else None
-        res = []
-        for _ in range(blocks):
-            layers = [self._smoe(width) if cfg.placement == "all" else self._conv3(width) for _ in range(2)]
-            res.append(ResBlock(*(ConvBlock(layer, width, dropout) for layer in layers)))
-        self.blocks = nn.Sequential(*res)
-        self.last_smoe = ConvBlock(self._smoe(width), width, dropout) if cfg.placement == "last" else None
-        self.head = PeriodicLonConv2d(width, out_channels, 3)
+        build_layers(self, in_channels + location_embedding, out_channels, width, blocks, dropout, cfg.placement,
+                     self._smoe, self._conv3)
 
         if cfg.gate_prior == "land_sea" and land_sea_prior is not None:
-            prior = torch.as_tensor(land_sea_prior)
-            categories = (prior > 0.5).long() if prior.is_floating_point() else prior.long()
+            categories = land_sea_categories(land_sea_prior)
             if cfg.upcycle:
                 self._upcycle(num_groups=int(categories.max()) + 1)
             for gate in self.gates.values():
