@@ -21,8 +21,9 @@ import xarray as xr
 def latitude_weight_values(latitude: np.ndarray | Sequence[float]) -> np.ndarray:
     """cos(latitude) normalised to mean 1 over the given rows: (H,) degrees north → (H,) float64.
 
-    The one implementation of the latitude weights: scores (:func:`latitude_weights`) and training losses
-    (:func:`smoeweather.training.losses.latitude_weights`) use it. Raises ValueError outside [-90, 90].
+    The one implementation of the latitude weights: the EMOS fits (:func:`latitude_weights`) and the training
+    losses (:func:`smoeweather.training.losses.latitude_weights`) use it; the scores use
+    :func:`cell_area_weights`. Raises ValueError outside [-90, 90].
     """
     lat = np.asarray(latitude, dtype=np.float64)
     if lat.size == 0 or np.any(np.abs(lat) > 90.0) or not np.all(np.isfinite(lat)):

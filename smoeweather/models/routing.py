@@ -19,7 +19,7 @@ layers applies per location:
   the prior assigned to this location — the number of distinct experts training brought in beyond the
   initial routing (0 = routing as initialised; with prior_strength ≥ 1 the initial top-E set is exactly
   the group when the group has E experts);
-* ``expert_usage_area`` / ``expert_dominant_area`` (|E|,): fraction of the globe's area (cos-latitude
+* ``expert_usage_area`` / ``expert_dominant_area`` (|E|,): fraction of the globe's area (cell-area
   weights) where an expert is in the top-E set / is the dominant expert.
 
 Every array has latitude ascending (rows flipped if the model's grid runs north to south) and longitude
@@ -38,6 +38,7 @@ import xarray as xr
 from torch import nn
 
 from pipelines.readers._files import open_data
+from smoeweather.metrics.weights import cell_area_weights
 from smoeweather.models.loader import load_network
 from smoeweather.nn.gates import TensorRoutingGate
 from smoeweather.nn.smoe import SpatialMoE2d
@@ -237,8 +238,9 @@ def gate_routings(model: nn.Module, metadata: dict[str, Any] | None = None, conf
 
 # ---- routing statistics ----------------------------------------------------------------------------------
 def area_weights(latitude: np.ndarray, width: int) -> np.ndarray:
-    """(H, W) cell-area weights ∝ cos(latitude), summing to 1."""
-    w = np.cos(np.deg2rad(np.asarray(latitude, float)))[:, None] * np.ones((1, width))
+    """(H, W) cell-area weights summing to 1: the scores' area weights
+    (:func:`~smoeweather.metrics.weights.cell_area_weights`) on every longitude."""
+    w = cell_area_weights(np.asarray(latitude, float)).values[:, None] * np.ones((1, width))
     return w / w.sum()
 
 
@@ -321,7 +323,7 @@ def routing_dataset(r: GateRouting, provenance: dict[str, str] | None = None) ->
         "num_selected": e,
         "n_distinct_sets": int(len(uniq)),
         "layers": ", ".join(r.layers),
-        "area_weights": "cos(latitude), normalised to sum 1",
+        "area_weights": "cell areas between mid-latitudes (as the scores), normalised to sum 1",
         **(provenance or {}),
     }
     if r.prior is not None:

@@ -12,7 +12,7 @@ import torch
 
 def latitude_weights(latitude_deg: torch.Tensor | np.ndarray | list[float]) -> torch.Tensor:
     """cos φ normalised to mean 1 over the given latitudes: (H,) degrees north → (H,) float32
-    (:func:`smoeweather.metrics.weights.latitude_weight_values`, the weights the scores use)."""
+    (:func:`smoeweather.metrics.weights.latitude_weight_values`; the scores use the cell areas instead)."""
     from smoeweather.metrics.weights import latitude_weight_values
 
     return torch.as_tensor(latitude_weight_values(np.asarray(latitude_deg, dtype=np.float64))).float()
