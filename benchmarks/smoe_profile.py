@@ -22,6 +22,10 @@ forward, MSE loss, backward (the RC labels inside it) and Adam, timed warm witho
 
 Each part is reported in ms per step (profiler time, inflated by a few µs per operator) and as a share of the dense
 twin's step (its unprofiled wall time). The routing's share is the number the target (≤ 0.15) is about.
+
+Then the whole network at both sizes (skip with ``--no-networks``): the SMoE-U-Net 16/32/64 (the studies' constructor,
+the land-sea map above) with ``used`` and ``selected`` against the U-Net 16/32/64, training step and inference forward
+(``eval``, ``no_grad``), interleaved rounds of ``--steps // 5`` calls, median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ from benchmarks.harness import (
     warm_up,
     write_results,
 )
+from smoeweather.models.unet import PostprocessingUNet
 from smoeweather.nn import gates as gates_module
 from smoeweather.nn import smoe as smoe_module
 from smoeweather.nn import smoe_autograd
 from smoeweather.nn.gates import TensorRoutingGate
-from smoeweather.nn.smoe import SpatialMoE2d
+from smoeweather.nn.smoe import SpatialMoE2d, smoe_layers
 
 CASES = {"32x64": ((32, 64), 8), "128x256": ((128, 256), 4)}
 PATHS = ("all", "used", "selected")
@@ -204,6 +209,69 @@ def measure_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+class NetworkStep:
+    """The SMoE-U-Net 16/32/64 of the studies (land-sea prior of :func:`land_sea`, coherent gates, RC q = 0.3, no
+    damping) with ``expert_compute=path``, or its dense twin (``path`` None), Adam, and a fixed random batch."""
+
+    def __init__(self, grid: tuple[int, int], batch: int, path: str | None, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        smoe = dict(smoe=True, grid=grid, land_sea_prior=land_sea(grid).float(), gate_init="coherent",
+                    damping=None) if path is not None else {}
+        self.net = PostprocessingUNet(8, levels=3, widths=(16, 32, 64), out_channels=2, **smoe)
+        for layer in smoe_layers(self.net):
+            layer.expert_compute = path
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(batch, 8, *grid, generator=g)
+        self.y = torch.randn(batch, 2, *grid, generator=g)
+
+    def train(self) -> None:
+        self.net.train()
+        self.opt.zero_grad()
+        torch.nn.functional.mse_loss(self.net(self.x), self.y).backward()
+        self.opt.step()
+
+    def infer(self) -> None:
+        self.net.eval()
+        with torch.no_grad():
+            self.net(self.x)
+
+
+def measure_networks(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Training step and inference forward of the SMoE-U-Net 16/32/64 per path against its dense twin, wall time in
+    interleaved rounds (median of the per-round ratios)."""
+    grid, batch = CASES[name]
+    nets = {"dense": NetworkStep(grid, batch, None), **{p: NetworkStep(grid, batch, p) for p in ("used", "selected")}}
+    out: dict[str, Any] = {"grid": list(grid), "batch": batch}
+    calls = max(1, args.steps // 5)
+    for what in ("train", "infer"):
+        for net in nets.values():
+            warm_up(getattr(net, what), args.warmup)
+        steps = {k: getattr(n, what) for k, n in nets.items()}
+        rounds = interleave({k: (lambda f=f: block_seconds(f, calls)) for k, f in steps.items()},
+                            args.rounds, on_round=lambda r, so_far, what=what: print(
+                                f"{name} network {what} round {r}: " + ", ".join(
+                                    f"{k} {v[-1] * 1e3:.1f} ms" for k, v in so_far.seconds.items()), flush=True))
+        out[what] = {"dense_ms": rounds.median("dense") * 1e3,
+                     **{p: {"ms": rounds.median(p) * 1e3, "ratio": rounds.ratio(p, "dense"),
+                            "round_ratios": rounds.ratios(p, "dense")} for p in ("used", "selected")}}
+    return out
+
+
+def network_markdown(networks: dict[str, Any]) -> list[str]:
+    """The networks' table: ms and ratio to the dense twin per path."""
+    lines = ["## SMoE-U-Net 16/32/64 against the U-Net 16/32/64 (whole network)", "",
+             "| grid, batch | what | dense ms | used ms | used / dense | selected ms | selected / dense |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for case in networks.values():
+        h, w = case["grid"]
+        for what in ("train", "infer"):
+            r = case[what]
+            lines.append(f"| {h} × {w}, {case['batch']} | {what} | {r['dense_ms']:.1f} | {r['used']['ms']:.1f} | "
+                         f"×{r['used']['ratio']:.2f} | {r['selected']['ms']:.1f} | ×{r['selected']['ratio']:.2f} |")
+    return lines + [""]
+
+
 def markdown(cases: dict[str, Any], machine: Machine, threads: int, rounds: int) -> list[str]:
     lines = [f"# One SMoE layer's training step, split into parts (CPU, {threads} thread(s))", "",
              f"Load average at start {machine.load_start}, at end {load_average()}; {machine.record()['cpu']}; "
@@ -237,13 +305,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--no-networks", action="store_true", help="the layer only, not the whole SMoE-U-Net")
     parser.add_argument("--out-name", default="smoe_profile_cpu")
     args = parser.parse_args(argv)
     threads = pin_threads(args.threads)
     machine = Machine()
     cases = {name: measure_case(name, args) for name in args.cases}
-    result = {"threads": threads, "cases": cases, "parts": list(PARTS)}
-    write_results(RESULTS / args.out_name, result, markdown(cases, machine, threads, args.rounds), machine=machine)
+    networks = {} if args.no_networks else {name: measure_networks(name, args) for name in args.cases}
+    result = {"threads": threads, "cases": cases, "parts": list(PARTS), "networks": networks}
+    lines = markdown(cases, machine, threads, args.rounds) + (network_markdown(networks) if networks else [])
+    write_results(RESULTS / args.out_name, result, lines, machine=machine)
 
 
 if __name__ == "__main__":
