@@ -1,15 +1,23 @@
 """EMOS out of core on dask: fit, apply, ECC-Q members and quantiles on arrays chunked over space,
-streamed to zarr chunk by chunk; nothing is loaded whole.
+streamed to zarr chunk by chunk; the archive is never loaded whole.
 
 Fit, in two stages:
 
 1. **stage**: the training ensemble is reduced over its members (mean and variance, ddof = 1; with
-   ``predictors="members"`` the members are kept) and written beside the output, with the truth at the valid
-   times, as a temporary zarr chunked over (time, space) — one pass over the archive in its own chunks;
-2. **fit**: per grid point / site (``local``), every spatial block of the staged store (all times) is one
-   task that fits its points (the batched Newton solver of :mod:`.emos`); global (pooled over space), every
-   Newton iteration is one pass of per-block sums of the CRPS and its derivatives (:func:`.emos.fit_blocks`),
-   reduced over the blocks. Rolling windows (:mod:`.rolling`) add the forecast date as a group dim.
+   ``predictors="members"`` the members are kept) with the truth at the valid times, in one pass over the archive
+   in its own chunks. When the reduced arrays fit :data:`MEMORY_BYTES` and dask runs here (no cluster or the
+   local one), that pass computes them straight into memory (the peak is about twice their size while dask joins
+   the chunks); otherwise (the members form of a large archive, an external ``tcp://`` cluster) they are written
+   beside the output as a temporary zarr chunked over (time, space) and reopened in fit blocks;
+2. **fit**: per grid point / site (``local``), every spatial block (all times) is one task that fits its points
+   (the batched Newton solver of :mod:`.emos`); global (pooled over space), every Newton iteration is one pass of
+   per-block sums of the CRPS and its derivatives (:func:`.emos.fit_blocks`), reduced over the blocks in block
+   order. Rolling windows (:mod:`.rolling`) add the forecast date as a group dim. The blocks of an in-memory stage
+   run on a thread pool in this process (numpy releases the GIL), those of a zarr stage as dask tasks on the
+   cluster; both read the same values in the same blocks, so the coefficients are bit-identical.
+
+The fits start when the stage is complete: every block needs all inits, the archive holds one init per chunk, and
+the data counts (:mod:`.validate`) refuse a fit before anything is fitted.
 
 Apply: μ, σ, the ECC-Q members and the quantiles are lazy functions of the forecast's own chunks (every one is
 independent per point, init and lead) and are written together in one pass, so each chunk is read once.
@@ -21,8 +29,12 @@ Where dask runs follows ``smoe data prepare`` (:func:`pipelines.compute.dask_cli
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +51,8 @@ MEMBER = "member"
 
 BLOCK_BYTES = 48e6  # staged float64 bytes per fit task (all times of one spatial block)
 CHUNK_BYTES = 4e6  # bytes per chunk of the staged store
+MEMORY_BYTES = 1.5e9  # reduced training arrays up to this size are held in memory (no zarr); peak ≈ twice this
+IN_MEMORY = "staged_in_memory"  # attribute of a stage held in memory (its blocks are fitted on threads here)
 
 
 @contextlib.contextmanager
@@ -124,18 +138,37 @@ def _space_block(ds: xr.Dataset, local_window: int) -> int:
 
 
 def stage(arrays: xr.Dataset, path: Path, client: Any, progress: bool, window_factor: int = 1) -> xr.Dataset:
-    """Write :func:`training_arrays` to a zarr at ``path`` chunked over (time, space) and reopen it with
-    chunks of all times × one spatial block (the fit tasks)."""
+    """:func:`training_arrays` computed into memory (within :data:`MEMORY_BYTES`) or written to a zarr at ``path``
+    chunked over (time, space) and reopened; either way chunked as the fit tasks: all times × one spatial block."""
     return stage_with(arrays, path, client, progress, window_factor)[0]
 
 
+def in_memory(arrays: xr.Dataset, client: Any, memory_bytes: float | None = None) -> bool:
+    """Whether :func:`stage_with` holds ``arrays`` in memory: they fit ``memory_bytes`` (default
+    :data:`MEMORY_BYTES`) and dask runs here (no cluster, or the local one; an external cluster stages on disk,
+    where its workers read and fit the blocks)."""
+    budget = MEMORY_BYTES if memory_bytes is None else memory_bytes
+    here = client is None or getattr(client, "cluster", None) is not None
+    return here and sum(v.nbytes for v in arrays.data_vars.values()) <= budget
+
+
 def stage_with(arrays: xr.Dataset, path: Path, client: Any, progress: bool, window_factor: int = 1,
-               extra: Any = None) -> tuple[xr.Dataset, Any]:
+               extra: Any = None, memory_bytes: float | None = None) -> tuple[xr.Dataset, Any]:
     """:func:`stage`, with ``extra`` (a lazy collection, e.g. the counts of :func:`.validate.data_counts`)
-    computed in the same pass (each input chunk read once): (staged store, computed ``extra``)."""
+    computed in the same pass (each input chunk read once): (staged data, computed ``extra``).
+
+    In memory (:func:`in_memory`): one compute of the reduced arrays (the values the zarr would hold, so the fits
+    are bit-identical), wrapped in dask chunks of the fit blocks and marked :data:`IN_MEMORY`; else the zarr."""
     first = next(v for v in arrays.data_vars.values())
     sp = space_dims(first)
     rows = _space_block(arrays, window_factor)
+    fit_chunks = {"time": -1, sp[0]: rows, **{d: -1 for d in arrays.dims if d not in ("time", sp[0])}}
+    if in_memory(arrays, client, memory_bytes):
+        held, done = compute([arrays, extra], client, progress,
+                             f"reading the training data ({first.sizes['time']} inits) into memory")
+        held = held.chunk(fit_chunks, token=uuid.uuid4().hex)  # no hashing of the data for dask's names
+        held.attrs[IN_MEMORY] = 1
+        return held, done
     point_bytes = first.dtype.itemsize * int(np.prod([first.sizes[d] for d in _group_dims(first)]))
     point_bytes *= rows * int(np.prod([first.sizes[d] for d in sp[1:]]))
     tc = int(max(1, min(first.sizes["time"], CHUNK_BYTES // max(point_bytes, 1))))
@@ -146,8 +179,32 @@ def stage_with(arrays: xr.Dataset, path: Path, client: Any, progress: bool, wind
     delayed = ds.to_zarr(path, mode="w", compute=False, zarr_format=2, consolidated=True)
     _, done = compute([delayed, extra], client, progress,
                       f"staging the training data ({first.sizes['time']} inits) to {path.name}")
-    return xr.open_zarr(path, chunks={"time": -1, sp[0]: rows, **{d: -1 for d in arrays.dims
-                                                                  if d not in ("time", sp[0])}}), done
+    return xr.open_zarr(path, chunks=fit_chunks), done
+
+
+def _fit_threads(client: Any) -> int:
+    """Threads of the in-memory fits: the local cluster's, else dask's local scheduler's."""
+    if client is not None:
+        return max(1, sum(client.nthreads().values()))
+    if dask.config.get("scheduler", None) in ("synchronous", "sync", "single-threaded"):
+        return 1
+    return max(1, int(dask.config.get("num_workers", None) or os.cpu_count() or 1))
+
+
+@contextlib.contextmanager
+def _fit_pool(staged: xr.Dataset, client: Any) -> Iterator[ThreadPoolExecutor | None]:
+    """A thread pool for the blocks of an in-memory stage (numpy releases the GIL); None for a zarr stage."""
+    if not staged.attrs.get(IN_MEMORY):
+        yield None
+        return
+    with ThreadPoolExecutor(_fit_threads(client), thread_name_prefix="emos-fit") as pool:
+        yield pool
+
+
+def _held(block: tuple[Any, Any, Any, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A block of an in-memory stage as numpy (its one chunk per array, computed here, not on the cluster)."""
+    xa, va, ya = dask.compute(*block[:3], scheduler="sync")
+    return xa, va, ya, block[3]
 
 
 def _samples(xm: np.ndarray, v: np.ndarray, y: np.ndarray, wsp: np.ndarray, local: bool,
@@ -217,83 +274,109 @@ def _coefficient_labels(k: int, members: Sequence[Any] | None) -> list[str]:
     return ["a", *[f"b_{m}" for m in members], "c", "d"]  # type: ignore[union-attr]
 
 
+def _blocks(staged: xr.Dataset, xkey: str, name: str, local: bool) -> list[tuple[Any, Any, Any, np.ndarray]]:
+    """Per spatial block of the stage (its chunks along the first spatial dim): (x (g0, T, p[, M]), var (g0, T, p),
+    truth (g0, T, p), weights (p,)); global fits weight grid points by latitude, sites and local fits equally."""
+    from smoeweather.metrics.weights import latitude_weights
+
+    xm, v, y = staged[xkey], staged[f"{name}__var"], staged[f"{name}__truth"]
+    sp = space_dims(v)
+    groups = _group_dims(v)
+    if "latitude" in sp and not local:
+        wsp_full = latitude_weights(staged["latitude"]).broadcast_like(
+            v.isel({d: 0 for d in ("time", *groups)}, drop=True)).transpose(*sp).values
+    else:
+        wsp_full = np.ones([v.sizes[d] for d in sp])
+    members = (staged.sizes[MEMBER],) if xkey.endswith("__members") else ()
+    starts = np.cumsum((0,) + v.chunks[v.get_axis_num(sp[0])])
+    shape = (int(np.prod([v.sizes[d] for d in groups], dtype=np.int64)), v.sizes["time"], -1)
+    blocks = []
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        sel = {sp[0]: slice(int(lo), int(hi))}
+        blocks.append((xm.isel(sel).data.reshape(shape + members), v.isel(sel).data.reshape(shape),
+                       y.isel(sel).data.reshape(shape), wsp_full[int(lo):int(hi)].reshape(-1)))
+    return blocks
+
+
+def _local_parts(blocks: list[tuple[Any, Any, Any, np.ndarray]], args: tuple[Any, ...],
+                 pool: ThreadPoolExecutor | None, client: Any, progress: bool, label: str) -> list[np.ndarray]:
+    """Per block, :func:`_fit_local` (``args``: its arguments after the arrays): one dask task per block on
+    ``client``, or, for an in-memory stage, on ``pool``."""
+    if pool is None:
+        tasks = [dask.delayed(_fit_local)(xa, va, ya, wa, *args) for xa, va, ya, wa in blocks]
+        return compute(tasks, client, progress, f"{label}: {len(tasks)} blocks of points")
+    t0 = time.perf_counter()
+    parts = list(pool.map(lambda b: _fit_local(*_held(b), *args), blocks))
+    if progress:
+        print(f"{label}: {len(blocks)} blocks of points (in memory) in {time.perf_counter() - t0:.1f} s", flush=True)
+    return parts
+
+
+def _pooled_sums(fn: Callable[[Block], dict[str, np.ndarray]], blocks: list[tuple[Any, Any, Any, np.ndarray]],
+                 win: tuple[np.ndarray, np.ndarray] | None, pool: ThreadPoolExecutor | None, client: Any,
+                 label: str) -> dict[str, np.ndarray]:
+    """``fn`` of every block summed over the blocks, in block order (dask tasks, or ``pool`` in memory)."""
+    if pool is not None:
+        return _sum_dicts(list(pool.map(lambda b: _pooled_part(fn, *_held(b), win), blocks)))
+    parts = [dask.delayed(_pooled_part)(fn, xa, va, ya, wa, win) for xa, va, ya, wa in blocks]
+    return compute(dask.delayed(_sum_dicts)(parts), client, False, label)
+
+
 def fit_staged(staged: xr.Dataset, names: Sequence[str], local: bool, client: Any, progress: bool,
                window: tuple[pd.DatetimeIndex, np.ndarray, np.ndarray] | None = None,
                members: Sequence[Any] | None = None, space_coords: dict[str, Any] | None = None,
                iterations: int = 50, min_samples: int | None = None, distribution: str = "normal") -> xr.Dataset:
     """EMOS coefficients in :func:`~.emos.fit_emos` form (per variable: dims groups…, [``time`` = forecast
-    date], [space…], ``coefficient``) from a :func:`stage`-d store.
+    date], [space…], ``coefficient``) from a :func:`stage`-d store (a zarr, or held in memory: :data:`IN_MEMORY`,
+    its blocks then fitted on a thread pool here rather than as dask tasks; the same numbers either way).
 
     ``window``: (dates, idx, valid) of :func:`.rolling.window_index`. ``members``: member labels of the
     members form. ``min_samples``: fewest valid samples of a local fit (default 2 × its parameter count).
     Global fits weight grid points by latitude (as :func:`~.emos.fit_emos`), sites equally.
     ``distribution``: ``normal`` or ``truncnormal`` (:mod:`.distributions`).
     """
-    from smoeweather.metrics.weights import latitude_weights
-
     out = {}
     n_groups = n_bad = n_empty = 0
     win = (window[1], window[2]) if window is not None else None
-    for name in names:
-        xkey = f"{name}__mean" if f"{name}__mean" in staged else f"{name}__members"
-        xm, v, y = staged[xkey], staged[f"{name}__var"], staged[f"{name}__truth"]
-        sp = space_dims(v)
-        groups = _group_dims(v)
-        gshape = [v.sizes[d] for d in groups]
-        k = 2 if xkey.endswith("__mean") else staged.sizes[MEMBER] + 1
-        if "latitude" in sp and not local:
-            wsp_full = latitude_weights(staged["latitude"]).broadcast_like(
-                v.isel({d: 0 for d in ("time", *groups)}, drop=True)).transpose(*sp).values
-        else:
-            wsp_full = np.ones([v.sizes[d] for d in sp])
-        starts = np.cumsum((0,) + v.chunks[v.get_axis_num(sp[0])])
-        blocks = []
-        for lo, hi in zip(starts[:-1], starts[1:]):
-            sel = {sp[0]: slice(int(lo), int(hi))}
-            g0 = int(np.prod(gshape, dtype=np.int64))
-            shape = (g0, v.sizes["time"], -1)
-            xa = xm.isel(sel).data.reshape(shape + ((staged.sizes[MEMBER],) if k > 2 else ()))
-            blocks.append((xa, v.isel(sel).data.reshape(shape), y.isel(sel).data.reshape(shape),
-                           wsp_full[int(lo):int(hi)].reshape(-1)))
-        ms = min_samples if min_samples is not None else 2 * (k + 2)
-        label = f"EMOS fit of {name}"
-        if local:
-            tasks = [dask.delayed(_fit_local)(xa, va, ya, wa, win, iterations, ms, distribution)
-                     for xa, va, ya, wa in blocks]
-            parts = compute(tasks, client, progress, f"{label}: {len(tasks)} blocks of points")
-            npts = [int(np.prod(b[1].shape[2:])) for b in blocks]
-            d = len(window[0]) if window is not None else 1
-            # per block: (g0, [D,] p) groups → concatenate the blocks along p
-            arrs = [p.reshape(int(np.prod(gshape)), d, n, -1) for p, n in zip(parts, npts)]
-            coef = np.concatenate(arrs, 2)  # (g0, D, P, K + 3)
-            shape = [*gshape, *([d] if window is not None else []), *[v.sizes[s] for s in sp], coef.shape[-1]]
-            coef = coef.reshape(shape)
-            dims = [*groups, *(["time"] if window is not None else []), *sp]
-        else:
-            def reduce(fn: Callable[[Block], dict[str, np.ndarray]], blocks: list = blocks, label: str = label
-                       ) -> dict[str, np.ndarray]:
-                parts = [dask.delayed(_pooled_part)(fn, xa, va, ya, wa, win) for xa, va, ya, wa in blocks]
-                return compute(dask.delayed(_sum_dicts)(parts), client, False, label)
-
-            t0 = time.perf_counter()
-            c, ok = fit_blocks(reduce, iterations=iterations, distribution=distribution)
-            if progress:
-                print(f"{label}: pooled over {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s", flush=True)
-            coef = np.concatenate([c, ok[:, None].astype(np.float64)], 1)
-            d = len(window[0]) if window is not None else None
-            coef = coef.reshape([*gshape, *([d] if d else []), coef.shape[-1]])
-            dims = [*groups, *(["time"] if window is not None else [])]
-        ok = coef[..., -1] > 0.5
-        n_groups += ok.size
-        n_bad += int((~ok).sum())
-        n_empty += int(np.isnan(coef[..., 0]).sum())
-        coords = {d: staged[d].values for d in groups}
-        if window is not None:
-            coords["time"] = window[0].values
-        if local:
-            coords.update({d: staged[d].values for d in sp})
-        out[name] = xr.DataArray(coef[..., :-1], dims=(*dims, "coefficient"),
-                                 coords={**coords, "coefficient": _coefficient_labels(k, members)})
+    d = len(window[0]) if window is not None else None
+    with _fit_pool(staged, client) as pool:
+        for name in names:
+            xkey = f"{name}__mean" if f"{name}__mean" in staged else f"{name}__members"
+            v = staged[f"{name}__var"]
+            sp, groups = space_dims(v), _group_dims(v)
+            gshape = [v.sizes[g] for g in groups]
+            k = 2 if xkey.endswith("__mean") else staged.sizes[MEMBER] + 1
+            blocks = _blocks(staged, xkey, name, local)
+            ms = min_samples if min_samples is not None else 2 * (k + 2)
+            label = f"EMOS fit of {name}"
+            if local:
+                parts = _local_parts(blocks, (win, iterations, ms, distribution), pool, client, progress, label)
+                # per block: (g0, [D,] p) groups → concatenate the blocks along p
+                arrs = [p.reshape(int(np.prod(gshape)), 1 if d is None else d, int(np.prod(b[1].shape[2:])), -1)
+                        for p, b in zip(parts, blocks)]
+                coef = np.concatenate(arrs, 2)  # (g0, D, P, K + 3)
+                coef = coef.reshape([*gshape, *([] if d is None else [d]), *[v.sizes[s] for s in sp], coef.shape[-1]])
+                dims = [*groups, *(["time"] if window is not None else []), *sp]
+            else:
+                t0 = time.perf_counter()
+                reduce = functools.partial(_pooled_sums, blocks=blocks, win=win, pool=pool, client=client, label=label)
+                c, ok = fit_blocks(reduce, iterations=iterations, distribution=distribution)
+                if progress:
+                    print(f"{label}: pooled over {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s", flush=True)
+                coef = np.concatenate([c, ok[:, None].astype(np.float64)], 1)
+                coef = coef.reshape([*gshape, *([] if d is None else [d]), coef.shape[-1]])
+                dims = [*groups, *(["time"] if window is not None else [])]
+            ok = coef[..., -1] > 0.5
+            n_groups += ok.size
+            n_bad += int((~ok).sum())
+            n_empty += int(np.isnan(coef[..., 0]).sum())
+            coords = {g: staged[g].values for g in groups}
+            if window is not None:
+                coords["time"] = window[0].values
+            if local:
+                coords.update({s: staged[s].values for s in sp})
+            out[name] = xr.DataArray(coef[..., :-1], dims=(*dims, "coefficient"),
+                                     coords={**coords, "coefficient": _coefficient_labels(k, members)})
     params = xr.Dataset(out)
     if space_coords and local:
         params = params.assign_coords(space_coords)
