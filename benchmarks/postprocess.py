@@ -32,7 +32,7 @@ HALF_DEGREE_POINTS = 361 * 720
 
 def _groups() -> tuple[np.ndarray, ...] | tuple[Any, ...]:
     """(m, v, y, w) (G, S) per-grid-point arrays and a description of the source."""
-    from smoeweather.data import ensembles as stores
+    from smoeweather.data import forecast_stores as stores
 
     path = SHARED / "gcm_ens" / "gcm_ens_2005.nc"
     if path.is_file():

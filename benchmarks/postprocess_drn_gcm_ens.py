@@ -33,7 +33,7 @@ def main() -> None:
     import xarray as xr
 
     from smoeweather.cli import main as smoe
-    from smoeweather.data import ensembles
+    from smoeweather.data import forecast_stores as ensembles
     from smoeweather.metrics.probabilistic import crps_gaussian as crps_normal
     from smoeweather.metrics.weights import latitude_weights
 

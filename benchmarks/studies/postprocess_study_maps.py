@@ -21,7 +21,7 @@ import xarray as xr
 
 from benchmarks.harness import Machine, write_results
 from smoeweather.config import read_config
-from smoeweather.data.ensembles import open_static
+from smoeweather.data.forecast_stores import open_static
 from smoeweather.metrics import probabilistic
 from smoeweather.postprocess.emos import apply_emos, fit_emos
 from smoeweather.postprocess.neural import apply_checkpoint
