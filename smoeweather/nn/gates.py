@@ -236,8 +236,9 @@ class TensorRoutingGate(nn.Module):
         ``weight.data.copy_()``, which do not bump the version counter, and froze the routing. Only a bumped
         counter skips the comparison (the weight was written in place: the selection is made anew). Accelerators
         and ``torch.compile`` recompute every call (a value check would be a host synchronisation).
-        When a weight update leaves the selection as it was, the selection memo (used experts, their index) is kept
-        too.
+        After an update the top-k is not taken anew: :class:`IncrementalTopK` re-ranks only the locations where the
+        update may have re-ordered the experts (bitwise the full ``topk``). When it leaves the selection as it was,
+        the selection memo (used experts, their index, the selected path's plan) is kept too.
         """
         weight = self.weight.detach()
         # not under inference_mode (Lightning's validation): its tensors cannot be saved for backward, so a
