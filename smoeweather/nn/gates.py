@@ -114,7 +114,7 @@ class IncrementalTopK:
             return idx, torch.full(ranked.shape[1:], math.inf, dtype=torch.float64)
         return idx, (ranked[:-1] - ranked[1:]).amin(0).mul_(_GAP_MARGIN)
 
-    def refresh(self, weight: torch.Tensor) -> bool:
+    def rerank_stale(self, weight: torch.Tensor) -> bool:
         """Re-rank the locations the drift may have re-ordered; True if any selected index changed (then
         :attr:`idx` is a new tensor, else the same one)."""
         stale = ~(self.drift * (2.0 * _DRIFT_MARGIN) < self.gap)  # (NaN: stale)
@@ -260,7 +260,7 @@ class TensorRoutingGate(nn.Module):
             top = self._tops[int(k)] = IncrementalTopK(weight, int(k))
             changed = True
         else:
-            changed = top.refresh(weight)
+            changed = top.rerank_stale(weight)
         previous = self._previous.get(key)
         # the update kept the selection: the same index tensor (never written in place), or equal values
         if previous is not None and (previous.idx.data_ptr() == top.idx.data_ptr() if not changed

@@ -6,8 +6,8 @@ Fit, in two stages:
 1. **stage**: the training ensemble is reduced over its members (mean and variance, ddof = 1; with
    ``predictors="members"`` the members are kept) with the truth at the valid times, in one pass over the archive
    in its own chunks. When the reduced arrays fit :data:`MEMORY_BYTES` and dask runs here (no cluster or the
-   local one), that pass computes them straight into memory (the peak is about twice their size while dask joins
-   the chunks); otherwise (the members form of a large archive, an external ``tcp://`` cluster) they are written
+   local one), that pass computes them straight into memory, every chunk stored in place in arrays allocated once;
+   otherwise (the members form of a large archive, an external ``tcp://`` cluster) they are written
    beside the output as a temporary zarr chunked over (time, space) and reopened in fit blocks;
 2. **fit**: per grid point / site (``local``), every spatial block (all times) is one task that fits its points
    (the batched Newton solver of :mod:`.emos`); global (pooled over space), every Newton iteration is one pass of
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -51,7 +52,7 @@ MEMBER = "member"
 
 BLOCK_BYTES = 48e6  # staged float64 bytes per fit task (all times of one spatial block)
 CHUNK_BYTES = 4e6  # bytes per chunk of the staged store
-MEMORY_BYTES = 1.5e9  # reduced training arrays up to this size are held in memory (no zarr); peak ≈ twice this
+MEMORY_BYTES = 1.5e9  # reduced training arrays up to this size are held in memory (no zarr)
 IN_MEMORY = "staged_in_memory"  # attribute of a stage held in memory (its blocks are fitted on threads here)
 
 
@@ -164,10 +165,8 @@ def stage_with(arrays: xr.Dataset, path: Path, client: Any, progress: bool, wind
     rows = _space_block(arrays, window_factor)
     fit_chunks = {"time": -1, sp[0]: rows, **{d: -1 for d in arrays.dims if d not in ("time", sp[0])}}
     if in_memory(arrays, client, memory_bytes):
-        # on this process's threads, not the local cluster's worker processes: their results would be held by the
-        # workers, sent and joined here (3 copies at once: 4.8 GB peak at 1 deg x 51 members x 365 inits)
-        held = _read_into_memory(arrays, extra, client, progress)
-        done, held = held[1], held[0].chunk(fit_chunks, token=uuid.uuid4().hex)  # no hashing of the data
+        held, done = _read_into_memory(arrays, extra, client, progress)
+        held = held.chunk(fit_chunks, token=uuid.uuid4().hex)  # (a token: no hashing of the data for dask's names)
         held.attrs[IN_MEMORY] = 1
         return held, done
     point_bytes = first.dtype.itemsize * int(np.prod([first.sizes[d] for d in _group_dims(first)]))
@@ -328,7 +327,8 @@ def _local_parts(blocks: list[tuple[Any, Any, Any, np.ndarray]], args: tuple[Any
     t0 = time.perf_counter()
     parts = list(pool.map(lambda b: _fit_local(*_held(b), *args), blocks))
     if progress:
-        print(f"{label}: {len(blocks)} blocks of points (in memory) in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"{label}: {len(blocks)} blocks of points (in memory) in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
     return parts
 
 
