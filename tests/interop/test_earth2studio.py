@@ -8,6 +8,10 @@ checked without earth2studio; the runs skip without it (the ``earth2studio`` ext
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,39 @@ NETWORKS: dict[str, tuple[str, list[str]]] = {  # name → (config, overrides)
     "gaussian": ("world_dense", ["model.name=gaussian", "data.lead_h=24"]),
 }
 INITS = np.array(["2000-03-21T00", "2000-03-25T12"], "datetime64[ns]")  # 108 h apart: `--every 108h`
+
+
+def _frames(context: int = 1) -> list[inspect.FrameInfo]:
+    """``inspect.stack()`` without the source lines: the frames of the caller outward, each with its code's file."""
+    frame, frames = sys._getframe(1), []
+    while frame is not None:
+        frames.append(inspect.FrameInfo(frame, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, None,
+                                        None))
+        frame = frame.f_back
+    return frames
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _earth2studio_imported() -> Iterator[None]:
+    """earth2studio's modules, imported once for the file with a light ``inspect.stack``.
+
+    At import, earth2studio (0.19) names each optional-dependency group by ``inspect.stack()[1].filename``, 192
+    calls; under pytest's deep stack and thousands of loaded modules each call reads the source of every frame and
+    scans ``sys.modules`` (``inspect.getmodule``), about 1 s a call: ~100 s of this file's time, against 17 s for the
+    same import in a plain interpreter. The light stack gives the same file names without the source."""
+    if importlib.util.find_spec("earth2studio") is None:
+        yield
+        return
+    real = inspect.stack
+    inspect.stack = _frames
+    try:
+        import earth2studio.data  # noqa: F401
+        import earth2studio.io  # noqa: F401
+        import earth2studio.perturbation  # noqa: F401
+        import earth2studio.run  # noqa: F401
+    finally:
+        inspect.stack = real
+    yield
 
 
 def _checkpoint(name: str, world_store: str, out: Path) -> Path:
