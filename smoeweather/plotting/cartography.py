@@ -62,6 +62,11 @@ def projection(name: str = "robinson", central_longitude: float = 0.0) -> Any:
     raise ValueError(f"projection must be one of {PROJECTIONS}, got {name!r}")
 
 
+def signed_degrees(angle: np.ndarray | float) -> np.ndarray | float:
+    """An angle or longitude difference (degrees) as its equivalent in [-180, 180)."""
+    return (angle + 180.0) % 360.0 - 180.0
+
+
 def central_longitude_for(longitude: np.ndarray | None) -> float:
     """Central longitude within half a cell of 0° that puts the map's edge (central + 180°) on a cell edge.
 
@@ -71,7 +76,7 @@ def central_longitude_for(longitude: np.ndarray | None) -> float:
     if longitude is None or len(longitude) < 2:
         return 0.0
     edges = cell_edges(np.asarray(longitude, dtype=np.float64))
-    offsets = (edges - 180.0 + 180.0) % 360.0 - 180.0  # candidate central longitudes in [-180, 180)
+    offsets = signed_degrees(edges - 180.0)  # candidate central longitudes in [-180, 180)
     return float(offsets[np.argmin(np.abs(offsets))])
 
 
@@ -178,7 +183,7 @@ def projected_corners(ax: Any, lat_e: np.ndarray, lon_e: np.ndarray) -> tuple[np
     middle = 0.5 * (proj.x_limits[0] + proj.x_limits[1])
     centre = float(ccrs.PlateCarree().transform_point(middle, 0.0, proj)[0])  # the longitude at the map's centre
     edges = lon_e[:-1]
-    to_edge = (edges - (centre + 180.0) + 180.0) % 360.0 - 180.0  # signed distance to the map edge, degrees
+    to_edge = signed_degrees(edges - (centre + 180.0))  # signed distance to the map edge
     start = int(np.argmin(np.abs(to_edge)))
     if abs(to_edge[start]) > 1e-9:
         return None

@@ -108,8 +108,8 @@ def test_map_edge_falls_on_a_cell_edge() -> None:
 @pytest.mark.parametrize("proj", cartography.PROJECTIONS)
 def test_cells_drawn_as_projected_quads_look_as_cartopy_draws_them(proj: str) -> None:
     """The cells' corners are projected once (no cell split by cartopy at the map edge): the picture equals
-    cartopy's own ``pcolormesh`` of the same edges (every pixel within 2 of 255 in each channel but for anti-aliased
-    cell borders, < 1 % of the pixels), and the edge column's corners sit on the map's two sides."""
+    cartopy's own ``pcolormesh`` of the same edges (every channel of every pixel within 2/255, but for the
+    anti-aliased cell borders: < 1 % of the pixels), and the edge column's corners sit on the map's two sides."""
     import cartopy.crs as ccrs
     import matplotlib.pyplot as plt
 
