@@ -15,6 +15,8 @@ import xarray as xr
 
 pytest.importorskip("cartopy", reason="needs cartopy (the [maps] extra): pip install -e '.[maps]'")
 
+from conftest import SHARED_DATA, needs_shared  # noqa: E402
+
 from smoeweather.cli import main  # noqa: E402
 from smoeweather.io import write_netcdf  # noqa: E402
 from smoeweather.models import routing  # noqa: E402
@@ -105,29 +107,44 @@ def test_map_edge_falls_on_a_cell_edge() -> None:
     np.testing.assert_array_equal(cartography.refine_edges(np.array([0.0, 1.0, 3.0]), 2), [0, 0.5, 1, 2, 3])
 
 
+CANESM2 = "tas_Amon_CanESM2_rcp85_r1i1p1_200701-200712.nc"  # a real CMIP5 file: T63 Gaussian latitudes, 2.8125°
+
+
+def _field_on(grid: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(field, latitude, longitude): a smooth field on the 5.625° grid, or the first month of CanESM2's tas (K)."""
+    if grid == "regular":
+        lat, lon = routing.regular_grid(32, 64)
+        return np.cos(np.deg2rad(lat))[:, None] * np.sin(np.deg2rad(2 * lon))[None] + np.arange(64)[None] / 64, lat, lon
+    if not (SHARED_DATA / CANESM2).exists():
+        pytest.skip(needs_shared(CANESM2))
+    with xr.open_dataset(SHARED_DATA / CANESM2) as ds:
+        tas = ds["tas"].isel(time=0).sortby("lat").load()
+    return tas.values, tas["lat"].values, tas["lon"].values
+
+
+@pytest.mark.parametrize("grid", ["regular", "canesm2"])
 @pytest.mark.parametrize("proj", cartography.PROJECTIONS)
-def test_cells_drawn_as_projected_quads_look_as_cartopy_draws_them(proj: str) -> None:
+def test_cells_drawn_as_projected_quads_look_as_cartopy_draws_them(proj: str, grid: str) -> None:
     """The cells' corners are projected once (no cell split by cartopy at the map edge): the picture equals
     cartopy's own ``pcolormesh`` of the same edges (every channel of every pixel within 2/255, but for the
     anti-aliased cell borders: < 1 % of the pixels), and the edge column's corners sit on the map's two sides."""
     import cartopy.crs as ccrs
     import matplotlib.pyplot as plt
 
-    lat, lon = routing.regular_grid(32, 64)
-    field = np.cos(np.deg2rad(lat))[:, None] * np.sin(np.deg2rad(2 * lon))[None] + np.arange(64)[None] / 64
+    field, lat, lon = _field_on(grid)
+    lo, hi = float(np.nanmin(field)), float(np.nanmax(field))
 
     def picture(own: bool) -> np.ndarray:
         fig = plt.figure(figsize=(4, 2.2), dpi=80)
         ax = cartography.global_axes(fig, proj=proj, longitude=lon)
         if own:
-            cartography.draw_field(ax, field, lat, lon, vmin=-1, vmax=2)
+            cartography.draw_field(ax, field, lat, lon, vmin=lo, vmax=hi)
         else:
-            lat_e, lon_e, k = cartography.cell_edges(lat, -90, 90), cartography.cell_edges(lon), 1
-            if proj != "platecarree":
-                k = 3  # the refinement draw_field uses at 5.625°
-                lat_e, lon_e = cartography.refine_edges(lat_e, k), cartography.refine_edges(lon_e, k)
+            lat_e, lon_e = cartography.cell_edges(lat, -90, 90), cartography.cell_edges(lon)
+            k = 1 if proj == "platecarree" else int(np.ceil(max(np.diff(lat_e).max(), np.diff(lon_e).max()) / 2.0))
+            lat_e, lon_e = cartography.refine_edges(lat_e, k), cartography.refine_edges(lon_e, k)
             ax.pcolormesh(lon_e, lat_e, np.repeat(np.repeat(field, k, 0), k, 1), transform=ccrs.PlateCarree(),
-                          shading="flat", vmin=-1, vmax=2)
+                          shading="flat", vmin=lo, vmax=hi)
             ax.coastlines(resolution="110m", color="black", linewidth=0.7, path_effects=[
                 cartography.patheffects.withStroke(linewidth=1.8, foreground="white")])
             cartography.graticule(ax)
