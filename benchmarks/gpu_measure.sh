@@ -3,7 +3,8 @@
 # size, then the heat table and the GCM routing study side by side in the time left.
 #
 #   bash benchmarks/gpu_measure.sh prepare   # here, with network: .gpu/site.tar.xz (the packages the GPU image
-#                                            # lacks) and .gpu/gcm_year{1,2}.pack (the GCM world), ~49 MB
+#                                            # lacks), .gpu/gcm_year{1,2}.pack (the GCM world) and .gpu/export
+#                                            # (a checkpoint and its export, made at this commit), ~45 MB
 #   # then, through the device tool: carry [".gpu"], timeout_s 560
 #   bash benchmarks/gpu_measure.sh run       # on the GPU machine: everything packed into $OUT/gpu_measure.tar.gz
 #
@@ -12,7 +13,8 @@
 #   background from the start (CPU only): the 64x64 heat store (reference generator) and the GCM-world store;
 #   1. correctness, side by side (not timed): the CUDA-only tests; gpu_check.py correctness (SMoE ResNet and
 #      SMoE-U-Net, 20 steps CUDA against CPU, dropout off); gpu_check.py selected (expert_compute="selected"
-#      against "all"; "not available" where the layer lacks it);
+#      against "all"; "not available" where the layer lacks it); gpu_export.py check (`smoe forecast` from the
+#      export folder against the checkpoint on the device, and model.onnx in onnxruntime against torch);
 #   2. gpu_compile.py (timed, alone): eager / CUDA-graph / torch.compile steps of SMoE networks against dense
 #      twins, and the layer at batch 64 and 16, fp32 and bf16; profiles where a target is missed;
 #   5. gpu_paper.py (timed, alone): gcm_128x19 dense and SMoE, samples/s and peak memory at batch 8..64;
@@ -28,7 +30,7 @@ GPU=.gpu
 # What the GPU image lacks (../shared/tools/gpu/README.md; pytest, pluggy, iniconfig are there), zarr and
 # numcodecs at the versions the project is tested with; cftime is imported by smoeweather itself.
 PACKAGES=(zarr==3.1.6 numcodecs==0.16.6 donfig google-crc32c dask partd locket cftime bottleneck lazy-importer
-          importlib-metadata tblib h5netcdf)
+          importlib-metadata tblib h5netcdf safetensors)
 WORLD=${GCM_WORLD_DIR:-../shared/data/gcm_world}
 
 case "${1:-}" in
@@ -40,6 +42,7 @@ case "${1:-}" in
       --platform manylinux2014_x86_64 --dest "$wheels" "${PACKAGES[@]}"
     "$PY" -m benchmarks.gpu_pack site "$GPU/site.tar.xz" "$wheels"/*.whl
     rm -rf "$wheels" "$GPU/wheels"
+    "$PY" -m benchmarks.gpu_export prepare --out "$GPU/export" > /dev/null  # the code of this commit: always anew
     for y in 1 2; do
       [ -f "$GPU/gcm_year$y.pack" ] || "$PY" -m benchmarks.gpu_pack gcm "$GPU/gcm_year$y.pack" \
         "$WORLD/gcm_5.625deg_year$y.nc"
@@ -111,7 +114,9 @@ case "${1:-}" in
       --steps "${CHECK_STEPS:-20}" & p2=$!
     part selected "${CHECK_TIMEOUT:-120}" python -m benchmarks.gpu_check selected --device "$DEVICE" --out "$RES" \
       --steps "${CHECK_STEPS:-20}" & p3=$!
-    for p in $p1 $p2 $p3; do wait "$p" || status=$?; done
+    part export "${CHECK_TIMEOUT:-120}" python -m benchmarks.gpu_export check --prepared "$GPU/export" --device "$DEVICE" \
+      --out "$RES" --work $S/gpu_export & p4=$!
+    for p in $p1 $p2 $p3 $p4; do wait "$p" || status=$?; done
     pack
     # 2. the launch-bound step (timed; the background data jobs are CPU-only and niced)
     part compile "${COMPILE_TIMEOUT:-170}" python -m benchmarks.gpu_compile --device "$DEVICE" --out "$RES" \

@@ -7,8 +7,10 @@ and longitude (a Lorenzo predictor), zig-zag coded, split into high and low byte
 xz (lzma, preset 9e). Lossless: the round trip is checked when packing (values bit-identical).
 ``unpack PACK OUT.nc``: rebuild the netCDF (CF-packed int16 as stored) with xarray and h5netcdf (or netCDF4);
 lzma from the standard library.
-``site OUT.tar.xz WHEEL...``: the wheels unzipped into one tree (tests dropped), xz-compressed: ~7.5 MB against
-~13 MB of wheels; on the device extracting it into /tmp/site installs them (pure copies, no pip).
+``site OUT.tar.xz WHEEL...``: the wheels unzipped into one tree (tests and the libraries' debug data dropped),
+xz-compressed: ~2 MB against ~13 MB of wheels; on the device extracting it into /tmp/site installs them (pure
+copies, no pip).
+A pack is data: ``.npz`` arrays and JSON text, read with ``allow_pickle=False``.
 
     python -m benchmarks.gpu_pack gcm .gpu/gcm_year1.pack ../shared/data/gcm_world/gcm_5.625deg_year1.nc
     python -m benchmarks.gpu_pack unpack .gpu/gcm_year1.pack $SCRATCH/gcm_world/gcm_5.625deg_year1.nc
@@ -18,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import lzma
-import pickle
+import shutil
+import subprocess
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ PACKED = ("geopotential", "temperature")
 CONSTANTS = ("land_sea_mask", "geopotential_at_surface")
 COORDS = ("time", "level", "latitude", "longitude")
 XZ = 9 | lzma.PRESET_EXTREME
+PACK_FORMAT = "smoeweather-gcm-pack-2"
 DIFF_AXES = (0, 1, 3)  # time, level, longitude of (time, level, latitude, longitude)
 
 
@@ -57,8 +63,25 @@ def decode(payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
     return r.astype(np.int16)
 
 
+def _attr_json(value: Any) -> Any:
+    """An attribute as JSON: numpy scalars and arrays keep their dtype (``scale_factor`` float64, ``_FillValue``
+    int16: CF decoding reads them), other values as they are."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return {"dtype": value.dtype.str, "value": np.asarray(value).tolist()}
+    return value
+
+
+def _attr_value(doc: Any) -> Any:
+    """Inverse of :func:`_attr_json`."""
+    if isinstance(doc, dict):
+        value = np.asarray(doc["value"], dtype=np.dtype(doc["dtype"]))
+        return value[()] if value.ndim == 0 else value
+    return doc
+
+
 def pack_gcm(out: Path, src: Path, until: str | None) -> float:
-    """Write the pack of ``src`` (through ``until``, a time label) to ``out``; returns its size in MB."""
+    """Write the pack of ``src`` (through ``until``, a time label) to ``out``, an ``.npz`` of plain arrays (the
+    Lorenzo payloads as uint8) with the layout and attributes as JSON text; returns its size in MB."""
     import xarray as xr
 
     ds = xr.open_dataset(src, mask_and_scale=False)
@@ -67,34 +90,49 @@ def pack_gcm(out: Path, src: Path, until: str | None) -> float:
     missing = [v for v in PACKED + CONSTANTS if v not in ds]
     if missing:
         raise ValueError(f"{src}: no variables {missing}; expected a gcm_5.625deg_yearN.nc GCM-world file")
-    doc: dict[str, Any] = {"coords": {k: (ds[k].dims, ds[k].values, dict(ds[k].attrs)) for k in COORDS},
-                           "attrs": dict(ds.attrs), "vars": {}}
-    for v in PACKED:
+    layout: dict[str, Any] = {"format": PACK_FORMAT, "attrs": dict(ds.attrs), "coords": {}, "vars": {}}
+    arrays: dict[str, np.ndarray] = {}
+    for k in COORDS:
+        layout["coords"][k] = {"dims": list(ds[k].dims), "attrs": {a: _attr_json(v) for a, v in ds[k].attrs.items()}}
+        arrays[f"coord/{k}"] = ds[k].values
+    for v in PACKED + CONSTANTS:
         raw = ds[v].values
-        if ds[v].dims != COORDS or raw.dtype != np.int16:
+        kind = "lorenzo" if v in PACKED else "raw"
+        if kind == "lorenzo" and (ds[v].dims != COORDS or raw.dtype != np.int16):
             raise ValueError(f"{src}: {v} is {raw.dtype} {ds[v].dims}; expected int16 {COORDS} as stored")
-        payload = encode(raw)
-        if not np.array_equal(decode(payload, raw.shape), raw):
-            raise AssertionError(f"{src}: {v} does not round-trip")
-        doc["vars"][v] = ("lorenzo", ds[v].dims, raw.shape, payload, dict(ds[v].attrs))
-    for v in CONSTANTS:
-        doc["vars"][v] = ("raw", ds[v].dims, ds[v].shape, ds[v].values, dict(ds[v].attrs))
+        if kind == "lorenzo":
+            payload = encode(raw)
+            if not np.array_equal(decode(payload, raw.shape), raw):
+                raise AssertionError(f"{src}: {v} does not round-trip")
+            arrays[f"var/{v}"] = np.frombuffer(payload, np.uint8)
+        else:
+            arrays[f"var/{v}"] = raw
+        layout["vars"][v] = {"kind": kind, "dims": list(ds[v].dims), "shape": list(raw.shape),
+                             "attrs": {a: _attr_json(x) for a, x in ds[v].attrs.items()}}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL))
+    with open(out, "wb") as f:  # a file object: np.savez would append ".npz" to the name
+        np.savez(f, layout=np.array(json.dumps(layout)), **arrays)
     return out.stat().st_size / 1e6
 
 
 def unpack_gcm(pack: Path, out: Path) -> dict[str, int]:
-    """Rebuild the netCDF file of ``pack`` at ``out`` (CF-packed int16 as the source); returns its sizes."""
+    """Rebuild the netCDF file of ``pack`` at ``out`` (CF-packed int16 as the source); returns its sizes. The pack
+    is read as data (``allow_pickle=False``, JSON): nothing in it runs."""
     import xarray as xr
 
-    doc = pickle.loads(pack.read_bytes())  # our own file, made by pack_gcm
-    coords = {k: xr.Variable(d, v, a) for k, (d, v, a) in doc["coords"].items()}
-    data = {}
-    for name, (kind, dims, shape, payload, attrs) in doc["vars"].items():
-        values = decode(payload, tuple(shape)) if kind == "lorenzo" else payload
-        data[name] = xr.Variable(dims, values, attrs)
-    ds = xr.decode_cf(xr.Dataset(data, coords=coords, attrs=doc["attrs"]))
+    with np.load(pack, allow_pickle=False) as z:
+        layout = json.loads(str(z["layout"]))
+        if layout.get("format") != PACK_FORMAT:
+            raise ValueError(f"{pack}: not a {PACK_FORMAT} file; make it with `python -m benchmarks.gpu_pack gcm`")
+        coords = {k: xr.Variable(c["dims"], z[f"coord/{k}"], {a: _attr_value(v) for a, v in c["attrs"].items()})
+                  for k, c in layout["coords"].items()}
+        data = {}
+        for name, v in layout["vars"].items():
+            values = z[f"var/{name}"]
+            if v["kind"] == "lorenzo":
+                values = decode(values.tobytes(), tuple(v["shape"]))
+            data[name] = xr.Variable(v["dims"], values, {a: _attr_value(x) for a, x in v["attrs"].items()})
+    ds = xr.decode_cf(xr.Dataset(data, coords=coords, attrs=layout["attrs"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.nc")
     try:  # h5netcdf where h5py is installed (the GPU image), else netCDF4
@@ -107,8 +145,23 @@ def unpack_gcm(pack: Path, out: Path) -> dict[str, int]:
     return dict(ds.sizes)
 
 
+def strip_debug(data: bytes) -> bytes:
+    """A shared library without its debug sections (``strip --strip-debug``: code and symbols kept), or as it is
+    where binutils' ``strip`` is missing. The wheels' libraries carry DWARF data: numcodecs' blosc and zstd are
+    14 and 11 MB with it; the whole site packs to ~2 MB instead of ~7.2 MB."""
+    tool = shutil.which("strip")
+    if tool is None:
+        return data
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = Path(tmp) / "lib.so"
+        lib.write_bytes(data)
+        subprocess.run([tool, "--strip-debug", str(lib)], check=True, capture_output=True)
+        return lib.read_bytes()
+
+
 def pack_site(out: Path, wheels: list[Path]) -> float:
-    """Unzip ``wheels`` into one tree (dropping test folders) and write it xz-compressed to ``out`` (MB)."""
+    """Unzip ``wheels`` into one tree (dropping test folders, libraries stripped of debug data by
+    :func:`strip_debug`) and write it xz-compressed to ``out`` (MB)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w:xz", preset=XZ) as tar:
         for wheel in sorted(wheels):
@@ -118,8 +171,11 @@ def pack_site(out: Path, wheels: list[Path]) -> float:
                     if info.is_dir() or "tests" in parts[1:] or parts[0].endswith(".data"):
                         continue
                     data = z.read(info)
+                    library = ".so" in Path(info.filename).suffixes
+                    if library:
+                        data = strip_debug(data)
                     member = tarfile.TarInfo(info.filename)
-                    member.size, member.mode = len(data), 0o755 if info.filename.endswith(".so") else 0o644
+                    member.size, member.mode = len(data), 0o755 if library else 0o644
                     tar.addfile(member, io.BytesIO(data))
     return out.stat().st_size / 1e6
 
