@@ -23,10 +23,9 @@ passes when its first-step loss is within ``FORWARD_RTOL`` and its largest loss 
 at most ``TWIN_FACTOR`` × its dense twin's: a routing error (a wrong expert, a lost gradient) shows as a
 difference of order one at the first or second step, far outside either.
 
-``selected``: ``expert_compute="selected"`` against ``"all"`` on ``--device``: single layers (outputs, input,
-expert and gate gradients from the same weights and batch, tolerances K·eps32 for sums of K float32 terms) and
-the SMoE-U-Net's ``--steps`` Adam steps. Where the layer does not accept "selected" (ValueError), the result
-says "not available" and the part still succeeds.
+``selected``: every expert path of the layer (``expert_compute`` ``used`` and ``selected``, and any later one)
+against ``"all"`` on ``--device``: single layers (outputs, input, expert and gate gradients from the same weights
+and batch, tolerances K·eps32 for sums of K float32 terms) and the SMoE-U-Net's ``--steps`` Adam steps.
 
 ``step``: warm training-step time (forward, MSE, backward, Adam) on ``--device`` of the SMoE networks against
 their dense twins and against wider and deeper dense networks, so that the dense network of equal measured
@@ -178,7 +177,7 @@ def verdicts(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-SELECTED_LAYERS: dict[str, dict[str, Any]] = {  # SpatialMoE2d kwargs of the selected-vs-all layer checks
+SELECTED_LAYERS: dict[str, dict[str, Any]] = {  # SpatialMoE2d kwargs of the path-vs-all layer checks
     "E8_F1_planar": {"in_channels": 16, "num_experts": 32, "num_selected": 8, "route_impl": "index_select"},
     "E8_F1_channels_last": {"in_channels": 16, "num_experts": 32, "num_selected": 8, "route_impl": "channels_last"},
     "E4_F2_planar": {"in_channels": 16, "num_experts": 16, "num_selected": 4, "out_per_expert": 2,
@@ -189,6 +188,13 @@ SELECTED_LAYERS: dict[str, dict[str, Any]] = {  # SpatialMoE2d kwargs of the sel
 SELECTED_GATE_SHARE = 0.999  # gate-gradient elements that must agree (an RC flag at its threshold may flip)
 
 
+def expert_paths() -> tuple[str, ...]:
+    """The layer's expert paths other than ``all`` (``used``, ``selected``, and any later one)."""
+    from smoeweather.nn.smoe import EXPERT_COMPUTES
+
+    return tuple(m for m in EXPERT_COMPUTES if m not in ("all", "auto"))
+
+
 def _rel(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     """max |a − b| / max |a| (0 for two missing gradients)."""
     if a is None or b is None:
@@ -196,30 +202,35 @@ def _rel(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     return float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
 
 
-def _selected_layer(name: str, kwargs: dict[str, Any], device: str) -> dict[str, Any]:
-    """One forward + backward of the layer with expert_compute all and selected from the same weights and batch."""
+def _path_layer(name: str, kwargs: dict[str, Any], device: str, mode: str) -> dict[str, Any]:
+    """One forward + backward of the layer with expert_compute ``all`` and ``mode`` from the same weights and batch."""
     from smoeweather.nn import SpatialMoE2d
+    from smoeweather.nn.gates import TensorRoutingGate
 
-    grid = (16, 32)
+    grid = GRID  # the land-sea prior's regions: some experts unused, several leaves (else every path is ``all``)
     layers = {}
-    for mode in ("all", "selected"):
+    for m in ("all", mode):
         torch.manual_seed(0)
-        layers[mode] = SpatialMoE2d(**kwargs, grid=grid, padding="periodic_lon", expert_compute=mode).to(device)
-    layers["selected"].load_state_dict(layers["all"].state_dict())
+        gate = TensorRoutingGate(kwargs["num_experts"], *grid, num_selected=kwargs["num_selected"],
+                                 out_per_expert=kwargs.get("out_per_expert", 1), prior=land_sea().long(),
+                                 init="coherent")
+        layers[m] = SpatialMoE2d(**kwargs, gate=gate, padding="periodic_lon", expert_compute=m).to(device)
+        layers[m].selected_overhead_macs = 0.0  # selected: cut down to one expert set per leaf (the path's extreme)
+    layers[mode].load_state_dict(layers["all"].state_dict())
     g = torch.Generator().manual_seed(1)
     x0 = torch.randn(8, kwargs["in_channels"], *grid, generator=g).to(device)
     out: dict[str, dict[str, torch.Tensor | None]] = {}
-    for mode, layer in layers.items():
+    for m, layer in layers.items():
         x = x0.clone().requires_grad_(True)
         y = layer(x)
         target = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(device)
         torch.nn.functional.mse_loss(y, target).backward()
-        out[mode] = {"y": y.detach(), "x_grad": x.grad, "expert_grad": layer.experts.weight.grad,
-                     "gate_grad": getattr(layer.gate, "weight", torch.empty(0)).grad}
-    a, s = out["all"], out["selected"]
+        out[m] = {"y": y.detach(), "x_grad": x.grad, "expert_grad": layer.experts.weight.grad,
+                  "gate_grad": getattr(layer.gate, "weight", torch.empty(0)).grad}
+    a, s = out["all"], out[mode]
     # float32 sums of K = C·9 terms (outputs, input grads) and B·H·W terms (weight grads): |error| ≤ K·eps32·max
     eps = torch.finfo(torch.float32).eps
-    k_out, k_w = kwargs["in_channels"] * 9, 8 * grid[0] * grid[1]
+    k_out, k_w = kwargs["in_channels"] * 9, x0.shape[0] * grid[0] * grid[1]
     rel = {k: _rel(a[k], s[k]) for k in ("y", "x_grad", "expert_grad")}
     k_in = kwargs["num_experts"] * kwargs.get("out_per_expert", 1) * 9
     tol = {"y": k_out * eps, "x_grad": k_in * eps, "expert_grad": k_w * eps}
@@ -228,68 +239,76 @@ def _selected_layer(name: str, kwargs: dict[str, Any], device: str) -> dict[str,
         scale = a["gate_grad"].abs().max().clamp_min(1e-30)
         gate_share = float(((a["gate_grad"] - s["gate_grad"]).abs() <= k_w * eps * scale).float().mean())
     passed = all(rel[k] <= tol[k] for k in rel) and gate_share >= SELECTED_GATE_SHARE
-    return {"layer": name, "kwargs": kwargs, "relative_difference": rel, "tolerance": tol,
-            "gate_grad_share_within_tolerance": gate_share, "passed": passed}
+    layer = layers[mode]
+    idx = layer.__dict__["_last_idx"]  # (1, E, H, W): the routing of that forward
+    plan = layer.selected_plan(idx, x0.shape[0], layer.resolved_route_impl(x0) == "channels_last", None)
+    return {"layer": name, "mode": mode, "kwargs": kwargs, "relative_difference": rel, "tolerance": tol,
+            "gate_grad_share_within_tolerance": gate_share, "passed": passed,
+            "used_experts": int(layer._used_experts(idx)[0].numel()), "selected_leaves": len(plan.leaves)}
+
+
+def _path_network(mode: str, device: str, steps: int, reference: tuple[list[float], torch.nn.Module]
+                  ) -> dict[str, Any]:
+    """The SMoE-U-Net's ``steps`` Adam steps with every layer on ``mode`` against ``reference`` (on ``all``)."""
+    def unet_on_path() -> torch.nn.Module:
+        net = unet((8, 16, 32), True)
+        for layer in smoe_layers(net):
+            layer.expert_compute, layer.selected_overhead_macs = mode, 0.0
+        return net
+
+    all_losses, all_net = reference
+    losses, net = _train(unet_on_path, device, steps)
+    loss_rel = [abs(a - b) / abs(a) for a, b in zip(all_losses, losses, strict=True)]
+    same = [float((a == b).all(0).float().mean()) for a, b in
+            zip(_selected_sets(all_net), _selected_sets(net), strict=True)]
+    print(f"{mode} unet: loss rel. diff step 1 {loss_rel[0]:.1e}, max {max(loss_rel):.1e}", flush=True)
+    return {"network": "smoe_unet_8_16_32", "mode": mode, "loss_all": all_losses, "loss_mode": losses,
+            "first_step_loss_relative_difference": loss_rel[0], "max_loss_relative_difference": max(loss_rel),
+            "same_selected_set_share_per_layer": same,
+            "passed": loss_rel[0] <= FORWARD_RTOL and min(same) >= SELECTED_GATE_SHARE}
 
 
 def selected_check(device: str, steps: int) -> dict[str, Any]:
-    """``expert_compute="selected"`` against ``"all"`` on ``device``: layer outputs and gradients, then the
-    SMoE-U-Net's ``steps`` Adam steps. ``available: false`` where the layer does not know "selected"."""
-    from smoeweather.nn import SpatialMoE2d
-
+    """Every expert path (:func:`expert_paths`) against ``"all"`` on ``device``: layer outputs and gradients, then
+    the SMoE-U-Net's ``steps`` Adam steps."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    setup = device_record(device) | {"steps": steps, "tf32": False}
-    try:
-        SpatialMoE2d(8, 8, 2, grid=(4, 8), expert_compute="selected")
-    except (ValueError, TypeError) as err:
-        print(f"selected: not available ({err})", flush=True)
-        return {"setup": setup, "available": False, "reason": str(err)}
+    modes = expert_paths()
+    setup = device_record(device) | {"steps": steps, "tf32": False, "modes": list(modes)}
     layers = []
-    for name, kwargs in SELECTED_LAYERS.items():
-        layers.append(_selected_layer(name, kwargs, device))
-        print(f"selected layer {name}: {layers[-1]['relative_difference']}, passed {layers[-1]['passed']}", flush=True)
-
-    def selected_unet() -> torch.nn.Module:
-        net = unet((8, 16, 32), True)
-        for layer in smoe_layers(net):
-            layer.expert_compute = "selected"
-        return net
-
-    all_losses, all_net = _train(lambda: unet((8, 16, 32), True), device, steps)
-    sel_losses, sel_net = _train(selected_unet, device, steps)
-    loss_rel = [abs(a - b) / abs(a) for a, b in zip(all_losses, sel_losses, strict=True)]
-    same = [float((a == b).all(0).float().mean()) for a, b in
-            zip(_selected_sets(all_net), _selected_sets(sel_net), strict=True)]
-    network = {"network": "smoe_unet_8_16_32", "loss_all": all_losses, "loss_selected": sel_losses,
-               "first_step_loss_relative_difference": loss_rel[0], "max_loss_relative_difference": max(loss_rel),
-               "same_selected_set_share_per_layer": same,
-               "passed": loss_rel[0] <= FORWARD_RTOL and min(same) >= SELECTED_GATE_SHARE}
-    print(f"selected unet: loss rel. diff step 1 {loss_rel[0]:.1e}, max {max(loss_rel):.1e}", flush=True)
-    return {"setup": setup, "available": True, "layers": layers, "network": network,
-            "passed": all(c["passed"] for c in layers) and network["passed"]}
+    for mode in modes:
+        for name, kwargs in SELECTED_LAYERS.items():
+            layers.append(_path_layer(name, kwargs, device, mode))
+            print(f"{mode} layer {name}: {layers[-1]['relative_difference']}, passed {layers[-1]['passed']}",
+                  flush=True)
+    reference = _train(lambda: unet((8, 16, 32), True), device, steps)
+    networks = [_path_network(mode, device, steps, reference) for mode in modes]
+    return {"setup": setup, "layers": layers, "networks": networks,
+            "passed": all(c["passed"] for c in layers + networks)}
 
 
 def _selected_md(out: dict[str, Any]) -> list[str]:
     s = out["setup"]
-    lines = [f"# SMoE layer: expert_compute=\"selected\" against \"all\" on {s.get('gpu', s['device'])}", ""]
-    if not out["available"]:
-        return lines + [f"Not available in this code: `{out['reason']}`."]
+    lines = [f"# SMoE layer: every expert path against expert_compute=\"all\" on {s.get('gpu', s['device'])}", ""]
     lines += [f"torch {s['torch']}; TF32 off. Layer rows: one forward + backward from the same weights and batch "
-              "(batch 8 on 16×32, periodic longitude); relative difference = max |all − selected| / max |all|, "
+              "(batch 8 on 32×64, periodic longitude, a coherent gate over a two-continent land-sea prior); "
+              "relative difference = max |all − path| / max |all|, "
               "tolerance K·eps32 (K: the summed terms). Gate gradient: share of elements within tolerance (an RC "
               f"flag at its quantile may flip), at least {SELECTED_GATE_SHARE}.", "",
-              "| layer | output | input grad | expert grad | gate grad share | passed |",
-              "|---|---:|---:|---:|---:|---|"]
+              "| path | layer | used experts | leaves | output | input grad | expert grad | gate grad share | passed |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for c in out["layers"]:
         r = c["relative_difference"]
-        lines.append(f"| {c['layer']} | {r['y']:.1e} | {r['x_grad']:.1e} | {r['expert_grad']:.1e} | "
-                     f"{c['gate_grad_share_within_tolerance']:.4f} | {'yes' if c['passed'] else 'no'} |")
-    n = out["network"]
-    lines += ["", f"SMoE-U-Net 8/16/32, {s['steps']} Adam steps from one seed: step-1 loss rel. diff "
-              f"{n['first_step_loss_relative_difference']:.1e} (≤ {FORWARD_RTOL:.0e}), max "
-              f"{n['max_loss_relative_difference']:.1e}, same expert sets at the end (min over layers) "
-              f"{min(n['same_selected_set_share_per_layer']):.1%}: {'passed' if n['passed'] else 'FAILED'}."]
+        lines.append(f"| {c['mode']} | {c['layer']} | {c['used_experts']} of {c['kwargs']['num_experts']} | "
+                     f"{c['selected_leaves'] if c['mode'] == 'selected' else '–'} | {r['y']:.1e} | {r['x_grad']:.1e} | "
+                     f"{r['expert_grad']:.1e} | {c['gate_grad_share_within_tolerance']:.4f} | "
+                     f"{'yes' if c['passed'] else 'no'} |")
+    lines.append("")
+    for n in out["networks"]:
+        lines.append(f"- `{n['mode']}`: SMoE-U-Net 8/16/32, {s['steps']} Adam steps from one seed: step-1 loss rel. "
+                     f"diff {n['first_step_loss_relative_difference']:.1e} (≤ {FORWARD_RTOL:.0e}), max "
+                     f"{n['max_loss_relative_difference']:.1e}, same expert sets at the end (min over layers) "
+                     f"{min(n['same_selected_set_share_per_layer']):.1%}: {'passed' if n['passed'] else 'FAILED'}.")
     return lines
 
 
@@ -485,7 +504,7 @@ def main() -> None:
         if args.json is None:
             parser.error("render needs --json FILE (a gpu_correctness_*.json or gpu_step_*.json)")
         out = json.loads(args.json.read_text())
-        md = _correctness_md if "entries" in out else _selected_md if "available" in out else _step_md
+        md = _correctness_md if "entries" in out else _selected_md if "layers" in out else _step_md
         write_results(args.json, None, md(out))
         print(f"wrote {args.json.with_suffix('.md')}")
         return
