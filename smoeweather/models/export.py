@@ -52,8 +52,8 @@ from smoeweather.models.loader import (
 )
 from smoeweather.numerics import float_tol
 
-__all__ = ["FORMATS", "ONNX_OPSET", "FrozenSMoE", "OnnxExportError", "check_onnx", "example_inputs", "export_model",
-           "freeze_routing", "onnx_graph", "rounding_ops", "write_onnx"]
+__all__ = ["FORMATS", "ONNX_OPSET", "FrozenSMoE", "OnnxExportError", "check_onnx", "check_opset", "example_inputs",
+           "export_model", "freeze_routing", "onnx_graph", "onnx_opsets", "rounding_ops", "write_onnx"]
 
 FORMATS = ("safetensors", "onnx")
 """``smoe export --format``: ``safetensors`` (weights and card) or ``onnx`` (those plus ``model.onnx``)."""
@@ -64,6 +64,24 @@ ONNX_EXTRA = "pip install 'smoeweather[onnx]'"
 
 class OnnxExportError(ValueError):
     """A network that has no ONNX graph (its members are random draws, or onnx is not installed)."""
+
+
+def onnx_opsets() -> tuple[int, int]:
+    """The lowest and highest opset torch's exporter writes that onnxruntime runs: (7, 23) in torch 2.13 (its
+    ``torch.onnx._constants``; 7 is also onnxruntime's lowest supported opset)."""
+    try:
+        from torch.onnx import _constants
+        return int(_constants.ONNX_MIN_OPSET), int(_constants.ONNX_MAX_OPSET)
+    except (ImportError, AttributeError):  # a torch without that private module: the opset tested here
+        return ONNX_OPSET, ONNX_OPSET
+
+
+def check_opset(opset: int) -> None:
+    """OnnxExportError naming ``--opset`` where torch's exporter cannot write ``opset`` (:func:`onnx_opsets`)."""
+    low, high = onnx_opsets()
+    if not low <= opset <= high:
+        raise OnnxExportError(f"--opset {opset}: torch {torch.__version__} exports ONNX opsets {low} to {high}; "
+                              f"leave --opset out for the default {ONNX_OPSET}")
 
 
 def _weights(net: nn.Module) -> dict[str, torch.Tensor]:
@@ -87,6 +105,8 @@ def export_model(checkpoint: str | Path, out: str | Path, fmt: str = "safetensor
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if is_export(checkpoint):
         raise ValueError(f"{checkpoint} is an export folder already; export the .ckpt it was made from")
+    if fmt == "onnx":
+        check_opset(opset)
     check_output(out, overwrite, inputs=[checkpoint])
     ckpt = read_checkpoint(checkpoint)
     task = network_task(check_checkpoint(ckpt, str(checkpoint)), str(checkpoint))
@@ -264,9 +284,14 @@ def check_onnx(path: Path, module: nn.Module, inputs: tuple[torch.Tensor, ...]) 
         import onnxruntime as ort
     except ImportError:
         raise OnnxExportError(f"--format onnx checks the graph with onnxruntime: {ONNX_EXTRA}") from None
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    got = session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})
+    try:  # onnxruntime's errors (InvalidGraph, NotImplemented, ...) derive from Exception only
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        got = session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OnnxExportError(f"onnxruntime {ort.__version__} cannot run the exported graph: {first}; the graph "
+                              "was not written") from err
     with torch.no_grad():
         want = module(*inputs)
     want = [w.numpy() for w in (want if isinstance(want, (tuple, list)) else (want,))]

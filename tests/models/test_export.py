@@ -222,8 +222,9 @@ def test_postprocess_apply_network_dir_equals_checkpoint(gcm_ens_streams: dict[s
 
 def test_export_refusals_are_one_line(gcm_ens_streams: dict[str, Path], world_store: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture) -> None:
-    """An existing --out, an export folder as the checkpoint, a non-network checkpoint, weights changed after the
-    export: exit 2 with one line naming the file; the verb's choices are the module's."""
+    """An existing --out, an export folder as the checkpoint, a non-network checkpoint, an --opset torch cannot
+    write, weights changed after the export: exit 2 with one line naming the file or option; the verb's choices are
+    the module's."""
     from smoeweather.commands import export as verb
     from smoeweather.models import export
 
@@ -237,14 +238,41 @@ def test_export_refusals_are_one_line(gcm_ens_streams: dict[str, Path], world_st
     cases = [(["export", str(ckpt), "--out", str(out)], "exists"),
              (["export", str(out), "--out", str(tmp_path / "y")], "export folder"),
              (["export", str(heat), "--out", str(tmp_path / "z")], "heat")]
+    low, high = export.onnx_opsets()
+    cases += [(["export", str(ckpt), "--out", str(tmp_path / "o"), "--format", "onnx", "--opset", str(opset)],
+               f"--opset {opset}: torch {torch.__version__} exports ONNX opsets {low} to {high}")
+              for opset in (low - 2, high + 1)]  # (opset 5: onnxruntime rejected the graph with a traceback)
     for argv, words in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "o").exists()
     weights = out / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
     with pytest.raises(ValueError, match="model.safetensors.*differs from the weights_sha256"):
         load_network(out)
+
+
+def test_a_graph_onnxruntime_rejects_is_one_line_and_leaves_nothing(gcm_ens_streams: dict[str, Path],
+                                                                    world_store: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """onnxruntime's own errors (plain Exception subclasses, multi-line) become one line; no folder is left."""
+    ort = pytest.importorskip("onnxruntime", reason=ONNX_REASON)
+    pytest.importorskip("onnx", reason=ONNX_REASON)
+
+    class InvalidGraph(Exception):  # as onnxruntime.capi.onnxruntime_pybind11_state defines its errors
+        pass
+
+    def reject(*args: Any, **kwargs: Any) -> None:
+        raise InvalidGraph("[ONNXRuntimeError] : 10 : INVALID_GRAPH : a node it cannot load\nmore detail")
+
+    ckpt = _untrained("pp-unet", tmp_path, world_store, gcm_ens_streams["a"])
+    monkeypatch.setattr(ort, "InferenceSession", reject)
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "x"), "--format", "onnx"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot run the exported graph" in err and "INVALID_GRAPH" in err, err
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x*"))
 
 
 def test_postprocess_network_applies_in_its_trained_units(gcm_ens_streams: dict[str, Path], world_store: str,
