@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="reference forecast instead of a checkpoint")
     p.add_argument("--data", required=True, nargs="+",
                    help="prepared store or canonical netCDF file(s)/glob: the initial conditions (and truth)")
-    p.add_argument("--init", required=True, nargs=2, metavar=("START", "END"), help="first and last init time")
+    p.add_argument("--init", required=True, nargs="+", metavar="TIME",
+                   help="first and last init time, START END (one TIME: that init alone)")
     p.add_argument("--every", default="12h", help="time between initialisations (default 12h)")
     p.add_argument("--lead", nargs="+", default=["72h", "120h"], help="lead times, e.g. 72h 120h (default)")
     p.add_argument("--out", required=True, type=Path, help="output store (.zarr) or netCDF (.nc)")
@@ -48,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give either a checkpoint or --method persistence|climatology|train_mean (not both)")
     check_count(args.batch_size, "--batch-size", example=16)
     check_device(args.device)
+    if len(args.init) > 2:
+        raise ValueError(f"--init takes the first and last init time (START END) or one time, got {len(args.init)}: "
+                         f"{' '.join(args.init)}; use --every for the spacing")
     for lead in args.lead:
         parse_lead(lead, "--lead")
     data = args.data[0] if len(args.data) == 1 else args.data
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         data,
         checkpoint=args.checkpoint,
         method=args.method,
-        init=tuple(args.init),
+        init=(args.init[0], args.init[-1]),
         every=args.every,
         leads_h=args.lead,
         out=args.out,

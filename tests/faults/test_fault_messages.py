@@ -10,6 +10,7 @@ import errno
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_fault_data import FAST, _fails
@@ -41,6 +42,28 @@ def forecast(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main(["forecast", "--method", "persistence", "--data", str(store), "--init", "2000-01-02",
                  "2000-01-03", "--lead", "24h", "--out", str(out), "--no-progress"]) == 0
     return out
+
+
+def test_forecast_init_takes_one_time_or_two(store: Path, forecast: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """`--init T` forecasts that one init (the same values as T within START END); three times, or a time that is
+    no date, are one line naming --init and the bad value."""
+    import xarray as xr
+
+    one = tmp_path / "one.zarr"
+    assert main(["forecast", "--method", "persistence", "--data", str(store), "--init", "2000-01-03", "--lead",
+                 "24h", "--out", str(one), "--no-progress"]) == 0
+    got, both = xr.open_zarr(one), xr.open_zarr(forecast)
+    assert list(got["time"].values) == [np.datetime64("2000-01-03T00", "ns")]
+    xr.testing.assert_equal(got.compute(), both.sel(time=["2000-01-03"]).compute())
+    capsys.readouterr()
+    for init, words in ((["2000-01-02", "2000-01-03", "2000-01-04"], "got 3: 2000-01-02 2000-01-03 2000-01-04"),
+                        (["2000-01-02", "soon"], "--init 'soon': not a date")):
+        assert main(["forecast", "--method", "persistence", "--data", str(store), "--init", *init, "--lead", "24h",
+                     "--out", str(tmp_path / "bad.zarr"), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "bad.zarr").exists()
 
 
 @pytest.fixture(scope="module")
