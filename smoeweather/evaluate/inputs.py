@@ -82,7 +82,13 @@ def open_truth_source(truth: Source | Sequence[Source], storage_options: dict[st
         ds = open_truth(truth)
         ds = ds.assign_coords(longitude=np.mod(ds["longitude"], 360.0))
         return ds.sortby(["latitude", "longitude"]), True
-    return open_canonical(truth, storage_options), False
+    ds = open_canonical(truth, storage_options)
+    if "prediction_timedelta" in ds.dims:
+        where = truth if isinstance(truth, str | Path) else ", ".join(map(str, truth))
+        raise ValueError(f"truth {where}: has a prediction_timedelta dim, so it is a forecast (time = init), not the "
+                         "truth on valid times; give --truth the analysis or prepared store the forecasts are "
+                         "scored against (e.g. the --data store of `smoe forecast`)")
+    return ds, False
 
 
 def method_name(ds: xr.Dataset, path: str) -> str:
