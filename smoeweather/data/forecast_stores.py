@@ -197,6 +197,14 @@ def _is_wb2_forecast(ds: xr.Dataset) -> bool:
             and np.issubdtype(ds["prediction_timedelta"].dtype, np.timedelta64))
 
 
+def refuse_forecast(ds: xr.Dataset, where: str, wanted: str, fix: str) -> None:
+    """ValueError naming ``where`` and saying ``fix`` when ``ds`` is a forecast (a ``prediction_timedelta`` dim:
+    time = init) where ``wanted`` (data on valid times: the truth, a training store) is expected."""
+    if "prediction_timedelta" in ds.dims:
+        raise ValueError(f"{where}: has a prediction_timedelta dim, so it is a forecast (time = init), not "
+                         f"{wanted} on valid times; {fix}")
+
+
 def _is_ens10_store(ds: xr.Dataset) -> bool:
     """A ``smoe data prepare ens10`` store: ``time`` = init, ``member``, one lead (no lead dim), truth as
     ``<name>_truth`` on the init time."""

@@ -29,7 +29,7 @@ import xarray as xr
 import zarr
 from torch.utils.data import Dataset
 
-from smoeweather.data.forecast_stores import HOUR
+from smoeweather.data.forecast_stores import HOUR, refuse_forecast
 
 Field = tuple[str, int | float | None]  # (canonical variable name, level in hPa or None)
 DEFAULT_CONSTANTS = ("land_sea_mask", "geopotential_at_surface", "latitude")
@@ -177,6 +177,8 @@ class WeatherBenchDataset(Dataset):
 
         # Metadata only (coordinates and attrs): no data arrays are read here.
         with xr.open_zarr(self.store) as ds:
+            refuse_forecast(ds, self.store, "a prepared store", "train on the store of `smoe data prepare` or "
+                            "`smoe data world`")
             self.times = ds["time"].values
             self.latitude = ds["latitude"].values.astype(np.float64)
             self.longitude = ds["longitude"].values.astype(np.float64)

@@ -26,6 +26,7 @@ from smoeweather.data.forecast_stores import (
     open_canonical,
     open_forecast,
     open_truth,
+    refuse_forecast,
 )
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.regions import Region, parse_regions, region_weights
@@ -83,11 +84,9 @@ def open_truth_source(truth: Source | Sequence[Source], storage_options: dict[st
         ds = ds.assign_coords(longitude=np.mod(ds["longitude"], 360.0))
         return ds.sortby(["latitude", "longitude"]), True
     ds = open_canonical(truth, storage_options)
-    if "prediction_timedelta" in ds.dims:
-        where = truth if isinstance(truth, str | Path) else ", ".join(map(str, truth))
-        raise ValueError(f"truth {where}: has a prediction_timedelta dim, so it is a forecast (time = init), not the "
-                         "truth on valid times; give --truth the analysis or prepared store the forecasts are "
-                         "scored against (e.g. the --data store of `smoe forecast`)")
+    where = truth if isinstance(truth, str | Path) else ", ".join(map(str, truth))
+    refuse_forecast(ds, f"truth {where}", "the truth", "give --truth the analysis or prepared store the forecasts "
+                    "are scored against (e.g. the --data store of `smoe forecast`)")
     return ds, False
 
 
