@@ -201,8 +201,8 @@ def refuse_forecast(ds: xr.Dataset, where: str, wanted: str, fix: str) -> None:
     """ValueError naming ``where`` and saying ``fix`` when ``ds`` is a forecast (a ``prediction_timedelta`` dim:
     time = init) where ``wanted`` (data on valid times: the truth, a training store) is expected."""
     if "prediction_timedelta" in ds.dims:
-        raise ValueError(f"{where}: has a prediction_timedelta dim, so it is a forecast (time = init), not "
-                         f"{wanted} on valid times; {fix}")
+        raise ValueError(f"{where}: has a prediction_timedelta dim, so it is a forecast (time = init), but {wanted} "
+                         f"must be data on valid times; {fix}")
 
 
 def _is_ens10_store(ds: xr.Dataset) -> bool:

@@ -177,7 +177,7 @@ class WeatherBenchDataset(Dataset):
 
         # Metadata only (coordinates and attrs): no data arrays are read here.
         with xr.open_zarr(self.store) as ds:
-            refuse_forecast(ds, self.store, "a prepared store", "train on the store of `smoe data prepare` or "
+            refuse_forecast(ds, self.store, "a training store", "train on the store of `smoe data prepare` or "
                             "`smoe data world`")
             self.times = ds["time"].values
             self.latitude = ds["latitude"].values.astype(np.float64)

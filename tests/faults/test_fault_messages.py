@@ -111,15 +111,18 @@ def test_an_empty_or_text_input_is_named_with_the_formats_read(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_forecast_given_as_truth_or_training_data_is_named(forecast: Path, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture) -> None:
+def test_a_forecast_given_as_truth_training_data_or_forecast_input_is_named(forecast: Path, tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
     """xarray said "('time', 'latitude', 'longitude') must be a permuted list of ('time', 'prediction_timedelta',
     ...)" and named no file; training said the forecast's geopotential "has no level 250 hPa"."""
     _fails(["evaluate", str(forecast), "--truth", str(forecast), "--out", str(tmp_path / "ev"), "--quiet"], capsys,
-           f"truth {forecast}", "prediction_timedelta", "not the truth on valid times")
+           f"truth {forecast}", "prediction_timedelta", "the truth must be data on valid times")
     _fails(["train", "--config", "weatherbench/world_dense.yaml", f"data.store={forecast}", "data.world=null",
-            f"output_dir={tmp_path / 'run'}"], capsys, str(forecast), "a forecast", "not a prepared store")
-    assert not (tmp_path / "ev").exists() and not (tmp_path / "run").exists()
+            f"output_dir={tmp_path / 'run'}"], capsys, str(forecast), "a forecast", "a training store must be")
+    _fails(["forecast", "--method", "persistence", "--data", str(forecast), "--init", "2000-01-02", "--lead", "24h",
+            "--out", str(tmp_path / "fc.zarr"), "--no-progress"], capsys, str(forecast),
+           "the input of a forecast must be data on valid times")
+    assert not (tmp_path / "ev").exists() and not (tmp_path / "run").exists() and not (tmp_path / "fc.zarr").exists()
 
 
 def test_a_truncated_zarr_chunk_is_named_in_prepare_and_evaluate(
