@@ -47,7 +47,7 @@ def forecast_and_truth(forecast: str | Path, truth: Any, field: str, lead: str |
     """(forecast, truth, kind) as (time, latitude, longitude) float DataArrays at one lead, both at the
     same inits (all of them, or the one ``init``), truth taken at the valid time init + lead.
     ``kind``: what is mapped (``deterministic``, ``ensemble mean`` or ``gaussian mean``)."""
-    from smoeweather.data.forecast_stores import open_canonical, parse_lead
+    from smoeweather.data.forecast_stores import open_canonical, parse_lead, refuse_forecast
 
     fc_ds = open_forecast(forecast)
     lead_h = parse_lead(lead)
@@ -68,6 +68,8 @@ def forecast_and_truth(forecast: str | Path, truth: Any, field: str, lead: str |
                              f"last {fc['time'].values[-1]}")
         fc = fc.sel(time=[t])
     tr_ds = open_canonical(truth)
+    refuse_forecast(tr_ds, f"truth {truth}", "the truth", "give --truth the analysis or prepared store the forecast "
+                    "is compared with")
     tr = select_field(tr_ds, field, str(truth))
     valid = fc["time"].values + td.astype("timedelta64[ns]")
     missing = np.setdiff1d(valid, tr["time"].values)

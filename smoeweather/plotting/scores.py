@@ -57,8 +57,13 @@ def scores_file(path: str | Path) -> Path:
 def open_scores(path: str | Path) -> tuple[xr.Dataset, dict[str, str]]:
     """The scores Dataset of a scores.nc or an evaluate folder (:func:`scores_file`) and the field units;
     FileNotFoundError/ValueError naming the file."""
+    from pipelines.readers._files import open_data
+
     path = scores_file(path)
-    ds = xr.load_dataset(path)
+    if path.suffix == ".json":
+        raise ValueError(f"{path}: the JSON summary of `smoe evaluate`; the plots read its scores.nc: pass "
+                         f"{path.with_suffix('.nc')} or the folder {path.parent}")
+    ds = open_data(path, "scores").load()
     for dim in ("method", "field", "prediction_timedelta"):
         if dim not in ds.dims:
             raise ValueError(f"{path}: expected dims method, field, prediction_timedelta; got {dict(ds.sizes)}")

@@ -122,7 +122,24 @@ def test_a_forecast_given_as_truth_training_data_or_forecast_input_is_named(fore
     _fails(["forecast", "--method", "persistence", "--data", str(forecast), "--init", "2000-01-02", "--lead", "24h",
             "--out", str(tmp_path / "fc.zarr"), "--no-progress"], capsys, str(forecast),
            "the input of a forecast must be data on valid times")
+    _fails(["plot", "forecast", str(forecast), "--truth", str(forecast), "--field", "geopotential_500", "--lead",
+            "24h", "--init", "2000-01-02", "--out", str(tmp_path / "maps")], capsys, f"truth {forecast}",
+           "the truth must be data on valid times")
     assert not (tmp_path / "ev").exists() and not (tmp_path / "run").exists() and not (tmp_path / "fc.zarr").exists()
+    assert not (tmp_path / "maps").exists()
+
+
+def test_plot_scores_names_a_json_summary_or_a_text_file(bad_files: dict[str, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """xarray's "did not find a match in any of xarray's currently installed IO backends" named no file."""
+    summary = tmp_path / "ev" / "scores.json"
+    summary.parent.mkdir()
+    summary.write_text('{"units": {}}\n')
+    _fails(["plot", "scores", str(summary), "--out", str(tmp_path / "p")], capsys, str(summary), "JSON summary",
+           str(summary.with_suffix(".nc")))
+    _fails(["plot", "scores", str(bad_files["text"]), "--out", str(tmp_path / "p")], capsys,
+           str(bad_files["text"]), "a text file?")
+    assert not (tmp_path / "p").exists()
 
 
 def test_a_truncated_zarr_chunk_is_named_in_prepare_and_evaluate(
