@@ -247,10 +247,16 @@ def test_export_refusals_are_one_line(gcm_ens_streams: dict[str, Path], world_st
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err
     assert not (tmp_path / "o").exists()
+    assert main(["checkpoint", "info", str(out)]) == 0  # an export folder is inspected as a checkpoint is
+    said = capsys.readouterr().out
+    assert "an export folder of `smoe export`" in said and "as its card records" in said and "'postprocess'" in said
     weights = out / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
     with pytest.raises(ValueError, match="model.safetensors.*differs from the weights_sha256"):
         load_network(out)
+    assert main(["checkpoint", "info", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "differs from the weights_sha256" in err, err
 
 
 def test_a_graph_onnxruntime_rejects_is_one_line_and_leaves_nothing(gcm_ens_streams: dict[str, Path],
