@@ -84,17 +84,27 @@ def test_gcm_pack_refuses_a_file_of_another_layout(tmp_path: Path) -> None:
         unpack_gcm(tmp_path / "not_a_pack.npz", tmp_path / "y.nc")
 
 
-@pytest.mark.skipif(shutil.which("strip") is None, reason="needs binutils' strip (apt install binutils)")
-def test_a_stripped_library_is_smaller_and_still_works(tmp_path: Path) -> None:
-    """numcodecs' zstd extension (built with debug data) stripped by strip_debug: smaller, and it still compresses
-    and decompresses an array bit for bit in a fresh interpreter."""
+def _gnu_strip() -> bool:
+    tool = shutil.which("strip")
+    return tool is not None and "GNU" in subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(not _gnu_strip(), reason="needs binutils' strip (apt install binutils), as the GPU packs do")
+def test_a_stripped_library_loses_its_debug_data_and_still_works(tmp_path: Path) -> None:
+    """numcodecs' zstd extension stripped by strip_debug: no debug sections left (smaller where the wheel had them,
+    as numcodecs 0.16's x86-64 wheels do), and it still compresses and decompresses an array bit for bit in a
+    fresh interpreter."""
     numcodecs = pytest.importorskip("numcodecs")
     package = tmp_path / "numcodecs"
     shutil.copytree(Path(numcodecs.__file__).parent, package)
     library = next(package.glob("zstd*.so"))
     before = library.read_bytes()
+    if not before.startswith(b"\x7fELF"):
+        pytest.skip(f"{library.name} is not an ELF library (strip_debug leaves those as they are)")
     library.write_bytes(strip_debug(before))
-    assert library.stat().st_size < len(before)
+    after = library.read_bytes()
+    assert b".debug_info" not in after
+    assert len(after) < len(before) if b".debug_info" in before else len(after) <= len(before)
     code = (f"import numpy as np, numcodecs.zstd as z; assert z.__file__.startswith({str(tmp_path)!r}); "
             "a = np.random.default_rng(0).normal(size=4096); c = z.Zstd(level=3); "
             "assert np.array_equal(np.frombuffer(c.decode(c.encode(a))), a)")
