@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ import numpy as np
 import torch
 
 from benchmarks.harness import REPO, RESULTS, Machine, device_record, write_results
+from smoeweather.numerics import tolerance_ratio
 
 WORLD_DAYS = 100
 INITS = ["2000-03-21", "2000-03-24"]  # first and last init, every 24 h (test period of the overrides below)
@@ -63,11 +62,9 @@ def world_store(path: Path) -> Path:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    from pipelines.provenance import git_commit
+
+    return git_commit() or "unknown"
 
 
 def prepare(out: Path) -> dict[str, Any]:
@@ -105,21 +102,6 @@ def _forecast(model: Path, store: Path, device: str, out: Path) -> dict[str, np.
     return {v: ds[v].values for v in sorted(ds.data_vars)}
 
 
-def _worst_ratio(got: np.ndarray, want: np.ndarray, rtol: float, channel_axis: int) -> tuple[float, float]:
-    """Largest |got − want| / (rtol (|want| + max|want| of its channel)), and the largest |got − want|, over the
-    values present in ``want`` (a forecast's missing levels are NaN); infinite where the NaNs differ."""
-    if not np.array_equal(np.isnan(got), np.isnan(want)):
-        return float("inf"), float("inf")
-    axes = tuple(i for i in range(want.ndim) if i != channel_axis % want.ndim)
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN channel: a level the network does not forecast
-        scale = np.nanmax(np.abs(want), axis=axes, keepdims=True)
-        err = np.abs(got.astype(np.float64) - want)
-        if np.isnan(err).all():
-            return 0.0, 0.0
-        return float(np.nanmax(err / (rtol * (np.abs(want) + scale) + 1e-30))), float(np.nanmax(err))
-
-
 def _onnx_check(export: Path, ckpt: Path, store: Path, device: str, rtol: float) -> dict[str, Any]:
     """``export``'s model.onnx in onnxruntime (the device's provider where there is one) against the checkpoint
     ``ckpt`` in torch on the device."""
@@ -145,7 +127,7 @@ def _onnx_check(export: Path, ckpt: Path, store: Path, device: str, rtol: float)
     provider = wanted if wanted in available else "CPUExecutionProvider"
     session = ort.InferenceSession(str(export / "model.onnx"), providers=[provider])
     got = session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})[0]
-    ratio, diff = _worst_ratio(got, want, rtol, -3)
+    ratio, diff = tolerance_ratio(got, want, rtol)
     return {"available": True, "onnxruntime": ort.__version__, "providers_available": available,
             "provider": provider, "on_device": provider == wanted, "batch": int(x.shape[0]),
             "max_abs_diff": diff, "worst_ratio": ratio, "passed": ratio <= 1.0}
@@ -170,7 +152,7 @@ def check(prepared: Path, device: str, work: Path) -> dict[str, Any]:
     variables: dict[str, Any] = {}
     for v, cpu in fc["checkpoint_cpu"].items():
         dev, exp = fc["checkpoint_device"][v], fc["export_device"][v]
-        ratio, diff = _worst_ratio(dev, cpu, rtol, -3 if cpu.ndim >= 3 else 0)
+        ratio, diff = tolerance_ratio(dev, cpu, rtol)
         variables[v] = {"export_equals_checkpoint_on_device": bool(np.array_equal(exp, dev, equal_nan=True)),
                         "device_vs_cpu_max_abs_diff": diff, "device_vs_cpu_worst_ratio": ratio,
                         "shape": list(cpu.shape)}

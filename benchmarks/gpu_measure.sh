@@ -13,8 +13,9 @@
 #   background from the start (CPU only): the 64x64 heat store (reference generator) and the GCM-world store;
 #   1. correctness, side by side (not timed): the CUDA-only tests; gpu_check.py correctness (SMoE ResNet and
 #      SMoE-U-Net, 20 steps CUDA against CPU, dropout off); gpu_check.py selected (every expert path, used
-#      and selected, against "all": layers over a land-sea prior and the SMoE-U-Net); gpu_export.py check (`smoe forecast` from the
-#      export folder against the checkpoint on the device, and model.onnx in onnxruntime against torch);
+#      and selected, against "all": layers over a land-sea prior and the SMoE-U-Net); gpu_export.py check
+#      (`smoe forecast` from the export folder against the checkpoint on the device, and model.onnx in
+#      onnxruntime against torch);
 #   2. gpu_compile.py (timed, alone): eager / CUDA-graph / torch.compile steps of SMoE networks against dense
 #      twins, and the layer at batch 64 and 16, fp32 and bf16; profiles where a target is missed;
 #   5. gpu_paper.py (timed, alone): gcm_128x19 dense and SMoE, samples/s and peak memory at batch 8..64;

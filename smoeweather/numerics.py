@@ -28,3 +28,23 @@ def float_tol(dtype: torch.dtype | np.dtype | type, n_ops: int, scale: object = 
         dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
     rtol = 2.0 * n_ops * UNIT_ROUNDOFF[dtype]
     return {"rtol": rtol, "atol": rtol * magnitude(scale)}
+
+
+def tolerance_ratio(got: np.ndarray, want: np.ndarray, rtol: float, channel_axis: int = -3) -> tuple[float, float]:
+    """(largest |got − want| / (rtol (|want| + max|want| of its channel)), largest |got − want|) over the values
+    present in ``want``; channels along ``channel_axis`` (C of (..., C, H, W)). NaNs (a level a forecast leaves
+    out) are skipped where both have them; NaNs in different places give (inf, inf). At most 1: within ``2 n u``
+    (:func:`float_tol`'s ``rtol``) of each channel's magnitude."""
+    import warnings
+
+    got, want = np.asarray(got), np.asarray(want)
+    if not np.array_equal(np.isnan(got), np.isnan(want)):
+        return float("inf"), float("inf")
+    axes = tuple(i for i in range(want.ndim) if i != channel_axis % want.ndim)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN channel
+        scale = np.nanmax(np.abs(want), axis=axes, keepdims=True)
+        err = np.abs(got.astype(np.float64) - want)
+        if np.isnan(err).all():
+            return 0.0, 0.0
+        return float(np.nanmax(err / (rtol * (np.abs(want) + scale) + 1e-30))), float(np.nanmax(err))

@@ -155,10 +155,12 @@ def _files(source: Sources) -> list[str]:
     return [s]
 
 
-def open_canonical(source: Sources, storage_options: dict[str, Any] | None = None) -> xr.Dataset:
+def open_canonical(source: Sources, storage_options: dict[str, Any] | None = None, *, where: str | None = None,
+                   role: str = "this input", fix: str = "give a prepared store or an analysis") -> xr.Dataset:
     """Lazy canonical Dataset (fields on valid times) of a prepared store (zarr directory) or canonical
     netCDF file(s) / a glob, local or at an fsspec URL (``storage_options`` for fsspec): long names,
-    ``latitude`` ascending, ``longitude`` in [0, 360) and ascending."""
+    ``latitude`` ascending, ``longitude`` in [0, 360) and ascending. A forecast (time = init) is refused by
+    :func:`refuse_forecast`, naming ``where`` (default: the source), the ``role`` of the input and the ``fix``."""
     from pipelines.readers._files import open_data
 
     files = _files(source)
@@ -186,6 +188,7 @@ def open_canonical(source: Sources, storage_options: dict[str, Any] | None = Non
                     open_data(f, chunks={}).close()
                 raise
         ds = canonicalize(ds)
+    refuse_forecast(ds, where or describe(source), role, fix)
     if "latitude" not in ds.dims or "longitude" not in ds.dims:
         raise ValueError(f"{describe(source)}: expected dims latitude and longitude, got {dict(ds.sizes)}")
     ds = ds.assign_coords(longitude=np.mod(ds["longitude"], 360.0))

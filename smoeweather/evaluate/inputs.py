@@ -26,7 +26,6 @@ from smoeweather.data.forecast_stores import (
     open_canonical,
     open_forecast,
     open_truth,
-    refuse_forecast,
 )
 from smoeweather.data.weather import Field, field_name
 from smoeweather.metrics.regions import Region, parse_regions, region_weights
@@ -83,11 +82,9 @@ def open_truth_source(truth: Source | Sequence[Source], storage_options: dict[st
         ds = open_truth(truth)
         ds = ds.assign_coords(longitude=np.mod(ds["longitude"], 360.0))
         return ds.sortby(["latitude", "longitude"]), True
-    ds = open_canonical(truth, storage_options)
-    where = truth if isinstance(truth, str | Path) else ", ".join(map(str, truth))
-    refuse_forecast(ds, f"truth {where}", "the truth", "give --truth the analysis or prepared store the forecasts "
-                    "are scored against (e.g. the --data store of `smoe forecast`)")
-    return ds, False
+    return open_canonical(truth, storage_options, where=f"truth {describe(truth)}", role="the truth",
+                          fix="give --truth the analysis or prepared store the forecasts are scored against (e.g. "
+                              "the --data store of `smoe forecast`)"), False
 
 
 def method_name(ds: xr.Dataset, path: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.plausibility import check_plausible
-from smoeweather.data.forecast_stores import Sources, describe, open_canonical, parse_lead, refuse_forecast, write_store
+from smoeweather.data.forecast_stores import Sources, describe, open_canonical, parse_lead, write_store
 from smoeweather.forecast.output import init_times
 from smoeweather.forecast.reference import METHODS
 
@@ -70,9 +70,8 @@ def make_forecast(
         if fields:
             raise ValueError("--fields applies to --method forecasts; a model forecasts its own targets")
         trained = load_network(what, map_location=device)
-    ds = open_canonical(data)
-    refuse_forecast(ds, where, "the input of a forecast", "give --data the analysis or prepared store "
-                    "(e.g. the store of `smoe data prepare`)")
+    ds = open_canonical(data, where=where, role="the input of a forecast",
+                        fix="give --data the analysis or prepared store (e.g. the store of `smoe data prepare`)")
     check_plausible({where: ds}, plausibility_check)
     attrs: dict[str, Any] = {"data_source": describe(data), "init_every": str(every)}
     members = None

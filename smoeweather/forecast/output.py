@@ -27,15 +27,14 @@ def init_times(start: Any, end: Any, every: str | pd.Timedelta = "12h") -> np.nd
         raise ValueError(f"--every {every!r}: not a duration; give e.g. 12h or 1D") from None
     if not step > pd.Timedelta(0):
         raise ValueError(f"--every must be positive, got {every!r}")
-    times = []
+    bounds = []
     for t in (start, end):
         try:
-            times.append(pd.Timestamp(str(t)))
+            bounds.append(pd.Timestamp(str(t)))
         except ValueError:
             raise ValueError(f"--init {t!r}: not a date; give e.g. --init 2003-01-01 2003-12-31T12 (or one time "
                              "for one init)") from None
-    first, last = times
-    times = pd.date_range(first, last, freq=step)
+    times = pd.date_range(*bounds, freq=step)
     if len(times) == 0:
         raise ValueError(f"no initialisation times from {start} to {end} (start after end?)")
     return times.values.astype("datetime64[ns]")

@@ -50,7 +50,7 @@ from smoeweather.models.loader import (
     network_task,
     rebuild_network,
 )
-from smoeweather.numerics import float_tol
+from smoeweather.numerics import float_tol, tolerance_ratio
 
 __all__ = ["FORMATS", "ONNX_OPSET", "FrozenSMoE", "OnnxExportError", "check_onnx", "check_opset", "example_inputs",
            "export_model", "freeze_routing", "onnx_graph", "onnx_opsets", "rounding_ops", "write_onnx"]
@@ -278,8 +278,6 @@ def check_onnx(path: Path, module: nn.Module, inputs: tuple[torch.Tensor, ...]) 
     an output differs by more than ``2 n u (|torch| + max|torch| of its channel)`` (n: :func:`rounding_ops`, u =
     2⁻²⁴: :func:`smoeweather.numerics.float_tol`). Returns ``{"rtol", "max_abs_diff", "worst_ratio", "batch"}``
     (ratio: difference over tolerance)."""
-    import numpy as np
-
     try:
         import onnxruntime as ort
     except ImportError:
@@ -298,11 +296,8 @@ def check_onnx(path: Path, module: nn.Module, inputs: tuple[torch.Tensor, ...]) 
     rtol = float_tol(torch.float32, rounding_ops(module))["rtol"]
     worst = diff = 0.0
     for g, w in zip(got, want):
-        axes = tuple(i for i in range(w.ndim) if i != w.ndim - 3)  # per channel (C of (..., C, H, W))
-        scale = np.abs(w).max(axis=axes, keepdims=True)
-        err = np.abs(g.astype(np.float64) - w)
-        worst = max(worst, float((err / (rtol * (np.abs(w) + scale) + 1e-30)).max()))
-        diff = max(diff, float(err.max()))
+        ratio, err = tolerance_ratio(g, w, rtol)  # per channel (C of (..., C, H, W))
+        worst, diff = max(worst, ratio), max(diff, err)
     if worst > 1.0:
         raise OnnxExportError(f"{path}: onnxruntime differs from torch by up to {diff:.3g} ({worst:.2f}x the float32 "
                               f"tolerance, rtol {rtol:.2g}); the graph was not written")

@@ -47,7 +47,7 @@ def forecast_and_truth(forecast: str | Path, truth: Any, field: str, lead: str |
     """(forecast, truth, kind) as (time, latitude, longitude) float DataArrays at one lead, both at the
     same inits (all of them, or the one ``init``), truth taken at the valid time init + lead.
     ``kind``: what is mapped (``deterministic``, ``ensemble mean`` or ``gaussian mean``)."""
-    from smoeweather.data.forecast_stores import open_canonical, parse_lead, refuse_forecast
+    from smoeweather.data.forecast_stores import describe, open_canonical, parse_lead
 
     fc_ds = open_forecast(forecast)
     lead_h = parse_lead(lead)
@@ -67,9 +67,8 @@ def forecast_and_truth(forecast: str | Path, truth: Any, field: str, lead: str |
             raise ValueError(f"{forecast}: no initialisation {init}; first {fc['time'].values[0]}, "
                              f"last {fc['time'].values[-1]}")
         fc = fc.sel(time=[t])
-    tr_ds = open_canonical(truth)
-    refuse_forecast(tr_ds, f"truth {truth}", "the truth", "give --truth the analysis or prepared store the forecast "
-                    "is compared with")
+    tr_ds = open_canonical(truth, where=f"truth {describe(truth)}", role="the truth",
+                           fix="give --truth the analysis or prepared store the forecast is compared with")
     tr = select_field(tr_ds, field, str(truth))
     valid = fc["time"].values + td.astype("timedelta64[ns]")
     missing = np.setdiff1d(valid, tr["time"].values)

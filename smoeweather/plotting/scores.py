@@ -51,6 +51,9 @@ def scores_file(path: str | Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"scores file {path} does not exist (write it with `smoe evaluate --out DIR`: "
                                 "DIR/scores.nc)")
+    if path.suffix == ".json":
+        raise ValueError(f"{path}: the JSON summary of `smoe evaluate`; the plots read its scores.nc: pass "
+                         f"{path.with_suffix('.nc')} or the folder {path.parent}")
     return path
 
 
@@ -60,9 +63,6 @@ def open_scores(path: str | Path) -> tuple[xr.Dataset, dict[str, str]]:
     from pipelines.readers._files import open_data
 
     path = scores_file(path)
-    if path.suffix == ".json":
-        raise ValueError(f"{path}: the JSON summary of `smoe evaluate`; the plots read its scores.nc: pass "
-                         f"{path.with_suffix('.nc')} or the folder {path.parent}")
     ds = open_data(path, "scores").load()
     for dim in ("method", "field", "prediction_timedelta"):
         if dim not in ds.dims:
